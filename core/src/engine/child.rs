@@ -1,0 +1,352 @@
+//! Child sessions and child turns: "child creation is one atomic session-and-initial-turn state
+//! transition"; progress, waiting and terminal use the same vocabulary as root turns.
+
+use super::gate::{evaluate_root, settle_turn};
+use super::tree::{Tree, Tx};
+use crate::error::Rejected;
+use crate::model::{
+    Capabilities, Id, Outcome, Phase, ProviderAliases, Session, SessionKind, Trigger, Turn,
+};
+use crate::step::{Guard, Ignored};
+
+/// The fields of a `childSessionCreated` event.
+pub(crate) struct NewChild<'a> {
+    pub agent_session_id: &'a Id,
+    pub turn_id: &'a Id,
+    pub parent_agent_session_id: &'a Id,
+    pub parent_turn_id: &'a Id,
+    pub parent_tool_call_id: Option<&'a Id>,
+    pub root_agent_session_id: &'a Id,
+    pub root_turn_id: &'a Id,
+    pub title: Option<&'a String>,
+    pub provider_session_id: Option<&'a String>,
+    pub provider_aliases: Option<&'a ProviderAliases>,
+}
+
+/// Creates a child session and its submitted initial turn. An identical repeat is a no-op; a
+/// repeat with another relation is rejected; creation after the root settled or after a root
+/// cancel closed child creation is rejected.
+pub(crate) fn create(tree: &mut Tree, now: i64, c: NewChild<'_>) -> Result<Tx, Rejected> {
+    if let Some(existing) = tree.sessions.get(c.agent_session_id) {
+        let same = existing.is_child()
+            && existing.parent_agent_session_id.as_ref() == Some(c.parent_agent_session_id)
+            && existing.parent_turn_id.as_ref() == Some(c.parent_turn_id)
+            && existing.root_agent_session_id.as_ref() == Some(c.root_agent_session_id)
+            && existing.root_turn_id.as_ref() == Some(c.root_turn_id)
+            && (c.parent_tool_call_id.is_none()
+                || existing.parent_tool_call_id.as_ref() == c.parent_tool_call_id)
+            && tree
+                .turns
+                .get(c.turn_id)
+                .is_some_and(|t| t.agent_session_id == *c.agent_session_id);
+        return if same {
+            Ok(Tx::ignore(now, Ignored::Duplicate))
+        } else {
+            Err(Rejected::ConflictingChild(c.agent_session_id.clone()))
+        };
+    }
+    if tree.turns.contains_key(c.turn_id) {
+        return Err(Rejected::TurnExists(c.turn_id.clone()));
+    }
+    let inconsistent = |reason| Rejected::InconsistentRelation {
+        child: c.agent_session_id.clone(),
+        reason,
+    };
+    if *c.root_agent_session_id != tree.root_id {
+        return Err(inconsistent("rootAgentSessionId is not the parent's root"));
+    }
+    let parent = tree
+        .sessions
+        .get(c.parent_agent_session_id)
+        .ok_or_else(|| Rejected::UnknownSession(c.parent_agent_session_id.clone()))?;
+    if parent.deleted_at.is_some() {
+        return Err(Rejected::SessionDeleted(parent.id.clone()));
+    }
+    match tree.turns.get(c.parent_turn_id) {
+        Some(t) if t.agent_session_id == parent.id => {}
+        _ => {
+            return Err(Rejected::UnknownTurn {
+                session: parent.id.clone(),
+                turn: c.parent_turn_id.clone(),
+            })
+        }
+    }
+    let expected_root_turn = if parent.is_child() {
+        parent.root_turn_id.clone()
+    } else {
+        Some(c.parent_turn_id.clone())
+    };
+    if expected_root_turn.as_ref() != Some(c.root_turn_id) {
+        return Err(inconsistent("rootTurnId is not the parent's root turn"));
+    }
+    let root_turn = tree
+        .turns
+        .get(c.root_turn_id)
+        .ok_or_else(|| inconsistent("root turn unknown"))?;
+    if !root_turn.is_active() {
+        return Err(Rejected::RootTurnSettled(c.root_turn_id.clone()));
+    }
+    if root_turn.child_creation_closed {
+        return Err(Rejected::ChildCreationClosed(c.root_turn_id.clone()));
+    }
+    let workspace_id = parent.workspace_id.clone();
+    let provider = parent.provider.clone();
+
+    let mut tx = Tx::new(now);
+    let id = c.agent_session_id.clone();
+    let session = Session {
+        id: id.clone(),
+        workspace_id,
+        kind: SessionKind::Child,
+        parent_agent_session_id: Some(c.parent_agent_session_id.clone()),
+        parent_turn_id: Some(c.parent_turn_id.clone()),
+        parent_tool_call_id: c.parent_tool_call_id.cloned(),
+        root_agent_session_id: Some(c.root_agent_session_id.clone()),
+        root_turn_id: Some(c.root_turn_id.clone()),
+        provider,
+        provider_session_id: c.provider_session_id.cloned(),
+        provider_aliases: c.provider_aliases.cloned().unwrap_or_default(),
+        title: c.title.cloned(),
+        active_turn_id: Some(c.turn_id.clone()),
+        last_turn_id: Some(c.turn_id.clone()),
+        deleted_at: None,
+        capabilities: Capabilities::default(),
+        goal: None,
+        message_count: 0,
+        created_at: now,
+        updated_at: now,
+        version: 0,
+    };
+    let turn = new_turn(c.turn_id, &id, Trigger::Delegation, Phase::Submitted, now);
+    tree.sessions.insert(id.clone(), session);
+    tree.turns.insert(c.turn_id.clone(), turn);
+    tree.children
+        .entry(c.parent_agent_session_id.clone())
+        .or_default()
+        .push(id.clone());
+    tree.active_children
+        .entry(c.root_turn_id.clone())
+        .or_default()
+        .insert(c.turn_id.clone(), id.clone());
+    if let Some(rt) = tree.turns.get_mut(c.root_turn_id) {
+        rt.child_session_count += 1;
+    }
+    tx.guard(Guard::ChildCreationOpen {
+        root_turn_id: c.root_turn_id.clone(),
+        child_agent_session_id: id.clone(),
+    });
+    tx.session(&id, true);
+    tx.turn(c.turn_id, true);
+    tx.turn(c.root_turn_id, false);
+    evaluate_root(tree, &mut tx, c.root_turn_id);
+    Ok(tx)
+}
+
+pub(crate) fn new_turn(id: &Id, session: &Id, trigger: Trigger, phase: Phase, now: i64) -> Turn {
+    Turn {
+        id: id.clone(),
+        agent_session_id: session.clone(),
+        trigger,
+        phase,
+        outcome: None,
+        error: None,
+        root_provider_turn: None,
+        provider_turn_id: None,
+        child_creation_closed: false,
+        child_session_count: 0,
+        cancel_operation_id: None,
+        created_at: now,
+        updated_at: now,
+        version: 0,
+    }
+}
+
+/// Looks up a child session, rejecting root sessions with `what`.
+fn child<'t>(tree: &'t Tree, session: &Id, what: &'static str) -> Result<&'t Session, Rejected> {
+    let s = tree
+        .sessions
+        .get(session)
+        .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
+    if s.deleted_at.is_some() {
+        return Err(Rejected::SessionDeleted(session.clone()));
+    }
+    if !s.is_child() {
+        return Err(Rejected::WrongKind {
+            what,
+            kind: "root",
+            session: session.clone(),
+        });
+    }
+    Ok(s)
+}
+
+/// Looks up a turn of exactly this session.
+pub(crate) fn turn_of<'t>(tree: &'t Tree, session: &Id, turn: &Id) -> Result<&'t Turn, Rejected> {
+    match tree.turns.get(turn) {
+        Some(t) if t.agent_session_id == *session => Ok(t),
+        _ => Err(Rejected::UnknownTurn {
+            session: session.clone(),
+            turn: turn.clone(),
+        }),
+    }
+}
+
+/// `childSessionUpdated`: merge later identity and title facts into the existing child.
+pub(crate) fn update(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    title: Option<&String>,
+    provider_session_id: Option<&String>,
+    aliases: Option<&ProviderAliases>,
+) -> Result<Tx, Rejected> {
+    child(tree, session, "childSessionUpdated")?;
+    let Some(s) = tree.sessions.get_mut(session) else {
+        return Err(Rejected::UnknownSession(session.clone()));
+    };
+    let mut changed = false;
+    if let Some(t) = title {
+        if s.title.as_ref() != Some(t) {
+            s.title = Some(t.clone());
+            changed = true;
+        }
+    }
+    if let Some(p) = provider_session_id {
+        if s.provider_session_id.as_ref() != Some(p) {
+            s.provider_session_id = Some(p.clone());
+            changed = true;
+        }
+    }
+    if let Some(a) = aliases {
+        changed |= s.provider_aliases.merge(a);
+    }
+    if !changed {
+        return Ok(Tx::ignore(now, Ignored::Duplicate));
+    }
+    let mut tx = Tx::new(now);
+    tx.session(session, true);
+    Ok(tx)
+}
+
+/// `turnStarted` on a child: the turn runs; a new turn id opens the child's next (guidance) turn
+/// under the same root relation.
+pub(crate) fn turn_started(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    turn: &Id,
+    provider_turn_id: Option<&String>,
+) -> Result<Tx, Rejected> {
+    let s = child(tree, session, "turnStarted (use rootProviderTurnStarted)")?;
+    let root_turn = s.root_turn_id.clone().ok_or(Rejected::Invalid("child without root turn"))?;
+    let mut tx = Tx::new(now);
+    match tree.turns.get(turn) {
+        Some(t) if t.agent_session_id != *session => {
+            return Err(Rejected::TurnExists(turn.clone()))
+        }
+        Some(t) => {
+            if !t.is_active() {
+                return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
+            }
+            if tree.inflight.contains_key(turn) {
+                return Ok(Tx::ignore(now, Ignored::CancelInFlight));
+            }
+            if t.phase == Phase::Running
+                && (provider_turn_id.is_none() || t.provider_turn_id.as_ref() == provider_turn_id)
+            {
+                return Ok(Tx::ignore(now, Ignored::Duplicate));
+            }
+            let Some(t) = tree.turns.get_mut(turn) else {
+                return Err(Rejected::TurnNotActive(turn.clone()));
+            };
+            t.phase = Phase::Running;
+            if let Some(p) = provider_turn_id {
+                t.provider_turn_id = Some(p.clone());
+            }
+            tx.turn(turn, true);
+        }
+        None => {
+            if let Some(active) = &s.active_turn_id {
+                let _ = active;
+                return Err(Rejected::ChildTurnActive(session.clone()));
+            }
+            let rt = tree
+                .turns
+                .get(&root_turn)
+                .ok_or(Rejected::Invalid("root turn missing"))?;
+            if !rt.is_active() {
+                return Err(Rejected::RootTurnSettled(root_turn));
+            }
+            if rt.child_creation_closed {
+                return Err(Rejected::ChildCreationClosed(root_turn));
+            }
+            let mut t = new_turn(turn, session, Trigger::Guidance, Phase::Running, now);
+            t.provider_turn_id = provider_turn_id.cloned();
+            tree.turns.insert(turn.clone(), t);
+            if let Some(s) = tree.sessions.get_mut(session) {
+                s.active_turn_id = Some(turn.clone());
+                s.last_turn_id = Some(turn.clone());
+            }
+            tree.active_children
+                .entry(root_turn.clone())
+                .or_default()
+                .insert(turn.clone(), session.clone());
+            tx.session(session, true);
+            tx.turn(turn, true);
+            evaluate_root(tree, &mut tx, &root_turn);
+        }
+    }
+    Ok(tx)
+}
+
+/// `turnWaiting` on a child turn.
+pub(crate) fn turn_waiting(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    turn: &Id,
+) -> Result<Tx, Rejected> {
+    child(tree, session, "turnWaiting")?;
+    let t = turn_of(tree, session, turn)?;
+    if !t.is_active() {
+        return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
+    }
+    if tree.inflight.contains_key(turn) {
+        return Ok(Tx::ignore(now, Ignored::CancelInFlight));
+    }
+    if t.phase == Phase::Waiting {
+        return Ok(Tx::ignore(now, Ignored::Duplicate));
+    }
+    let mut tx = Tx::new(now);
+    if let Some(t) = tree.turns.get_mut(turn) {
+        t.phase = Phase::Waiting;
+    }
+    tx.turn(turn, true);
+    Ok(tx)
+}
+
+/// `turnTerminal`: "a child terminal event settles only the exact child turn"; the same step then
+/// re-evaluates the root gate. Rejected on a root turn: only the gate settles roots.
+pub(crate) fn turn_terminal(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    turn: &Id,
+    outcome: Outcome,
+    error: Option<String>,
+) -> Result<Tx, Rejected> {
+    let s = child(tree, session, "turnTerminal (only the root gate settles roots)")?;
+    let root_turn = s.root_turn_id.clone().ok_or(Rejected::Invalid("child without root turn"))?;
+    let t = turn_of(tree, session, turn)?;
+    if !t.is_active() {
+        return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
+    }
+    if tree.inflight.contains_key(turn) {
+        // The cancel operation decides this target's outcome.
+        return Ok(Tx::ignore(now, Ignored::CancelInFlight));
+    }
+    let mut tx = Tx::new(now);
+    settle_turn(tree, &mut tx, turn, outcome, error);
+    evaluate_root(tree, &mut tx, &root_turn);
+    Ok(tx)
+}

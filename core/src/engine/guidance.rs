@@ -1,0 +1,198 @@
+//! Root sessions, user submissions and guidance: "a new user message submitted while the root
+//! turn is active is appended to the same in-flight work instead of creating a separate visible
+//! turn".
+
+use super::child::new_turn;
+use super::gate::evaluate_root;
+use super::tree::{Tree, Tx};
+use crate::error::Rejected;
+use crate::model::{
+    Capabilities, Id, Message, Phase, ProviderAliases, ProviderPhase, RootProviderTurn, Session,
+    SessionKind, Trigger,
+};
+use crate::step::{GuideMode, Ignored, ProviderRequest, Reply};
+
+/// A new tree holding one root session.
+pub(crate) fn create_root(
+    now: i64,
+    id: &Id,
+    workspace_id: &Id,
+    provider: &Id,
+    title: Option<&String>,
+    capabilities: Option<Capabilities>,
+) -> (Tree, Tx) {
+    let mut tree = Tree {
+        root_id: id.clone(),
+        workspace_id: workspace_id.clone(),
+        ..Tree::default()
+    };
+    tree.sessions.insert(
+        id.clone(),
+        Session {
+            id: id.clone(),
+            workspace_id: workspace_id.clone(),
+            kind: SessionKind::Root,
+            parent_agent_session_id: None,
+            parent_turn_id: None,
+            parent_tool_call_id: None,
+            root_agent_session_id: None,
+            root_turn_id: None,
+            provider: provider.clone(),
+            provider_session_id: None,
+            provider_aliases: ProviderAliases::default(),
+            title: title.cloned(),
+            active_turn_id: None,
+            last_turn_id: None,
+            deleted_at: None,
+            capabilities: capabilities.unwrap_or_default(),
+            goal: None,
+            message_count: 0,
+            created_at: now,
+            updated_at: now,
+            version: 0,
+        },
+    );
+    let mut tx = Tx::new(now);
+    tx.session(id, true);
+    tx.reply = Some(Reply::Created {
+        agent_session_id: id.clone(),
+    });
+    (tree, tx)
+}
+
+fn record_user_message(tree: &mut Tree, tx: &mut Tx, session: &Id, turn: &Id, text: &str) {
+    let Some(s) = tree.sessions.get_mut(session) else {
+        return;
+    };
+    let seq = s.message_count;
+    s.message_count += 1;
+    let message_id: Id = format!("user-{turn}-{seq}").into();
+    tree.message_ids
+        .entry(session.clone())
+        .or_default()
+        .insert(message_id.clone());
+    tx.session(session, false);
+    tx.message(Message {
+        agent_session_id: session.clone(),
+        turn_id: turn.clone(),
+        message_id,
+        seq,
+        role: "user".into(),
+        text: text.to_string(),
+        created_at: tx.now,
+    });
+}
+
+/// `submit`: start a new root turn, or append to the active one (steer a running root provider
+/// turn; start one on the root when only children run, reserving the provider lifecycle so the
+/// gate cannot settle in between; or `pendingUnsupported` when the provider cannot).
+pub(crate) fn submit(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    turn_id: &Id,
+    text: &str,
+) -> Result<Tx, Rejected> {
+    let s = tree
+        .sessions
+        .get(session)
+        .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
+    if s.deleted_at.is_some() {
+        return Err(Rejected::SessionDeleted(session.clone()));
+    }
+    if s.is_child() {
+        return Err(Rejected::SubmitToChild(session.clone()));
+    }
+    let can_guide_children_only = s.capabilities.guide_while_children_only;
+    let root = tree.root_id.clone();
+    let mut tx = Tx::new(now);
+    let Some(active) = s.active_turn_id.clone() else {
+        if tree.turns.contains_key(turn_id) {
+            return Err(Rejected::TurnExists(turn_id.clone()));
+        }
+        let mut turn = new_turn(turn_id, session, Trigger::User, Phase::Submitted, now);
+        turn.root_provider_turn = Some(RootProviderTurn::default());
+        tree.turns.insert(turn_id.clone(), turn);
+        if let Some(s) = tree.sessions.get_mut(session) {
+            s.active_turn_id = Some(turn_id.clone());
+            s.last_turn_id = Some(turn_id.clone());
+        }
+        tx.session(session, true);
+        tx.turn(turn_id, true);
+        record_user_message(tree, &mut tx, session, turn_id, text);
+        tx.provider.push(ProviderRequest::Start {
+            root_agent_session_id: root,
+            agent_session_id: session.clone(),
+            turn_id: turn_id.clone(),
+            text: text.to_string(),
+        });
+        tx.reply = Some(Reply::Started {
+            turn_id: turn_id.clone(),
+        });
+        return Ok(tx);
+    };
+    if tree.inflight.contains_key(&active) {
+        return Err(Rejected::CancelInProgress(active));
+    }
+    let rpt = tree
+        .turns
+        .get(&active)
+        .and_then(|t| t.root_provider_turn.clone())
+        .unwrap_or_default();
+    let mode = match rpt.phase {
+        ProviderPhase::Idle | ProviderPhase::Running => GuideMode::Steer,
+        ProviderPhase::Completed if can_guide_children_only => GuideMode::StartOnRoot,
+        ProviderPhase::Completed => {
+            let mut tx = Tx::new(now);
+            tx.reply = Some(Reply::PendingUnsupported { turn_id: active });
+            return Ok(tx);
+        }
+    };
+    if mode == GuideMode::StartOnRoot {
+        if let Some(t) = tree.turns.get_mut(&active) {
+            let r = t.root_provider_turn.get_or_insert_with(Default::default);
+            r.phase = ProviderPhase::Running;
+            r.reserved = true;
+        }
+        tx.turn(&active, true);
+        evaluate_root(tree, &mut tx, &active);
+    }
+    record_user_message(tree, &mut tx, session, &active, text);
+    tx.provider.push(ProviderRequest::Guide {
+        root_agent_session_id: root,
+        agent_session_id: session.clone(),
+        turn_id: active.clone(),
+        mode,
+        provider_turn_id: match mode {
+            GuideMode::Steer => rpt.provider_turn_id,
+            GuideMode::StartOnRoot => None,
+        },
+        text: text.to_string(),
+    });
+    tx.reply = Some(Reply::Appended { turn_id: active });
+    Ok(tx)
+}
+
+/// `guideFailed`: releases a guidance reservation; the gate may then settle the root.
+pub(crate) fn guide_failed(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    turn: &Id,
+) -> Result<Tx, Rejected> {
+    let t = super::child::turn_of(tree, session, turn)?;
+    let reserved = t.root_provider_turn.as_ref().is_some_and(|r| r.reserved);
+    if !t.is_active() || !reserved {
+        return Ok(Tx::ignore(now, Ignored::Stale));
+    }
+    let mut tx = Tx::new(now);
+    if let Some(t) = tree.turns.get_mut(turn) {
+        if let Some(r) = t.root_provider_turn.as_mut() {
+            r.reserved = false;
+            r.phase = ProviderPhase::Completed;
+        }
+    }
+    tx.turn(turn, true);
+    evaluate_root(tree, &mut tx, turn);
+    Ok(tx)
+}

@@ -1,0 +1,529 @@
+//! The engine: one state machine per root tree, fed [`Input`]s, producing [`Step`]s.
+
+mod cancel;
+mod child;
+mod deletion;
+mod exit;
+mod gate;
+mod guidance;
+mod interaction;
+mod transcript;
+mod tree;
+
+pub use cancel::UNCONFIRMED;
+
+use crate::error::{Rejected, RestoreError};
+use crate::hash::FxMap;
+use crate::input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
+use crate::model::{
+    CancelOperation, CancelState, Id, Interaction, InteractionStatus, Millis, Session, ToolCall,
+    Turn,
+};
+use crate::snapshot::TreeSnapshot;
+use crate::step::Step;
+pub(crate) use tree::Tree;
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// How long a provider cancel may take before its unconfirmed targets settle interrupted.
+    pub cancel_timeout_ms: Millis,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            cancel_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// The sans-I/O engine. See the crate docs for the driver loop.
+///
+/// Every session, turn, interaction and cancel operation belongs to exactly one root tree; trees
+/// are independent, restored from snapshots and evicted when quiescent.
+#[derive(Debug, Default)]
+pub struct Engine {
+    config: EngineConfig,
+    trees: FxMap<Id, Tree>,
+    /// Session id -> root session id, for every loaded session.
+    session_root: FxMap<Id, Id>,
+    /// Cancel operation id -> root session id.
+    op_root: FxMap<Id, Id>,
+}
+
+impl Engine {
+    /// An engine with the default configuration.
+    pub fn new() -> Engine {
+        Engine::default()
+    }
+
+    /// An engine with this configuration.
+    pub fn with_config(config: EngineConfig) -> Engine {
+        Engine {
+            config,
+            ..Engine::default()
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> EngineConfig {
+        self.config
+    }
+
+    /// Handles one input at time `now`. On `Err` nothing changed; on `Ok` the driver must commit
+    /// `step.persist` before acting on anything else in the step. If the commit fails, the driver
+    /// calls [`Engine::evict`] for the tree and reloads it from storage.
+    pub fn handle(&mut self, now: Millis, input: &Input) -> Result<Step, Rejected> {
+        match input {
+            Input::Command(Command::CreateSession {
+                agent_session_id,
+                workspace_id,
+                provider,
+                title,
+                capabilities,
+            }) => {
+                if self.session_root.contains_key(agent_session_id) {
+                    return Err(Rejected::SessionExists(agent_session_id.clone()));
+                }
+                let (mut tree, tx) = guidance::create_root(
+                    now,
+                    agent_session_id,
+                    workspace_id,
+                    provider,
+                    title.as_ref(),
+                    *capabilities,
+                );
+                let step = tx.finish(&mut tree);
+                self.session_root
+                    .insert(agent_session_id.clone(), agent_session_id.clone());
+                self.trees.insert(agent_session_id.clone(), tree);
+                Ok(step)
+            }
+            Input::Command(c) => self.command(now, c),
+            Input::Event(e) => self.event(now, e),
+            Input::Runtime(a) => self.runtime(now, a),
+        }
+    }
+
+    fn tree_of_session(&mut self, session: &Id) -> Result<(Id, &mut Tree), Rejected> {
+        let root = self
+            .session_root
+            .get(session)
+            .ok_or_else(|| Rejected::UnknownSession(session.clone()))?
+            .clone();
+        let tree = self
+            .trees
+            .get_mut(&root)
+            .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
+        Ok((root, tree))
+    }
+
+    fn command(&mut self, now: Millis, c: &Command) -> Result<Step, Rejected> {
+        let timeout = self.config.cancel_timeout_ms;
+        match c {
+            Command::CreateSession { .. } => Err(Rejected::Invalid("createSession routed twice")),
+            Command::Submit {
+                agent_session_id,
+                turn_id,
+                text,
+            } => {
+                let (_, tree) = self.tree_of_session(agent_session_id)?;
+                let tx = guidance::submit(tree, now, agent_session_id, turn_id, text)?;
+                Ok(tx.finish(tree))
+            }
+            Command::CancelTurn {
+                operation_id,
+                agent_session_id,
+                turn_id,
+            } => {
+                let (root, tree) = self.tree_of_session(agent_session_id)?;
+                let tx = cancel::cancel_turn(
+                    tree,
+                    now,
+                    timeout,
+                    operation_id,
+                    agent_session_id,
+                    turn_id,
+                )?;
+                let step = tx.finish(tree);
+                self.op_root.insert(operation_id.clone(), root);
+                Ok(step)
+            }
+            Command::RespondInteraction {
+                agent_session_id,
+                turn_id,
+                request_id,
+                response,
+            } => {
+                let (_, tree) = self.tree_of_session(agent_session_id)?;
+                let tx = interaction::respond(
+                    tree,
+                    now,
+                    agent_session_id,
+                    turn_id,
+                    request_id,
+                    response,
+                )?;
+                Ok(tx.finish(tree))
+            }
+            Command::DeleteSession { agent_session_id } => {
+                let (_, tree) = self.tree_of_session(agent_session_id)?;
+                let tx = deletion::delete(tree, now, agent_session_id)?;
+                Ok(tx.finish(tree))
+            }
+        }
+    }
+
+    fn event(&mut self, now: Millis, e: &NormalizedEvent) -> Result<Step, Rejected> {
+        use NormalizedEvent::*;
+        let (_, tree) = self.tree_of_session(e.agent_session_id())?;
+        let tx = match e {
+            RootProviderTurnStarted {
+                agent_session_id,
+                turn_id,
+                provider_turn_id,
+            } => gate::provider_started(
+                tree,
+                now,
+                agent_session_id,
+                turn_id.as_ref(),
+                provider_turn_id.clone(),
+            )?,
+            RootProviderTurnCompleted {
+                agent_session_id,
+                turn_id,
+                provider_turn_id,
+                outcome,
+                error,
+            } => gate::provider_completed(
+                tree,
+                now,
+                agent_session_id,
+                turn_id.as_ref(),
+                provider_turn_id.clone(),
+                *outcome,
+                error.clone(),
+            )?,
+            ChildSessionCreated {
+                agent_session_id,
+                turn_id,
+                parent_agent_session_id,
+                parent_turn_id,
+                parent_tool_call_id,
+                root_agent_session_id,
+                root_turn_id,
+                title,
+                provider_session_id,
+                provider_aliases,
+            } => {
+                let child = child::NewChild {
+                    agent_session_id,
+                    turn_id,
+                    parent_agent_session_id,
+                    parent_turn_id,
+                    parent_tool_call_id: parent_tool_call_id.as_ref(),
+                    root_agent_session_id,
+                    root_turn_id,
+                    title: title.as_ref(),
+                    provider_session_id: provider_session_id.as_ref(),
+                    provider_aliases: provider_aliases.as_ref(),
+                };
+                let tx = child::create(tree, now, child)?;
+                let root = tree.root_id.clone();
+                let step = tx.finish(tree);
+                self.session_root.insert(agent_session_id.clone(), root);
+                return Ok(step);
+            }
+            ChildSessionUpdated {
+                agent_session_id,
+                title,
+                provider_session_id,
+                provider_aliases,
+            } => child::update(
+                tree,
+                now,
+                agent_session_id,
+                title.as_ref(),
+                provider_session_id.as_ref(),
+                provider_aliases.as_ref(),
+            )?,
+            TurnStarted {
+                agent_session_id,
+                turn_id,
+                provider_turn_id,
+            } => child::turn_started(
+                tree,
+                now,
+                agent_session_id,
+                turn_id,
+                provider_turn_id.as_ref(),
+            )?,
+            TurnWaiting {
+                agent_session_id,
+                turn_id,
+            } => child::turn_waiting(tree, now, agent_session_id, turn_id)?,
+            TurnTerminal {
+                agent_session_id,
+                turn_id,
+                outcome,
+                error,
+            } => child::turn_terminal(
+                tree,
+                now,
+                agent_session_id,
+                turn_id,
+                *outcome,
+                error.clone(),
+            )?,
+            MessageAppended {
+                agent_session_id,
+                turn_id,
+                message_id,
+                role,
+                text,
+            } => transcript::message(tree, now, agent_session_id, turn_id, message_id, role, text)?,
+            ToolCallUpdated {
+                agent_session_id,
+                turn_id,
+                tool_call_id,
+                name,
+                status,
+                kind,
+                payload,
+            } => transcript::tool_call(
+                tree,
+                now,
+                agent_session_id,
+                turn_id,
+                tool_call_id,
+                name.as_ref(),
+                status,
+                kind.as_ref(),
+                payload.as_ref(),
+            )?,
+            InteractionRequested {
+                agent_session_id,
+                turn_id,
+                request_id,
+                provider_turn_id,
+                kind,
+                payload,
+            } => interaction::requested(
+                tree,
+                now,
+                agent_session_id,
+                turn_id,
+                request_id,
+                provider_turn_id.as_ref(),
+                kind,
+                payload,
+            )?,
+            InteractionResolved {
+                agent_session_id,
+                turn_id,
+                request_id,
+                resolution,
+            } => interaction::resolved(
+                tree,
+                now,
+                agent_session_id,
+                turn_id,
+                request_id,
+                resolution,
+            )?,
+            SessionMetadataUpdated {
+                agent_session_id,
+                goal,
+                title,
+            } => transcript::metadata(tree, now, agent_session_id, goal.as_ref(), title.as_ref())?,
+        };
+        Ok(tx.finish(tree))
+    }
+
+    fn runtime(&mut self, now: Millis, a: &RuntimeAnswer) -> Result<Step, Rejected> {
+        let op_tree = |engine: &mut Engine, op: &Id| -> Result<Id, Rejected> {
+            engine
+                .op_root
+                .get(op)
+                .cloned()
+                .ok_or_else(|| Rejected::UnknownOperation(op.clone()))
+        };
+        match a {
+            RuntimeAnswer::CancelResult {
+                operation_id,
+                acked,
+            } => {
+                let root = op_tree(self, operation_id)?;
+                let tree = self.tree_mut(&root, operation_id)?;
+                let tx = cancel::resolve(tree, now, operation_id, cancel::Resolution::Acked(acked))?;
+                Ok(tx.finish(tree))
+            }
+            RuntimeAnswer::CancelFailed {
+                operation_id,
+                error,
+            } => {
+                let root = op_tree(self, operation_id)?;
+                let tree = self.tree_mut(&root, operation_id)?;
+                let tx = cancel::resolve(
+                    tree,
+                    now,
+                    operation_id,
+                    cancel::Resolution::Failed(error.clone()),
+                )?;
+                Ok(tx.finish(tree))
+            }
+            RuntimeAnswer::TimerFired {
+                timer: TimerId::CancelDeadline { operation_id },
+            } => {
+                let root = op_tree(self, operation_id)?;
+                let tree = self.tree_mut(&root, operation_id)?;
+                let tx = cancel::deadline(tree, now, operation_id)?;
+                Ok(tx.finish(tree))
+            }
+            RuntimeAnswer::GuideFailed {
+                agent_session_id,
+                turn_id,
+                ..
+            } => {
+                let (_, tree) = self.tree_of_session(agent_session_id)?;
+                let tx = guidance::guide_failed(tree, now, agent_session_id, turn_id)?;
+                Ok(tx.finish(tree))
+            }
+            RuntimeAnswer::ProviderExited {
+                root_agent_session_id,
+                error,
+            } => {
+                let tree = self
+                    .trees
+                    .get_mut(root_agent_session_id)
+                    .ok_or_else(|| Rejected::UnknownSession(root_agent_session_id.clone()))?;
+                let tx = exit::provider_exited(tree, now, error)?;
+                Ok(tx.finish(tree))
+            }
+        }
+    }
+
+    fn tree_mut(&mut self, root: &Id, op: &Id) -> Result<&mut Tree, Rejected> {
+        self.trees
+            .get_mut(root)
+            .ok_or_else(|| Rejected::UnknownOperation(op.clone()))
+    }
+
+    /// Loads (or replaces) one root tree from storage.
+    pub fn restore(&mut self, snapshot: TreeSnapshot) -> Result<(), RestoreError> {
+        let tree = snapshot.into_tree()?;
+        let root = tree.root_id.clone();
+        self.evict(&root);
+        for id in tree.sessions.keys() {
+            self.session_root.insert(id.clone(), root.clone());
+        }
+        for id in tree.ops.keys() {
+            self.op_root.insert(id.clone(), root.clone());
+        }
+        self.trees.insert(root, tree);
+        Ok(())
+    }
+
+    /// The current state of one root tree, in the canonical order storage returns it.
+    pub fn snapshot(&self, root: &str) -> Option<TreeSnapshot> {
+        self.trees.get(root).map(TreeSnapshot::from_tree)
+    }
+
+    /// Drops one tree from memory (after a failed commit, or when quiescent).
+    pub fn evict(&mut self, root: &str) {
+        if let Some(tree) = self.trees.remove(root) {
+            for id in tree.sessions.keys() {
+                self.session_root.remove(id);
+            }
+            for id in tree.ops.keys() {
+                self.op_root.remove(id);
+            }
+        }
+    }
+
+    /// Whether a tree can be evicted without losing work: no active turn and no prepared cancel.
+    pub fn is_quiescent(&self, root: &str) -> bool {
+        self.trees.get(root).is_none_or(|t| {
+            t.root().is_none_or(|s| s.active_turn_id.is_none())
+                && t.ops.values().all(|o| o.state != CancelState::Prepared)
+        })
+    }
+
+    /// Root session ids of every loaded tree, sorted.
+    pub fn roots(&self) -> Vec<Id> {
+        let mut v: Vec<Id> = self.trees.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// The root session id of a loaded session.
+    pub fn root_of(&self, session: &str) -> Option<&Id> {
+        self.session_root.get(session)
+    }
+
+    /// A loaded session (tombstones included).
+    pub fn session(&self, id: &str) -> Option<&Session> {
+        let root = self.session_root.get(id)?;
+        self.trees.get(root)?.sessions.get(id)
+    }
+
+    /// A loaded turn of a loaded session.
+    pub fn turn(&self, session: &str, turn: &str) -> Option<&Turn> {
+        let root = self.session_root.get(session)?;
+        self.trees.get(root)?.turns.get(turn)
+    }
+
+    /// A loaded cancel operation.
+    pub fn cancel_operation(&self, id: &str) -> Option<&CancelOperation> {
+        let root = self.op_root.get(id)?;
+        self.trees.get(root)?.ops.get(id)
+    }
+
+    /// Cancel operations still prepared (to replay after a restart), sorted by id.
+    pub fn prepared_cancels(&self) -> Vec<CancelOperation> {
+        let mut v: Vec<CancelOperation> = self
+            .trees
+            .values()
+            .flat_map(|t| t.ops.values())
+            .filter(|o| o.state == CancelState::Prepared)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// Pending interactions of one tree.
+    pub fn pending_interactions(&self, root: &str) -> Vec<Interaction> {
+        let Some(tree) = self.trees.get(root) else {
+            return Vec::new();
+        };
+        let mut v: Vec<Interaction> = tree
+            .interactions
+            .values()
+            .filter(|i| i.status == InteractionStatus::Pending)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| (&a.turn_id, &a.request_id).cmp(&(&b.turn_id, &b.request_id)));
+        v
+    }
+
+    /// A tool call of one session.
+    pub fn tool_call(&self, session: &str, call: &str) -> Option<&ToolCall> {
+        let root = self.session_root.get(session)?;
+        let tree = self.trees.get(root)?;
+        tree.tool_calls
+            .get(&(Id::from(session), Id::from(call)))
+    }
+
+    /// Number of active nested child turns under a root turn (the gate's count).
+    pub fn active_child_turns(&self, root_session: &str, root_turn: &str) -> usize {
+        self.trees
+            .get(root_session)
+            .map_or(0, |t| t.active_child_count(&Id::from(root_turn)))
+    }
+
+    pub(crate) fn trees(&self) -> impl Iterator<Item = &Tree> {
+        self.trees.values()
+    }
+}

@@ -1,0 +1,170 @@
+//! Transcript facts: messages, tool calls and provider metadata of an exact session/turn.
+//!
+//! "Late child output ... is appended as historical child-session progress only when it can be
+//! scoped to an existing child session and turn", unless that turn is a closed cancellation
+//! target; output for a settled root turn is dropped (never attached to a settled root).
+
+use super::child::turn_of;
+use super::tree::{Tree, Tx};
+use crate::error::Rejected;
+use crate::model::{Id, Message, ToolCall, Turn};
+use crate::step::Ignored;
+use serde_json::Value;
+
+/// Whether late facts for this turn are dropped, and why.
+fn drop_reason(tree: &Tree, t: &Turn) -> Option<Ignored> {
+    if t.cancel_operation_id.is_some() {
+        return Some(Ignored::ClosedCancelTarget);
+    }
+    let is_child = tree
+        .sessions
+        .get(&t.agent_session_id)
+        .is_some_and(|s| s.is_child());
+    if !t.is_active() && !is_child {
+        return Some(Ignored::LateAfterSettled);
+    }
+    None
+}
+
+/// `messageAppended`.
+pub(crate) fn message(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    turn: &Id,
+    message_id: &Id,
+    role: &str,
+    text: &str,
+) -> Result<Tx, Rejected> {
+    let t = turn_of(tree, session, turn)?;
+    if tree
+        .message_ids
+        .get(session)
+        .is_some_and(|ids| ids.contains(message_id))
+    {
+        return Ok(Tx::ignore(now, Ignored::Duplicate));
+    }
+    if let Some(why) = drop_reason(tree, t) {
+        return Ok(Tx::ignore(now, why));
+    }
+    let Some(s) = tree.sessions.get_mut(session) else {
+        return Err(Rejected::UnknownSession(session.clone()));
+    };
+    let seq = s.message_count;
+    s.message_count += 1;
+    tree.message_ids
+        .entry(session.clone())
+        .or_default()
+        .insert(message_id.clone());
+    let mut tx = Tx::new(now);
+    tx.session(session, false);
+    tx.message(Message {
+        agent_session_id: session.clone(),
+        turn_id: turn.clone(),
+        message_id: message_id.clone(),
+        seq,
+        role: role.to_string(),
+        text: text.to_string(),
+        created_at: now,
+    });
+    Ok(tx)
+}
+
+/// `toolCallUpdated`: the tool call stays on the turn that launched it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tool_call(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    turn: &Id,
+    call: &Id,
+    name: Option<&String>,
+    status: &str,
+    kind: Option<&Value>,
+    payload: Option<&Value>,
+) -> Result<Tx, Rejected> {
+    let t = turn_of(tree, session, turn)?;
+    if let Some(why) = drop_reason(tree, t) {
+        return Ok(Tx::ignore(now, why));
+    }
+    let key = (session.clone(), call.clone());
+    match tree.tool_calls.get_mut(&key) {
+        Some(c) => {
+            if c.turn_id != *turn {
+                return Err(Rejected::Invalid("tool call id reused on another turn"));
+            }
+            let mut changed = false;
+            if name.is_some() && c.name.as_ref() != name {
+                c.name = name.cloned();
+                changed = true;
+            }
+            if c.status != status {
+                c.status = status.to_string();
+                changed = true;
+            }
+            if kind.is_some() && c.kind.as_ref() != kind {
+                c.kind = kind.cloned();
+                changed = true;
+            }
+            if payload.is_some() && c.payload.as_ref() != payload {
+                c.payload = payload.cloned();
+                changed = true;
+            }
+            if !changed {
+                return Ok(Tx::ignore(now, Ignored::Duplicate));
+            }
+        }
+        None => {
+            tree.tool_calls.insert(
+                key,
+                ToolCall {
+                    agent_session_id: session.clone(),
+                    turn_id: turn.clone(),
+                    tool_call_id: call.clone(),
+                    name: name.cloned(),
+                    status: status.to_string(),
+                    kind: kind.cloned(),
+                    payload: payload.cloned(),
+                    created_at: now,
+                    updated_at: now,
+                    version: 0,
+                },
+            );
+        }
+    }
+    let mut tx = Tx::new(now);
+    tx.tool_call(session, call);
+    Ok(tx)
+}
+
+/// `sessionMetadataUpdated`: "Goal status must not settle the root, clear its active-turn
+/// reference, or unlock those surfaces". Only the session row changes.
+pub(crate) fn metadata(
+    tree: &mut Tree,
+    now: i64,
+    session: &Id,
+    goal: Option<&Value>,
+    title: Option<&String>,
+) -> Result<Tx, Rejected> {
+    let Some(s) = tree.sessions.get_mut(session) else {
+        return Err(Rejected::UnknownSession(session.clone()));
+    };
+    if s.deleted_at.is_some() {
+        return Err(Rejected::SessionDeleted(session.clone()));
+    }
+    let mut changed = false;
+    if goal.is_some() && s.goal.as_ref() != goal {
+        s.goal = goal.cloned();
+        changed = true;
+    }
+    if title.is_some() && s.title.as_ref() != title {
+        s.title = title.cloned();
+        changed = true;
+    }
+    if !changed {
+        return Ok(Tx::ignore(now, Ignored::Duplicate));
+    }
+    let mut tx = Tx::new(now);
+    tx.session(session, true);
+    Ok(tx)
+}

@@ -1,0 +1,283 @@
+//! One root tree's in-memory state (a cache of the database) and the per-step transaction
+//! builder that turns its mutations into one [`PersistBatch`].
+
+use crate::hash::{FxMap, FxSet};
+use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
+use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Step, TimerRequest};
+
+/// A root session, every nested child session, their turns, interactions, tool calls and cancel
+/// operations. Indexes keep per-event work independent of the tree's size.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tree {
+    pub root_id: Id,
+    pub workspace_id: Id,
+    pub sessions: FxMap<Id, Session>,
+    pub turns: FxMap<Id, Turn>,
+    /// Direct children of each session, in creation order.
+    pub children: FxMap<Id, Vec<Id>>,
+    /// For each root turn: its active nested child turns (turn id -> session id), any depth.
+    pub active_children: FxMap<Id, FxMap<Id, Id>>,
+    /// Interactions keyed by (turn id, request id).
+    pub interactions: FxMap<(Id, Id), Interaction>,
+    /// Pending interaction request ids per turn.
+    pub pending: FxMap<Id, Vec<Id>>,
+    /// Message ids seen per session (a repeat is a no-op).
+    pub message_ids: FxMap<Id, FxSet<Id>>,
+    /// Tool calls keyed by (session id, tool call id).
+    pub tool_calls: FxMap<(Id, Id), ToolCall>,
+    /// Cancel operations.
+    pub ops: FxMap<Id, CancelOperation>,
+    /// Turns that are targets of a prepared cancel operation (turn id -> operation id).
+    pub inflight: FxMap<Id, Id>,
+}
+
+impl Tree {
+    pub fn root(&self) -> Option<&Session> {
+        self.sessions.get(&self.root_id)
+    }
+
+    /// Number of active nested child turns under a root turn.
+    pub fn active_child_count(&self, root_turn: &Id) -> usize {
+        self.active_children.get(root_turn).map_or(0, |m| m.len())
+    }
+
+    /// The root turn a turn belongs to (itself for a root turn).
+    pub fn root_turn_of(&self, turn: &Turn) -> Option<Id> {
+        let s = self.sessions.get(&turn.agent_session_id)?;
+        if s.is_child() {
+            s.root_turn_id.clone()
+        } else {
+            Some(turn.id.clone())
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Session(Id),
+    Turn(Id),
+    Interaction(Id, Id),
+    ToolCall(Id, Id),
+    Op(Id),
+}
+
+#[derive(Debug)]
+enum Touch {
+    Entity(Key, bool),
+    Message(Message),
+    Purge(Id),
+}
+
+/// Collects what one input changed; `finish` bumps versions once per entity and builds the Step.
+#[derive(Debug)]
+pub(crate) struct Tx {
+    pub now: Millis,
+    touches: Vec<Touch>,
+    seen: Option<FxSet<Key>>,
+    guards: Vec<Guard>,
+    pub provider: Vec<ProviderRequest>,
+    pub timers: Vec<TimerRequest>,
+    pub reply: Option<Reply>,
+    pub ignored: Option<Ignored>,
+}
+
+const LINEAR: usize = 16;
+
+impl Tx {
+    pub fn new(now: Millis) -> Tx {
+        Tx {
+            now,
+            touches: Vec::new(),
+            seen: None,
+            guards: Vec::new(),
+            provider: Vec::new(),
+            timers: Vec::new(),
+            reply: None,
+            ignored: None,
+        }
+    }
+
+    /// An accepted input that changes nothing.
+    pub fn ignore(now: Millis, why: Ignored) -> Tx {
+        let mut tx = Tx::new(now);
+        tx.ignored = Some(why);
+        tx
+    }
+
+    fn touch(&mut self, key: Key, publish: bool) {
+        if self.touches.len() >= LINEAR && self.seen.is_none() {
+            let set: FxSet<Key> = self
+                .touches
+                .iter()
+                .filter_map(|t| match t {
+                    Touch::Entity(k, _) => Some(k.clone()),
+                    _ => None,
+                })
+                .collect();
+            self.seen = Some(set);
+        }
+        let known = match &self.seen {
+            Some(set) => set.contains(&key),
+            None => self
+                .touches
+                .iter()
+                .any(|t| matches!(t, Touch::Entity(k, _) if *k == key)),
+        };
+        if known {
+            if publish {
+                for t in self.touches.iter_mut() {
+                    if let Touch::Entity(k, p) = t {
+                        if *k == key {
+                            *p = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        if let Some(set) = &mut self.seen {
+            set.insert(key.clone());
+        }
+        self.touches.push(Touch::Entity(key, publish));
+    }
+
+    /// Folds another transaction on the same tree into this one.
+    pub fn absorb(&mut self, other: Tx) {
+        for t in other.touches {
+            match t {
+                Touch::Entity(k, p) => self.touch(k, p),
+                other => self.touches.push(other),
+            }
+        }
+        self.guards.extend(other.guards);
+        self.provider.extend(other.provider);
+        self.timers.extend(other.timers);
+        if self.reply.is_none() {
+            self.reply = other.reply;
+        }
+    }
+
+    pub fn session(&mut self, id: &Id, publish: bool) {
+        self.touch(Key::Session(id.clone()), publish);
+    }
+    pub fn turn(&mut self, id: &Id, publish: bool) {
+        self.touch(Key::Turn(id.clone()), publish);
+    }
+    pub fn interaction(&mut self, turn: &Id, request: &Id) {
+        self.touch(Key::Interaction(turn.clone(), request.clone()), true);
+    }
+    pub fn tool_call(&mut self, session: &Id, call: &Id) {
+        self.touch(Key::ToolCall(session.clone(), call.clone()), true);
+    }
+    pub fn op(&mut self, id: &Id) {
+        self.touch(Key::Op(id.clone()), true);
+    }
+    pub fn message(&mut self, m: Message) {
+        self.touches.push(Touch::Message(m));
+    }
+    pub fn purge(&mut self, session: &Id) {
+        self.touches.push(Touch::Purge(session.clone()));
+    }
+    pub fn guard(&mut self, g: Guard) {
+        self.guards.push(g);
+    }
+
+    /// Bumps each touched entity's version once, stamps `updated_at`, and builds the step.
+    pub fn finish(self, tree: &mut Tree) -> Step {
+        let now = self.now;
+        let mut guards = self.guards;
+        let mut rows = Vec::with_capacity(self.touches.len());
+        let mut outbox = Vec::new();
+        for t in self.touches {
+            let (row, publish) = match t {
+                Touch::Entity(Key::Session(id), p) => match tree.sessions.get_mut(&id) {
+                    Some(s) => {
+                        guards.push(Guard::SessionVersion {
+                            id: id.clone(),
+                            version: s.version,
+                            next: s.version + 1,
+                        });
+                        s.version += 1;
+                        s.updated_at = now;
+                        (Row::Session(s.clone()), p)
+                    }
+                    None => continue,
+                },
+                Touch::Entity(Key::Turn(id), p) => match tree.turns.get_mut(&id) {
+                    Some(t) => {
+                        guards.push(Guard::TurnVersion {
+                            id: id.clone(),
+                            version: t.version,
+                            next: t.version + 1,
+                        });
+                        t.version += 1;
+                        t.updated_at = now;
+                        (Row::Turn(t.clone()), p)
+                    }
+                    None => continue,
+                },
+                Touch::Entity(Key::Interaction(turn, req), p) => {
+                    match tree.interactions.get_mut(&(turn, req)) {
+                        Some(i) => {
+                            i.version += 1;
+                            i.updated_at = now;
+                            (Row::Interaction(i.clone()), p)
+                        }
+                        None => continue,
+                    }
+                }
+                Touch::Entity(Key::ToolCall(s, c), p) => match tree.tool_calls.get_mut(&(s, c)) {
+                    Some(c) => {
+                        c.version += 1;
+                        c.updated_at = now;
+                        (Row::ToolCall(c.clone()), p)
+                    }
+                    None => continue,
+                },
+                Touch::Entity(Key::Op(id), p) => match tree.ops.get_mut(&id) {
+                    Some(o) => {
+                        guards.push(Guard::CancelVersion {
+                            id: id.clone(),
+                            version: o.version,
+                            next: o.version + 1,
+                        });
+                        o.version += 1;
+                        o.updated_at = now;
+                        (Row::CancelOperation(o.clone()), p)
+                    }
+                    None => continue,
+                },
+                Touch::Message(m) => (Row::Message(m), true),
+                Touch::Purge(id) => (
+                    Row::PurgeSession {
+                        agent_session_id: id,
+                    },
+                    false,
+                ),
+            };
+            if publish {
+                outbox.push(rows.len() as u32);
+            }
+            rows.push(row);
+        }
+        let persist = if rows.is_empty() {
+            PersistBatch::default()
+        } else {
+            PersistBatch {
+                root_agent_session_id: Some(tree.root_id.clone()),
+                workspace_id: Some(tree.workspace_id.clone()),
+                guards,
+                rows,
+                outbox,
+            }
+        };
+        Step {
+            persist,
+            provider: self.provider,
+            timers: self.timers,
+            reply: self.reply,
+            ignored: self.ignored,
+        }
+    }
+}

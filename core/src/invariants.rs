@@ -1,0 +1,203 @@
+//! The invariant checker: the spec's safety rules, checked over a whole tree's state. Used by
+//! tests, the simulation and the fuzz targets after every step.
+
+use crate::hash::{FxMap, FxSet};
+use crate::model::{CancelState, Id, InteractionStatus, Phase, ProviderPhase, Session};
+use crate::snapshot::TreeSnapshot;
+use crate::Engine;
+
+/// One broken rule, with the ids involved (never content).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which rule.
+    pub rule: &'static str,
+    /// The entity.
+    pub id: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.rule, self.id)
+    }
+}
+
+/// Checks one tree's state.
+pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let mut bad = |rule: &'static str, id: &Id| {
+        v.push(Violation {
+            rule,
+            id: id.to_string(),
+        })
+    };
+    let sessions: FxMap<&Id, &Session> = t.sessions.iter().map(|s| (&s.id, s)).collect();
+    let turns: FxMap<&Id, &crate::model::Turn> = t.turns.iter().map(|x| (&x.id, x)).collect();
+    let inflight: FxSet<&Id> = t
+        .cancel_operations
+        .iter()
+        .filter(|o| o.state == CancelState::Prepared)
+        .flat_map(|o| o.targets.iter().map(|x| &x.turn_id))
+        .collect();
+
+    for s in &t.sessions {
+        if s.is_child() {
+            match s.parent_agent_session_id.as_ref().and_then(|p| sessions.get(p)) {
+                None => bad("child without its parent session", &s.id),
+                Some(p) => {
+                    if s.deleted_at.is_none() && p.deleted_at.is_some() {
+                        bad("no orphan after delete", &s.id);
+                    }
+                    let expected_root = p.root_agent_session_id.clone().unwrap_or(p.id.clone());
+                    if s.root_agent_session_id.as_ref() != Some(&expected_root) {
+                        bad("child root session is its parent's root", &s.id);
+                    }
+                    let expected_turn = if p.is_child() {
+                        p.root_turn_id.clone()
+                    } else {
+                        s.parent_turn_id.clone()
+                    };
+                    if s.root_turn_id != expected_turn {
+                        bad("child root turn is its parent's root turn", &s.id);
+                    }
+                }
+            }
+        }
+        if s.deleted_at.is_some() && s.active_turn_id.is_some() {
+            bad("deleted session has no active turn", &s.id);
+        }
+        if let Some(a) = &s.active_turn_id {
+            match turns.get(a) {
+                Some(turn) if turn.agent_session_id == s.id && turn.is_active() => {}
+                _ => bad("activeTurnId names an active turn of the session", &s.id),
+            }
+        }
+    }
+
+    let mut active_children: FxMap<Id, usize> = FxMap::default();
+    let mut child_sessions: FxMap<Id, u32> = FxMap::default();
+    for s in t.sessions.iter().filter(|s| s.is_child()) {
+        if let Some(rt) = &s.root_turn_id {
+            *child_sessions.entry(rt.clone()).or_default() += 1;
+        }
+    }
+    for turn in &t.turns {
+        let Some(s) = sessions.get(&turn.agent_session_id) else {
+            bad("turn of an unknown session", &turn.id);
+            continue;
+        };
+        if turn.is_active() && s.active_turn_id.as_ref() != Some(&turn.id) {
+            bad("an active turn is its session's activeTurnId", &turn.id);
+        }
+        match (turn.phase, turn.outcome) {
+            (Phase::Settled, None) => bad("settled turn has an outcome", &turn.id),
+            (p, Some(_)) if p != Phase::Settled => bad("only settled turns have an outcome", &turn.id),
+            _ => {}
+        }
+        if turn.error.is_some() && !turn.outcome.is_some_and(|o| o.allows_error()) {
+            bad("canceled turns carry no error (errors only on failed/interrupted)", &turn.id);
+        }
+        if turn.phase == Phase::Settling && !inflight.contains(&turn.id) {
+            bad("settling only while a cancel is in flight", &turn.id);
+        }
+        if s.is_child() && turn.is_active() {
+            if let Some(rt) = &s.root_turn_id {
+                *active_children.entry(rt.clone()).or_default() += 1;
+                if !turns.get(rt).is_some_and(|r| r.is_active()) {
+                    bad("no root settles while a nested child is active", &turn.id);
+                }
+            }
+        }
+    }
+    for turn in t.turns.iter().filter(|x| x.root_provider_turn.is_some()) {
+        let children = active_children.get(&turn.id).copied().unwrap_or(0);
+        let created = child_sessions.get(&turn.id).copied().unwrap_or(0);
+        if created != turn.child_session_count {
+            bad("root turn counts its child sessions", &turn.id);
+        }
+        let Some(r) = &turn.root_provider_turn else {
+            continue;
+        };
+        if turn.is_active()
+            && r.phase == ProviderPhase::Completed
+            && !r.reserved
+            && children == 0
+            && !inflight.contains(&turn.id)
+        {
+            bad("root gate: settles once provider and children are terminal", &turn.id);
+        }
+    }
+    for o in &t.cancel_operations {
+        if o.includes_root {
+            if let Some(rt) = turns.get(&o.turn_id) {
+                if rt.child_session_count != o.child_sessions_at_prepare {
+                    bad("no child is revealed after its root's cancel was prepared", &o.id);
+                }
+                if !rt.child_creation_closed {
+                    bad("a root cancel closes child creation", &o.id);
+                }
+                if o.state != CancelState::Prepared
+                    && rt.outcome != Some(crate::model::Outcome::Canceled)
+                {
+                    bad("a canceled root stays canceled", &o.id);
+                }
+            }
+        }
+        if o.state != CancelState::Prepared {
+            for target in &o.targets {
+                if turns.get(&target.turn_id).is_some_and(|x| {
+                    x.is_active() && x.cancel_operation_id.as_ref() == Some(&o.id)
+                }) {
+                    bad("a finished cancel leaves no target active", &target.turn_id);
+                }
+            }
+        }
+    }
+    for i in &t.interactions {
+        if i.status == InteractionStatus::Pending
+            && !turns.get(&i.turn_id).is_some_and(|x| x.is_active())
+        {
+            bad("pending interactions belong to active turns", &i.request_id);
+        }
+    }
+    v
+}
+
+impl Engine {
+    /// Checks every loaded tree, plus the engine's own indexes against the state.
+    pub fn check_invariants(&self) -> Vec<Violation> {
+        let mut v = Vec::new();
+        for tree in self.trees() {
+            let snap = TreeSnapshot::from_tree(tree);
+            v.extend(check_tree(&snap));
+            for (rt, set) in &tree.active_children {
+                for (turn, _) in set {
+                    if !tree.turns.get(turn).is_some_and(|t| t.is_active()) {
+                        v.push(Violation {
+                            rule: "gate index holds only active child turns",
+                            id: format!("{rt}/{turn}"),
+                        });
+                    }
+                }
+            }
+            let indexed: usize = tree.active_children.values().map(|m| m.len()).sum();
+            let actual = snap
+                .turns
+                .iter()
+                .filter(|t| {
+                    t.is_active()
+                        && tree
+                            .sessions
+                            .get(&t.agent_session_id)
+                            .is_some_and(|s| s.is_child())
+                })
+                .count();
+            if indexed != actual {
+                v.push(Violation {
+                    rule: "gate index counts every active child turn",
+                    id: tree.root_id.to_string(),
+                });
+            }
+        }
+        v
+    }
+}

@@ -1,0 +1,66 @@
+//! # tutti-core
+//!
+//! The pure, sans-I/O engine of tutti. It records every root and provider-native child agent as
+//! a durable session with turns, keeps the user's root turn open while any nested child is still
+//! working, cancels a whole tree exactly, and never loses or resurrects work, whatever order the
+//! provider's events arrive in. It does no I/O, reads no clock, uses no randomness and starts no
+//! threads: inputs go in, data describing what to do comes out.
+//!
+//! ## The driver loop
+//!
+//! One input enum ([`Input`]: normalized provider events, host commands, runtime answers, timers)
+//! and one output type ([`Step`]). A driver (see `tutti-tokio`) runs:
+//!
+//! ```no_run
+//! # use tutti_core::{Engine, Input, Step, store::{MemoryStore, Store}};
+//! # fn next_input() -> Option<(i64, Input)> { None }
+//! # fn run_provider_requests(_: &Step) {}
+//! let (mut engine, mut store) = (Engine::new(), MemoryStore::new());
+//! while let Some((now, input)) = next_input() {          // provider line, API call, timer
+//!     let Ok(step) = engine.handle(now, &input) else { continue }; // rejected: nothing changed
+//!     if store.apply(&step.persist).is_err() {             // one transaction, guards checked
+//!         let root = step.persist.root_agent_session_id.clone().unwrap_or_default();
+//!         engine.evict(&root);                             // crash-only: reload from the file
+//!         if let Ok(Some(t)) = store.load_tree(&root) { let _ = engine.restore(t); }
+//!         continue;
+//!     }
+//!     run_provider_requests(&step); // then arm step.timers, publish outbox, send step.reply
+//! }
+//! ```
+//!
+//! Every step is committed before its provider requests run and before its outbox rows are
+//! published. A rejected input ([`Rejected`]) changed nothing and persists nothing.
+//!
+//! ## Pieces
+//! - [`model`]: sessions, turns, interactions, messages, tool calls, cancel operations (wire form).
+//! - [`input`]: [`NormalizedEvent`], [`Command`], [`RuntimeAnswer`].
+//! - [`step`]: [`Step`], [`PersistBatch`] (rows, guards, outbox), [`ProviderRequest`], [`Reply`].
+//! - [`Engine`]: one state machine per root tree: the root gate, cancellation, guidance,
+//!   interactions, deletion.
+//! - [`snapshot`]: [`TreeSnapshot`] for `restore` / `snapshot`.
+//! - [`store`]: the storage contract and the in-memory reference store; [`projection`]: reads.
+//! - [`invariants`]: the spec's safety rules as a checker; [`scenario`]: the scenario runner.
+//!
+//! Ids are chosen by the host (commands and adapters carry them), so the engine needs no id
+//! source of its own and is a pure function of its inputs.
+
+#![warn(missing_docs)]
+
+mod engine;
+pub mod error;
+mod hash;
+pub mod input;
+pub mod invariants;
+pub mod model;
+pub mod projection;
+pub mod scenario;
+pub mod snapshot;
+pub mod step;
+pub mod store;
+
+pub use engine::{Engine, EngineConfig, UNCONFIRMED};
+pub use error::{Rejected, RestoreError};
+pub use hash::{FxMap, FxSet};
+pub use input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
+pub use snapshot::TreeSnapshot;
+pub use step::{GuideMode, PersistBatch, ProviderRequest, Reply, Row, Step};

@@ -1,0 +1,465 @@
+//! The durable entities of the spec, in their wire form (camelCase JSON).
+//!
+//! `WorkspaceAgentSession` ([`Session`]) is the identity and context boundary of one agent, root or
+//! child; `WorkspaceAgentTurn` ([`Turn`]) is one turn inside it. Child lifecycle uses the same turn
+//! phase and outcome vocabulary as root turns: "do not duplicate child lifecycle into a second
+//! child-agent status field".
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// An identifier chosen by the host (session, turn, request, operation ids). Cheap to clone.
+pub type Id = Arc<str>;
+
+/// Milliseconds since the Unix epoch, as given to [`crate::Engine::handle`]. The core never reads a clock.
+pub type Millis = i64;
+
+/// Root or child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SessionKind {
+    /// A user-visible conversation.
+    Root,
+    /// A provider-native subordinate agent, hidden from ordinary navigation.
+    Child,
+}
+
+/// Provider handles and aliases of a session ("threadId, taskId, agentId, and parentToolUseId").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAliases {
+    /// Codex app-server thread id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+    /// Claude SDK task id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// Claude SDK agent id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// Claude SDK launching tool-use id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_tool_use_id: Option<String>,
+}
+
+impl ProviderAliases {
+    /// Fills every alias that `other` knows; known aliases are never erased.
+    /// Returns whether anything changed.
+    pub fn merge(&mut self, other: &ProviderAliases) -> bool {
+        let mut changed = false;
+        for (mine, theirs) in [
+            (&mut self.thread_id, &other.thread_id),
+            (&mut self.task_id, &other.task_id),
+            (&mut self.agent_id, &other.agent_id),
+            (&mut self.parent_tool_use_id, &other.parent_tool_use_id),
+        ] {
+            if theirs.is_some() && mine != theirs {
+                *mine = theirs.clone();
+                changed = true;
+            }
+        }
+        changed
+    }
+}
+
+/// What a provider declared it can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// "Provider adapters must expose whether root-turn guidance is supported while only child
+    /// agents are running."
+    #[serde(default = "yes")]
+    pub guide_while_children_only: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            guide_while_children_only: true,
+        }
+    }
+}
+
+/// `WorkspaceAgentSession`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    /// Canonical session id.
+    pub id: Id,
+    /// Owning workspace.
+    pub workspace_id: Id,
+    /// Root or child.
+    pub kind: SessionKind,
+    /// Child only: the session whose turn delegated this child (immutable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_agent_session_id: Option<Id>,
+    /// Child only: the turn that delegated this child (immutable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_turn_id: Option<Id>,
+    /// Child only: the delegation tool call, when known (immutable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_tool_call_id: Option<Id>,
+    /// Child only: the root session of the tree (immutable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_agent_session_id: Option<Id>,
+    /// Child only: the root turn that owns this child (immutable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_turn_id: Option<Id>,
+    /// Provider name (`codex`, `claude`, `acp`, `demo`, ...).
+    pub provider: Id,
+    /// The provider's own id of this session (Codex thread id, ACP session id, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_session_id: Option<String>,
+    /// Provider aliases.
+    #[serde(default)]
+    pub provider_aliases: ProviderAliases,
+    /// Display title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The session's active turn, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_turn_id: Option<Id>,
+    /// The session's most recent turn (active or settled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_turn_id: Option<Id>,
+    /// Tombstone time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<Millis>,
+    /// Root only: provider capabilities.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+    /// Provider-native workflow metadata (for example a Claude goal). Opaque; never gates anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<serde_json::Value>,
+    /// Number of messages appended so far; the next message gets this as its `seq`.
+    #[serde(default)]
+    pub message_count: u64,
+    /// Creation time.
+    pub created_at: Millis,
+    /// Last change.
+    pub updated_at: Millis,
+    /// Row version, incremented by every persisted change.
+    pub version: u64,
+}
+
+impl Session {
+    /// Whether this is a child session.
+    pub fn is_child(&self) -> bool {
+        self.kind == SessionKind::Child
+    }
+}
+
+/// What initiated a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Trigger {
+    /// A user submission (root turns only).
+    User,
+    /// Delegation from a parent turn (a child's initial turn).
+    Delegation,
+    /// Later guidance sent to a child session.
+    Guidance,
+}
+
+/// Turn phase (closed vocabulary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Phase {
+    /// Accepted, not yet started by the provider.
+    Submitted,
+    /// The provider is working on it.
+    Running,
+    /// Waiting: for children (root) or for input (child).
+    Waiting,
+    /// Cancellation requested, awaiting the provider's answer.
+    Settling,
+    /// Terminal; `outcome` is set.
+    Settled,
+}
+
+impl Phase {
+    /// Submitted, running, waiting or settling.
+    pub fn is_active(self) -> bool {
+        self != Phase::Settled
+    }
+}
+
+/// Terminal outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    /// Finished normally.
+    Completed,
+    /// Finished with an error.
+    Failed,
+    /// Canceled by the user (and confirmed, or the root of a cancel).
+    Canceled,
+    /// Stopped without confirmation (cancel not acknowledged, provider exited).
+    Interrupted,
+}
+
+impl Outcome {
+    /// "The activity event contract permits turn errors only for failed or interrupted."
+    pub fn allows_error(self) -> bool {
+        matches!(self, Outcome::Failed | Outcome::Interrupted)
+    }
+}
+
+/// Phase of the root provider turn (the provider's own lifecycle, distinct from the canonical root turn).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProviderPhase {
+    /// No provider turn has started yet.
+    Idle,
+    /// A root provider turn is running (or reserved by guidance).
+    Running,
+    /// The root provider turn reached a terminal; its outcome is retained.
+    Completed,
+}
+
+/// The root provider turn's lifecycle fields on a root turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootProviderTurn {
+    /// Phase.
+    pub phase: ProviderPhase,
+    /// The provider's own turn id (transport metadata; never a canonical turn id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_turn_id: Option<String>,
+    /// Outcome of the last root provider terminal, retained until the gate applies it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_outcome: Option<Outcome>,
+    /// Error of the retained outcome (failed/interrupted only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_error: Option<String>,
+    /// Guidance asked the provider to start a root provider turn while only children ran; the
+    /// lifecycle is reserved (phase running) until that provider turn starts or the guide fails.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserved: bool,
+}
+
+impl Default for RootProviderTurn {
+    fn default() -> Self {
+        RootProviderTurn {
+            phase: ProviderPhase::Idle,
+            provider_turn_id: None,
+            retained_outcome: None,
+            retained_error: None,
+            reserved: false,
+        }
+    }
+}
+
+/// `WorkspaceAgentTurn`: one turn of one session, root or child.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Turn {
+    /// Canonical turn id.
+    pub id: Id,
+    /// Owning session.
+    pub agent_session_id: Id,
+    /// What initiated it.
+    pub trigger: Trigger,
+    /// Phase.
+    pub phase: Phase,
+    /// Outcome once settled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    /// Error (failed or interrupted only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Root turns only: the root provider turn's lifecycle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_provider_turn: Option<RootProviderTurn>,
+    /// Child turns only: the provider's native turn id (an alias, not a canonical id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_turn_id: Option<String>,
+    /// Root turns only: a root cancel operation was prepared; no child may be created any more.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub child_creation_closed: bool,
+    /// Root turns only: child sessions created under this root turn (any depth).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub child_session_count: u32,
+    /// The cancel operation that targeted this turn (a closed cancellation target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_operation_id: Option<Id>,
+    /// Creation time.
+    pub created_at: Millis,
+    /// Last change.
+    pub updated_at: Millis,
+    /// Row version.
+    pub version: u64,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl Turn {
+    /// Whether the turn is not settled.
+    pub fn is_active(&self) -> bool {
+        self.phase.is_active()
+    }
+}
+
+/// Status of an interaction (approval, prompt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum InteractionStatus {
+    /// Waiting for the user.
+    Pending,
+    /// The user answered; the answer was sent to the provider.
+    Answered,
+    /// The provider reported it resolved.
+    Resolved,
+    /// Its turn settled (for example by cancel) before it was resolved.
+    Superseded,
+}
+
+/// A canonical interaction, keyed by (`agentSessionId`, `turnId`, `requestId`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Interaction {
+    /// Owning session (the exact child session for a child approval).
+    pub agent_session_id: Id,
+    /// Owning turn (the exact canonical child turn).
+    pub turn_id: Id,
+    /// Provider request id.
+    pub request_id: Id,
+    /// Provider turn id, kept only to route the answer back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_turn_id: Option<String>,
+    /// Opaque kind.
+    #[serde(default)]
+    pub kind: serde_json::Value,
+    /// Opaque payload.
+    #[serde(default)]
+    pub payload: serde_json::Value,
+    /// Status.
+    pub status: InteractionStatus,
+    /// The user's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<serde_json::Value>,
+    /// The provider's resolution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<serde_json::Value>,
+    /// Creation time.
+    pub created_at: Millis,
+    /// Last change.
+    pub updated_at: Millis,
+    /// Row version.
+    pub version: u64,
+}
+
+/// One message of one session turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Message {
+    /// Owning session.
+    pub agent_session_id: Id,
+    /// Owning turn.
+    pub turn_id: Id,
+    /// Provider message id (unique within the session).
+    pub message_id: Id,
+    /// Position within the session, from 0.
+    pub seq: u64,
+    /// `user`, `assistant`, `thought`, ...
+    pub role: String,
+    /// Content.
+    pub text: String,
+    /// Creation time.
+    pub created_at: Millis,
+}
+
+/// A tool call of a turn (for example the parent delegation call).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    /// Owning session (the session whose turn launched the tool).
+    pub agent_session_id: Id,
+    /// Owning turn.
+    pub turn_id: Id,
+    /// Provider tool call id.
+    pub tool_call_id: Id,
+    /// Tool name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Status (`started`, `completed`, `failed`, ... as the adapter normalizes it).
+    pub status: String,
+    /// Opaque kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<serde_json::Value>,
+    /// Opaque payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    /// Creation time.
+    pub created_at: Millis,
+    /// Last change.
+    pub updated_at: Millis,
+    /// Row version.
+    pub version: u64,
+}
+
+/// An exact cancel target.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    /// Session.
+    pub agent_session_id: Id,
+    /// Turn.
+    pub turn_id: Id,
+}
+
+/// State of a durable cancel operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CancelState {
+    /// Recorded; the provider cancel has been requested and may be replayed after a crash.
+    Prepared,
+    /// The provider answered; every target settled.
+    Completed,
+    /// The provider call failed (or timed out, or the provider exited); targets settled anyway.
+    Failed,
+}
+
+/// A durable cancel operation with its exact target set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelOperation {
+    /// Operation id.
+    pub id: Id,
+    /// Root session of the tree (locates the live provider runtime).
+    pub root_agent_session_id: Id,
+    /// The turn the user asked to cancel (the root turn, or one child turn).
+    pub agent_session_id: Id,
+    /// The turn the user asked to cancel.
+    pub turn_id: Id,
+    /// Whether the root turn is a target (a root cancel) or not (an exact child-only cancel).
+    pub includes_root: bool,
+    /// The exact targets, decided before any provider I/O.
+    pub targets: Vec<Target>,
+    /// Root cancels: how many child sessions the root turn had when the target set was recorded
+    /// (no child may join after that).
+    #[serde(default)]
+    pub child_sessions_at_prepare: u32,
+    /// The subset the provider acknowledged.
+    #[serde(default)]
+    pub acked: Vec<Target>,
+    /// State.
+    pub state: CancelState,
+    /// Failure text when failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Deadline after which unconfirmed targets settle interrupted.
+    pub deadline: Millis,
+    /// Creation time.
+    pub created_at: Millis,
+    /// Last change.
+    pub updated_at: Millis,
+    /// Row version.
+    pub version: u64,
+}

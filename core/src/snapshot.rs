@@ -1,0 +1,144 @@
+//! A root tree's durable state, as storage loads it and as the engine restores it.
+
+use crate::engine::Tree;
+use crate::error::RestoreError;
+use crate::model::{
+    CancelOperation, CancelState, Id, Interaction, InteractionStatus, SessionKind, Session,
+    ToolCall, Turn,
+};
+use serde::{Deserialize, Serialize};
+
+/// Everything the engine keeps about one root tree. Vectors are in canonical order (sorted by
+/// key), so two snapshots of the same state compare equal.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TreeSnapshot {
+    /// The root session and every nested child (tombstones included), sorted by id.
+    pub sessions: Vec<Session>,
+    /// Every turn of those sessions, sorted by id.
+    pub turns: Vec<Turn>,
+    /// Every interaction, sorted by (turn, request).
+    pub interactions: Vec<Interaction>,
+    /// Every tool call, sorted by (session, tool call).
+    pub tool_calls: Vec<ToolCall>,
+    /// Every cancel operation, sorted by id.
+    pub cancel_operations: Vec<CancelOperation>,
+    /// (session, message id) of every message, sorted.
+    pub message_ids: Vec<(Id, Id)>,
+}
+
+impl TreeSnapshot {
+    /// Sorts every vector into canonical order.
+    pub fn canonicalize(&mut self) {
+        self.sessions.sort_by(|a, b| a.id.cmp(&b.id));
+        self.turns.sort_by(|a, b| a.id.cmp(&b.id));
+        self.interactions
+            .sort_by(|a, b| (&a.turn_id, &a.request_id).cmp(&(&b.turn_id, &b.request_id)));
+        self.tool_calls.sort_by(|a, b| {
+            (&a.agent_session_id, &a.tool_call_id).cmp(&(&b.agent_session_id, &b.tool_call_id))
+        });
+        self.cancel_operations.sort_by(|a, b| a.id.cmp(&b.id));
+        self.message_ids.sort();
+    }
+
+    /// The root session.
+    pub fn root(&self) -> Option<&Session> {
+        self.sessions.iter().find(|s| s.kind == SessionKind::Root)
+    }
+
+    pub(crate) fn from_tree(tree: &Tree) -> TreeSnapshot {
+        let mut s = TreeSnapshot {
+            sessions: tree.sessions.values().cloned().collect(),
+            turns: tree.turns.values().cloned().collect(),
+            interactions: tree.interactions.values().cloned().collect(),
+            tool_calls: tree.tool_calls.values().cloned().collect(),
+            cancel_operations: tree.ops.values().cloned().collect(),
+            message_ids: tree
+                .message_ids
+                .iter()
+                .flat_map(|(s, ids)| ids.iter().map(move |m| (s.clone(), m.clone())))
+                .collect(),
+        };
+        s.canonicalize();
+        s
+    }
+
+    pub(crate) fn into_tree(mut self) -> Result<Tree, RestoreError> {
+        self.canonicalize();
+        let mut roots = self.sessions.iter().filter(|s| s.kind == SessionKind::Root);
+        let root = roots.next().ok_or(RestoreError::NoRoot)?.clone();
+        if roots.next().is_some() {
+            return Err(RestoreError::SeveralRoots);
+        }
+        let mut tree = Tree {
+            root_id: root.id.clone(),
+            workspace_id: root.workspace_id.clone(),
+            ..Tree::default()
+        };
+        // Children in creation order (then id), so traversal order is deterministic.
+        let mut kids: Vec<&Session> = self.sessions.iter().filter(|s| s.is_child()).collect();
+        kids.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        for c in kids {
+            if c.root_agent_session_id.as_ref() != Some(&root.id) {
+                return Err(RestoreError::Inconsistent("child of another root"));
+            }
+            let parent = c
+                .parent_agent_session_id
+                .clone()
+                .ok_or(RestoreError::Inconsistent("child without parent"))?;
+            tree.children.entry(parent).or_default().push(c.id.clone());
+        }
+        for s in self.sessions {
+            tree.sessions.insert(s.id.clone(), s);
+        }
+        for t in self.turns {
+            let session = tree
+                .sessions
+                .get(&t.agent_session_id)
+                .ok_or(RestoreError::Inconsistent("turn of an unknown session"))?;
+            if session.is_child() && t.is_active() {
+                let rt = session
+                    .root_turn_id
+                    .clone()
+                    .ok_or(RestoreError::Inconsistent("child without root turn"))?;
+                tree.active_children
+                    .entry(rt)
+                    .or_default()
+                    .insert(t.id.clone(), t.agent_session_id.clone());
+            }
+            tree.turns.insert(t.id.clone(), t);
+        }
+        for o in self.cancel_operations {
+            tree.ops.insert(o.id.clone(), o);
+        }
+        for t in tree.turns.values() {
+            if let Some(op) = &t.cancel_operation_id {
+                let prepared = tree
+                    .ops
+                    .get(op)
+                    .is_some_and(|o| o.state == CancelState::Prepared);
+                if prepared && t.is_active() {
+                    tree.inflight.insert(t.id.clone(), op.clone());
+                }
+            }
+        }
+        for i in self.interactions {
+            if i.status == InteractionStatus::Pending {
+                tree.pending
+                    .entry(i.turn_id.clone())
+                    .or_default()
+                    .push(i.request_id.clone());
+            }
+            tree.interactions
+                .insert((i.turn_id.clone(), i.request_id.clone()), i);
+        }
+        for c in self.tool_calls {
+            tree.tool_calls
+                .insert((c.agent_session_id.clone(), c.tool_call_id.clone()), c);
+        }
+        for (s, m) in self.message_ids {
+            tree.message_ids.entry(s).or_default().insert(m);
+        }
+        Ok(tree)
+    }
+}

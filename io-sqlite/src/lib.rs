@@ -1,0 +1,2 @@
+//! tutti-sqlite (work in progress).
+#![warn(missing_docs)]

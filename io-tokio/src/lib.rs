@@ -1,0 +1,2 @@
+//! tutti-tokio (work in progress).
+#![warn(missing_docs)]

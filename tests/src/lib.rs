@@ -1,0 +1,8 @@
+//! Shared helpers for the cross-crate tests.
+
+pub mod claude_client;
+pub mod claude_install;
+pub mod codex_client;
+pub mod mock_messages;
+pub mod mock_responses;
+pub mod providers;

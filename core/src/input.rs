@@ -9,7 +9,11 @@ use serde_json::Value;
 /// A provider fact, normalized by an adapter. Adapters report facts; only the engine decides
 /// whether a root turn is complete.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum NormalizedEvent {
     /// `root_provider_turn_started`: the root provider turn (or a continuation of it) began.
     RootProviderTurnStarted {
@@ -190,17 +194,39 @@ impl NormalizedEvent {
     pub fn agent_session_id(&self) -> &Id {
         use NormalizedEvent::*;
         match self {
-            RootProviderTurnStarted { agent_session_id, .. }
-            | RootProviderTurnCompleted { agent_session_id, .. }
-            | ChildSessionUpdated { agent_session_id, .. }
-            | TurnStarted { agent_session_id, .. }
-            | TurnWaiting { agent_session_id, .. }
-            | TurnTerminal { agent_session_id, .. }
-            | MessageAppended { agent_session_id, .. }
-            | ToolCallUpdated { agent_session_id, .. }
-            | InteractionRequested { agent_session_id, .. }
-            | InteractionResolved { agent_session_id, .. }
-            | SessionMetadataUpdated { agent_session_id, .. } => agent_session_id,
+            RootProviderTurnStarted {
+                agent_session_id, ..
+            }
+            | RootProviderTurnCompleted {
+                agent_session_id, ..
+            }
+            | ChildSessionUpdated {
+                agent_session_id, ..
+            }
+            | TurnStarted {
+                agent_session_id, ..
+            }
+            | TurnWaiting {
+                agent_session_id, ..
+            }
+            | TurnTerminal {
+                agent_session_id, ..
+            }
+            | MessageAppended {
+                agent_session_id, ..
+            }
+            | ToolCallUpdated {
+                agent_session_id, ..
+            }
+            | InteractionRequested {
+                agent_session_id, ..
+            }
+            | InteractionResolved {
+                agent_session_id, ..
+            }
+            | SessionMetadataUpdated {
+                agent_session_id, ..
+            } => agent_session_id,
             // A child is routed by its parent: the child itself is not known yet.
             ChildSessionCreated {
                 parent_agent_session_id,
@@ -231,7 +257,11 @@ impl NormalizedEvent {
 
 /// A host command (from the API or CLI). Ids are chosen by the host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum Command {
     /// Create a root session.
     CreateSession {
@@ -287,7 +317,11 @@ pub enum Command {
 
 /// Answers of the runtime controller to provider requests.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum RuntimeAnswer {
     /// The bounded provider cancel returned; `acked` is the exact acknowledged subset.
     CancelResult {
@@ -329,7 +363,11 @@ pub enum RuntimeAnswer {
 
 /// Timers the engine asks the driver to run.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "kind",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum TimerId {
     /// "Unconfirmed child turns use the generic interrupted timeout": if the provider cancel has
     /// not answered by then, the operation fails and its unconfirmed targets settle interrupted.
@@ -400,7 +438,9 @@ impl<'de> Deserialize<'de> for Input {
             .and_then(Value::as_str)
             .ok_or_else(|| D::Error::custom("input needs a string `type`"))?;
         if COMMANDS.contains(&ty) {
-            Command::deserialize(v).map(Input::Command).map_err(D::Error::custom)
+            Command::deserialize(v)
+                .map(Input::Command)
+                .map_err(D::Error::custom)
         } else if ANSWERS.contains(&ty) {
             RuntimeAnswer::deserialize(v)
                 .map(Input::Runtime)

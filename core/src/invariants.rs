@@ -41,7 +41,11 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
 
     for s in &t.sessions {
         if s.is_child() {
-            match s.parent_agent_session_id.as_ref().and_then(|p| sessions.get(p)) {
+            match s
+                .parent_agent_session_id
+                .as_ref()
+                .and_then(|p| sessions.get(p))
+            {
                 None => bad("child without its parent session", &s.id),
                 Some(p) => {
                     if s.deleted_at.is_none() && p.deleted_at.is_some() {
@@ -90,11 +94,16 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
         }
         match (turn.phase, turn.outcome) {
             (Phase::Settled, None) => bad("settled turn has an outcome", &turn.id),
-            (p, Some(_)) if p != Phase::Settled => bad("only settled turns have an outcome", &turn.id),
+            (p, Some(_)) if p != Phase::Settled => {
+                bad("only settled turns have an outcome", &turn.id)
+            }
             _ => {}
         }
         if turn.error.is_some() && !turn.outcome.is_some_and(|o| o.allows_error()) {
-            bad("canceled turns carry no error (errors only on failed/interrupted)", &turn.id);
+            bad(
+                "canceled turns carry no error (errors only on failed/interrupted)",
+                &turn.id,
+            );
         }
         if turn.phase == Phase::Settling && !inflight.contains(&turn.id) {
             bad("settling only while a cancel is in flight", &turn.id);
@@ -123,14 +132,20 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
             && children == 0
             && !inflight.contains(&turn.id)
         {
-            bad("root gate: settles once provider and children are terminal", &turn.id);
+            bad(
+                "root gate: settles once provider and children are terminal",
+                &turn.id,
+            );
         }
     }
     for o in &t.cancel_operations {
         if o.includes_root {
             if let Some(rt) = turns.get(&o.turn_id) {
                 if rt.child_session_count != o.child_sessions_at_prepare {
-                    bad("no child is revealed after its root's cancel was prepared", &o.id);
+                    bad(
+                        "no child is revealed after its root's cancel was prepared",
+                        &o.id,
+                    );
                 }
                 if !rt.child_creation_closed {
                     bad("a root cancel closes child creation", &o.id);
@@ -144,9 +159,10 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
         }
         if o.state != CancelState::Prepared {
             for target in &o.targets {
-                if turns.get(&target.turn_id).is_some_and(|x| {
-                    x.is_active() && x.cancel_operation_id.as_ref() == Some(&o.id)
-                }) {
+                if turns
+                    .get(&target.turn_id)
+                    .is_some_and(|x| x.is_active() && x.cancel_operation_id.as_ref() == Some(&o.id))
+                {
                     bad("a finished cancel leaves no target active", &target.turn_id);
                 }
             }
@@ -170,7 +186,7 @@ impl Engine {
             let snap = TreeSnapshot::from_tree(tree);
             v.extend(check_tree(&snap));
             for (rt, set) in &tree.active_children {
-                for (turn, _) in set {
+                for turn in set.keys() {
                     if !tree.turns.get(turn).is_some_and(|t| t.is_active()) {
                         v.push(Violation {
                             rule: "gate index holds only active child turns",

@@ -135,9 +135,6 @@ pub struct Session {
     /// Provider-native workflow metadata (for example a Claude goal). Opaque; never gates anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goal: Option<serde_json::Value>,
-    /// Number of messages appended so far; the next message gets this as its `seq`.
-    #[serde(default)]
-    pub message_count: u64,
     /// Creation time.
     pub created_at: Millis,
     /// Last change.

@@ -104,10 +104,15 @@ fn id_of<'a>(exp: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
 fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
     let exp = exp.as_object().ok_or("expect takes an object")?;
     let e = |r: Result<Option<Value>, S::Error>| r.map_err(|e| e.to_string());
-    let (what, found, skip): (String, Option<Value>, &[&str]) = if let Some(id) = id_of(exp, "turn") {
+    let (what, found, skip): (String, Option<Value>, &[&str]) = if let Some(id) = id_of(exp, "turn")
+    {
         (format!("turn {id}"), e(store.turn(id).map(to))?, &["turn"])
     } else if let Some(id) = id_of(exp, "session") {
-        (format!("session {id}"), e(store.session(id).map(to))?, &["session"])
+        (
+            format!("session {id}"),
+            e(store.session(id).map(to))?,
+            &["session"],
+        )
     } else if let Some(id) = id_of(exp, "interaction") {
         let turn = id_of(exp, "turnId").ok_or("interaction expectations need turnId")?;
         (
@@ -122,7 +127,9 @@ fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
             &["cancelOperation"],
         )
     } else if let Some(id) = id_of(exp, "messages") {
-        let msgs = store.messages(id, None, usize::MAX).map_err(|e| e.to_string())?;
+        let msgs = store
+            .messages(id, None, usize::MAX)
+            .map_err(|e| e.to_string())?;
         let texts: Vec<Value> = msgs.iter().map(|m| Value::String(m.text.clone())).collect();
         if let Some(want) = exp.get("texts") {
             if *want != Value::Array(texts.clone()) {
@@ -143,11 +150,15 @@ fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
         let mut got: Vec<String> = d.child_sessions.iter().map(|s| s.id.to_string()).collect();
         got.sort();
         if let Some(want) = exp.get("childSessions").and_then(Value::as_array) {
-            let mut want: Vec<String> =
-                want.iter().filter_map(|v| v.as_str().map(String::from)).collect();
+            let mut want: Vec<String> = want
+                .iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect();
             want.sort();
             if want != got {
-                return Err(format!("detail of {id}: want children {want:?}, got {got:?}"));
+                return Err(format!(
+                    "detail of {id}: want children {want:?}, got {got:?}"
+                ));
             }
         }
         return Ok(());
@@ -228,8 +239,10 @@ fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
         }
     }
     if let Some(want) = exp.get("outboxTurns").and_then(Value::as_array) {
-        let mut want: Vec<String> =
-            want.iter().filter_map(|v| v.as_str().map(String::from)).collect();
+        let mut want: Vec<String> = want
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect();
         want.sort();
         let mut got: Vec<String> = step
             .map(|s| s.outbox_turns().map(|t| t.to_string()).collect())

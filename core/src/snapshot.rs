@@ -3,7 +3,7 @@
 use crate::engine::Tree;
 use crate::error::RestoreError;
 use crate::model::{
-    CancelOperation, CancelState, Id, Interaction, InteractionStatus, SessionKind, Session,
+    CancelOperation, CancelState, Id, Interaction, InteractionStatus, Session, SessionKind,
     ToolCall, Turn,
 };
 use serde::{Deserialize, Serialize};

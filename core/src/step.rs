@@ -71,7 +71,9 @@ impl PersistBatch {
 
     /// The rows published to the outbox, in order.
     pub fn published(&self) -> impl Iterator<Item = &Row> + '_ {
-        self.outbox.iter().filter_map(|&i| self.rows.get(i as usize))
+        self.outbox
+            .iter()
+            .filter_map(|&i| self.rows.get(i as usize))
     }
 }
 
@@ -134,7 +136,11 @@ impl Row {
 /// A condition a batch was decided under. If one fails inside the transaction the whole batch is
 /// rolled back ("rejected by persistence").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "guard", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "guard",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum Guard {
     /// The session row is at `version` (0: absent) or already at `next` (this batch was applied).
     SessionVersion {
@@ -176,7 +182,11 @@ pub enum Guard {
 
 /// A request to the provider runtime of one root tree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum ProviderRequest {
     /// Start a root provider turn for a new canonical root turn.
     Start {
@@ -278,7 +288,11 @@ pub struct TimerRequest {
 
 /// A command's reply.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "reply", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "reply",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum Reply {
     /// `createSession`.
     Created {

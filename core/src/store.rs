@@ -157,11 +157,12 @@ impl MemoryStore {
             Row::CancelOperation(o) => upsert(&mut self.ops, o.id.clone(), o, |o| o.version),
             Row::Message(m) => {
                 let key = (m.agent_session_id.clone(), m.seq);
-                if self.messages.contains_key(&key) {
-                    false
-                } else {
-                    self.messages.insert(key, m.clone());
-                    true
+                match self.messages.entry(key) {
+                    std::collections::btree_map::Entry::Occupied(_) => false,
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(m.clone());
+                        true
+                    }
                 }
             }
             Row::PurgeSession { agent_session_id } => {
@@ -186,7 +187,9 @@ impl MemoryStore {
             .sessions
             .values()
             .filter(|s| {
-                s.kind == SessionKind::Root && s.deleted_at.is_none() && &*s.workspace_id == workspace
+                s.kind == SessionKind::Root
+                    && s.deleted_at.is_none()
+                    && &*s.workspace_id == workspace
             })
             .cloned()
             .collect();
@@ -208,8 +211,14 @@ impl MemoryStore {
         if r.kind != SessionKind::Root {
             return None;
         }
-        let in_tree = |s: &Session| &*s.id == root || s.root_agent_session_id.as_deref() == Some(root);
-        let sessions: Vec<Session> = self.sessions.values().filter(|s| in_tree(s)).cloned().collect();
+        let in_tree =
+            |s: &Session| &*s.id == root || s.root_agent_session_id.as_deref() == Some(root);
+        let sessions: Vec<Session> = self
+            .sessions
+            .values()
+            .filter(|s| in_tree(s))
+            .cloned()
+            .collect();
         let ids: std::collections::BTreeSet<&Id> = sessions.iter().map(|s| &s.id).collect();
         let mut snap = TreeSnapshot {
             turns: self
@@ -304,7 +313,11 @@ impl Store for MemoryStore {
     }
 
     fn session(&self, id: &str) -> Result<Option<Session>, StoreError> {
-        Ok(self.sessions.get(id).filter(|s| s.deleted_at.is_none()).cloned())
+        Ok(self
+            .sessions
+            .get(id)
+            .filter(|s| s.deleted_at.is_none())
+            .cloned())
     }
 
     fn turn(&self, id: &str) -> Result<Option<Turn>, StoreError> {
@@ -315,7 +328,10 @@ impl Store for MemoryStore {
         let Some(session) = self.sessions.get(id).filter(|s| s.deleted_at.is_none()) else {
             return Ok(None);
         };
-        let root = session.root_agent_session_id.clone().unwrap_or_else(|| session.id.clone());
+        let root = session
+            .root_agent_session_id
+            .clone()
+            .unwrap_or_else(|| session.id.clone());
         let tree: Vec<Session> = self
             .sessions
             .values()

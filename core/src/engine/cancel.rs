@@ -87,7 +87,8 @@ pub(crate) fn cancel_turn(
         }
     }
     for target in &targets {
-        tree.inflight.insert(target.turn_id.clone(), operation_id.clone());
+        tree.inflight
+            .insert(target.turn_id.clone(), operation_id.clone());
         if let Some(t) = tree.turns.get_mut(&target.turn_id) {
             t.cancel_operation_id = Some(operation_id.clone());
             t.phase = Phase::Settling;
@@ -95,7 +96,10 @@ pub(crate) fn cancel_turn(
         tx.turn(&target.turn_id, true);
     }
     let deadline = now.saturating_add(timeout_ms);
-    let child_sessions_at_prepare = tree.turns.get(&root_turn).map_or(0, |t| t.child_session_count);
+    let child_sessions_at_prepare = tree
+        .turns
+        .get(&root_turn)
+        .map_or(0, |t| t.child_session_count);
     tree.ops.insert(
         operation_id.clone(),
         CancelOperation {

@@ -112,7 +112,6 @@ pub(crate) fn create(tree: &mut Tree, now: i64, c: NewChild<'_>) -> Result<Tx, R
         deleted_at: None,
         capabilities: Capabilities::default(),
         goal: None,
-        message_count: 0,
         created_at: now,
         updated_at: now,
         version: 0,
@@ -238,7 +237,10 @@ pub(crate) fn turn_started(
     provider_turn_id: Option<&String>,
 ) -> Result<Tx, Rejected> {
     let s = child(tree, session, "turnStarted (use rootProviderTurnStarted)")?;
-    let root_turn = s.root_turn_id.clone().ok_or(Rejected::Invalid("child without root turn"))?;
+    let root_turn = s
+        .root_turn_id
+        .clone()
+        .ok_or(Rejected::Invalid("child without root turn"))?;
     let mut tx = Tx::new(now);
     match tree.turns.get(turn) {
         Some(t) if t.agent_session_id != *session => {
@@ -335,8 +337,15 @@ pub(crate) fn turn_terminal(
     outcome: Outcome,
     error: Option<String>,
 ) -> Result<Tx, Rejected> {
-    let s = child(tree, session, "turnTerminal (only the root gate settles roots)")?;
-    let root_turn = s.root_turn_id.clone().ok_or(Rejected::Invalid("child without root turn"))?;
+    let s = child(
+        tree,
+        session,
+        "turnTerminal (only the root gate settles roots)",
+    )?;
+    let root_turn = s
+        .root_turn_id
+        .clone()
+        .ok_or(Rejected::Invalid("child without root turn"))?;
     let t = turn_of(tree, session, turn)?;
     if !t.is_active() {
         return Ok(Tx::ignore(now, Ignored::LateAfterSettled));

@@ -31,7 +31,11 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
     }
     let ids: Vec<Id> = subtree(tree, session)
         .into_iter()
-        .filter(|id| tree.sessions.get(id).is_some_and(|s| s.deleted_at.is_none()))
+        .filter(|id| {
+            tree.sessions
+                .get(id)
+                .is_some_and(|s| s.deleted_at.is_none())
+        })
         .collect();
     for id in &ids {
         if let Some(turn) = tree.sessions.get(id).and_then(|s| s.active_turn_id.clone()) {
@@ -43,7 +47,8 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
     }
     let mut tx = Tx::new(now);
     let doomed: crate::hash::FxSet<Id> = ids.iter().cloned().collect();
-    tree.turns.retain(|_, t| !doomed.contains(&t.agent_session_id));
+    tree.turns
+        .retain(|_, t| !doomed.contains(&t.agent_session_id));
     tree.interactions
         .retain(|_, i| !doomed.contains(&i.agent_session_id));
     tree.tool_calls.retain(|(s, _), _| !doomed.contains(s));

@@ -12,7 +12,10 @@ use crate::step::Ignored;
 /// `providerExited`.
 pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<Tx, Rejected> {
     let root = tree.root_id.clone();
-    let active = tree.sessions.get(&root).and_then(|s| s.active_turn_id.clone());
+    let active = tree
+        .sessions
+        .get(&root)
+        .and_then(|s| s.active_turn_id.clone());
     let mut prepared: Vec<Id> = tree
         .ops
         .values()
@@ -44,7 +47,13 @@ pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<
         .unwrap_or_default();
     children.sort();
     for c in &children {
-        settle_turn(tree, &mut tx, c, Outcome::Interrupted, Some(message.clone()));
+        settle_turn(
+            tree,
+            &mut tx,
+            c,
+            Outcome::Interrupted,
+            Some(message.clone()),
+        );
     }
     if let Some(t) = tree.turns.get_mut(&root_turn) {
         if let Some(r) = t.root_provider_turn.as_mut() {
@@ -57,7 +66,13 @@ pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<
         }
         tx.turn(&root_turn, true);
     }
-    settle_turn(tree, &mut tx, &root_turn, Outcome::Interrupted, Some(message));
+    settle_turn(
+        tree,
+        &mut tx,
+        &root_turn,
+        Outcome::Interrupted,
+        Some(message),
+    );
     Ok(tx)
 }
 

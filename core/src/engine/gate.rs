@@ -95,15 +95,22 @@ pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
     if !turn.is_active() {
         return;
     }
-    let ready = turn.root_provider_turn.as_ref().is_some_and(|r| {
-        r.phase == ProviderPhase::Completed && !r.reserved
-    }) && tree.active_child_count(root_turn) == 0
+    let ready = turn
+        .root_provider_turn
+        .as_ref()
+        .is_some_and(|r| r.phase == ProviderPhase::Completed && !r.reserved)
+        && tree.active_child_count(root_turn) == 0
         && !tree.inflight.contains_key(root_turn);
     if ready {
         let (outcome, error) = turn
             .root_provider_turn
             .as_ref()
-            .map(|r| (r.retained_outcome.unwrap_or(Outcome::Completed), r.retained_error.clone()))
+            .map(|r| {
+                (
+                    r.retained_outcome.unwrap_or(Outcome::Completed),
+                    r.retained_error.clone(),
+                )
+            })
             .unwrap_or((Outcome::Completed, None));
         settle_turn(tree, tx, root_turn, outcome, error);
     } else {
@@ -138,7 +145,9 @@ pub(crate) fn resolve_root_turn(
             .active_turn_id
             .clone()
             .or_else(|| s.last_turn_id.clone())
-            .ok_or_else(|| Rejected::Invalid("root provider event before any root turn"))?,
+            .ok_or(Rejected::Invalid(
+                "root provider event before any root turn",
+            ))?,
     };
     match tree.turns.get(&id) {
         Some(t) if t.agent_session_id == *session => Ok(id),
@@ -171,7 +180,9 @@ pub(crate) fn provider_started(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    let t = tree.turns.get_mut(&root_turn).expect("resolved above");
+    let Some(t) = tree.turns.get_mut(&root_turn) else {
+        return Ok(tx);
+    };
     let r = t.root_provider_turn.get_or_insert_with(Default::default);
     r.phase = ProviderPhase::Running;
     r.reserved = false;
@@ -210,7 +221,9 @@ pub(crate) fn provider_completed(
             return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
         }
         let mut tx = Tx::new(now);
-        let t = tree.turns.get_mut(&root_turn).expect("resolved above");
+        let Some(t) = tree.turns.get_mut(&root_turn) else {
+            return Ok(tx);
+        };
         let r = t.root_provider_turn.get_or_insert_with(Default::default);
         r.phase = ProviderPhase::Completed;
         r.retained_outcome = Some(outcome);
@@ -231,7 +244,9 @@ pub(crate) fn provider_completed(
         _ => {}
     }
     let mut tx = Tx::new(now);
-    let t = tree.turns.get_mut(&root_turn).expect("resolved above");
+    let Some(t) = tree.turns.get_mut(&root_turn) else {
+        return Ok(tx);
+    };
     let r = t.root_provider_turn.get_or_insert_with(Default::default);
     r.phase = ProviderPhase::Completed;
     r.reserved = false;

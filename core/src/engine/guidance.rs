@@ -46,7 +46,6 @@ pub(crate) fn create_root(
             deleted_at: None,
             capabilities: capabilities.unwrap_or_default(),
             goal: None,
-            message_count: 0,
             created_at: now,
             updated_at: now,
             version: 0,
@@ -61,17 +60,10 @@ pub(crate) fn create_root(
 }
 
 fn record_user_message(tree: &mut Tree, tx: &mut Tx, session: &Id, turn: &Id, text: &str) {
-    let Some(s) = tree.sessions.get_mut(session) else {
-        return;
-    };
-    let seq = s.message_count;
-    s.message_count += 1;
+    let ids = tree.message_ids.entry(session.clone()).or_default();
+    let seq = ids.len() as u64;
     let message_id: Id = format!("user-{turn}-{seq}").into();
-    tree.message_ids
-        .entry(session.clone())
-        .or_default()
-        .insert(message_id.clone());
-    tx.session(session, false);
+    ids.insert(message_id.clone());
     tx.message(Message {
         agent_session_id: session.clone(),
         turn_id: turn.clone(),

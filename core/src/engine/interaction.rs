@@ -9,6 +9,7 @@ use crate::step::{Ignored, ProviderRequest, Reply};
 use serde_json::Value;
 
 /// `interactionRequested` on the exact session/turn.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn requested(
     tree: &mut Tree,
     now: i64,
@@ -48,7 +49,10 @@ pub(crate) fn requested(
             version: 0,
         },
     );
-    tree.pending.entry(turn.clone()).or_default().push(request.clone());
+    tree.pending
+        .entry(turn.clone())
+        .or_default()
+        .push(request.clone());
     tx.interaction(turn, request);
     Ok(tx)
 }

@@ -324,14 +324,9 @@ impl Engine {
                 turn_id,
                 request_id,
                 resolution,
-            } => interaction::resolved(
-                tree,
-                now,
-                agent_session_id,
-                turn_id,
-                request_id,
-                resolution,
-            )?,
+            } => {
+                interaction::resolved(tree, now, agent_session_id, turn_id, request_id, resolution)?
+            }
             SessionMetadataUpdated {
                 agent_session_id,
                 goal,
@@ -356,7 +351,8 @@ impl Engine {
             } => {
                 let root = op_tree(self, operation_id)?;
                 let tree = self.tree_mut(&root, operation_id)?;
-                let tx = cancel::resolve(tree, now, operation_id, cancel::Resolution::Acked(acked))?;
+                let tx =
+                    cancel::resolve(tree, now, operation_id, cancel::Resolution::Acked(acked))?;
                 Ok(tx.finish(tree))
             }
             RuntimeAnswer::CancelFailed {
@@ -512,8 +508,7 @@ impl Engine {
     pub fn tool_call(&self, session: &str, call: &str) -> Option<&ToolCall> {
         let root = self.session_root.get(session)?;
         let tree = self.trees.get(root)?;
-        tree.tool_calls
-            .get(&(Id::from(session), Id::from(call)))
+        tree.tool_calls.get(&(Id::from(session), Id::from(call)))
     }
 
     /// Number of active nested child turns under a root turn (the gate's count).

@@ -47,17 +47,11 @@ pub(crate) fn message(
     if let Some(why) = drop_reason(tree, t) {
         return Ok(Tx::ignore(now, why));
     }
-    let Some(s) = tree.sessions.get_mut(session) else {
-        return Err(Rejected::UnknownSession(session.clone()));
-    };
-    let seq = s.message_count;
-    s.message_count += 1;
-    tree.message_ids
-        .entry(session.clone())
-        .or_default()
-        .insert(message_id.clone());
+    // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
+    let ids = tree.message_ids.entry(session.clone()).or_default();
+    let seq = ids.len() as u64;
+    ids.insert(message_id.clone());
     let mut tx = Tx::new(now);
-    tx.session(session, false);
     tx.message(Message {
         agent_session_id: session.clone(),
         turn_id: turn.clone(),

@@ -1,0 +1,350 @@
+//! One test per engine rule of the spec (issue: "each with a test that names it").
+
+mod common;
+use common::*;
+use serde_json::json;
+use tutti_core::store::Store;
+use tutti_core::Rejected;
+
+#[test]
+fn rule_1_child_relation_is_immutable_and_creation_is_atomic_and_idempotent() {
+    let mut h = tree_with_children(1);
+    let s = h.session("C1").unwrap();
+    assert_eq!(s["kind"], "child");
+    assert_eq!(s["parentAgentSessionId"], "R");
+    assert_eq!(s["rootTurnId"], "T");
+    assert_eq!(h.phase("CT1"), "submitted");
+    // Identical repeat: accepted, nothing persisted.
+    let step = h.child("C1", "CT1", "R", "T", "R", "T");
+    assert!(step.persist.is_empty(), "identical repeat is a no-op");
+    // Conflicting repeat (another parent): rejected.
+    h.child("C2", "CT2", "R", "T", "R", "T");
+    let e = h.reject(json!({"type":"childSessionCreated","agentSessionId":"C1","turnId":"CT1",
+        "parentAgentSessionId":"C2","parentTurnId":"CT2","rootAgentSessionId":"R","rootTurnId":"T"}));
+    assert!(matches!(e, Rejected::ConflictingChild(_)));
+    assert_eq!(h.session("C1").unwrap()["parentAgentSessionId"], "R");
+    h.check();
+}
+
+#[test]
+fn rule_2_child_turn_lifecycle_and_guidance_turns() {
+    let mut h = tree_with_children(1);
+    h.feed(json!({"type":"turnStarted","agentSessionId":"C1","turnId":"CT1"}));
+    assert_eq!(h.phase("CT1"), "running");
+    h.feed(json!({"type":"turnWaiting","agentSessionId":"C1","turnId":"CT1"}));
+    assert_eq!(h.phase("CT1"), "waiting");
+    h.terminal("C1", "CT1", "completed");
+    assert_eq!(h.outcome("CT1").as_deref(), Some("completed"));
+    // Later guidance adds a turn to the same child under the same root relation.
+    h.feed(json!({"type":"turnStarted","agentSessionId":"C1","turnId":"CT1b"}));
+    assert_eq!(h.turn("CT1b")["trigger"], "guidance");
+    assert_eq!(h.session("C1").unwrap()["rootTurnId"], "T");
+    h.completed("R", "p1", "completed");
+    assert_eq!(h.phase("T"), "waiting", "the guidance turn gates the root");
+    h.terminal("C1", "CT1b", "completed");
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    h.check();
+}
+
+#[test]
+fn rule_3_root_gate_in_either_order_and_failed_child_never_fails_root() {
+    for provider_first in [true, false] {
+        let mut h = tree_with_children(2);
+        if provider_first {
+            h.completed("R", "p1", "completed");
+            assert_eq!(h.phase("T"), "waiting");
+        }
+        h.terminal("C1", "CT1", "failed");
+        assert!(h.outcome("T").is_none());
+        h.terminal("C2", "CT2", "completed");
+        if !provider_first {
+            assert_eq!(
+                h.phase("T"),
+                "running",
+                "children done, provider still running"
+            );
+            h.completed("R", "p1", "completed");
+        }
+        assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+        assert!(h.session("R").unwrap().get("activeTurnId").is_none());
+        h.check();
+    }
+    // Only the gate settles roots.
+    let mut h = tree_with_children(0);
+    let e = h.reject(
+        json!({"type":"turnTerminal","agentSessionId":"R","turnId":"T","outcome":"completed"}),
+    );
+    assert!(matches!(e, Rejected::WrongKind { .. }));
+}
+
+#[test]
+fn rule_3_nested_grandchild_gates_the_root() {
+    let mut h = tree_with_children(1);
+    h.child("G1", "GT1", "C1", "CT1", "R", "T");
+    h.child("GG1", "GGT1", "G1", "GT1", "R", "T");
+    h.terminal("C1", "CT1", "completed");
+    h.terminal("G1", "GT1", "completed");
+    h.completed("R", "p1", "completed");
+    assert_eq!(
+        h.phase("T"),
+        "waiting",
+        "a great-grandchild is still active"
+    );
+    assert_eq!(h.engine.active_child_turns("R", "T"), 1);
+    h.terminal("GG1", "GGT1", "completed");
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    h.check();
+}
+
+#[test]
+fn rule_4_goal_metadata_never_settles_or_unlocks_the_root() {
+    let mut h = tree_with_children(1);
+    h.completed("R", "p1", "completed");
+    h.feed(
+        json!({"type":"sessionMetadataUpdated","agentSessionId":"R","goal":{"status":"complete"}}),
+    );
+    assert_eq!(h.phase("T"), "waiting");
+    assert_eq!(h.session("R").unwrap()["activeTurnId"], "T");
+    assert_eq!(h.session("R").unwrap()["goal"]["status"], "complete");
+    let step = h.submit("R", "T2");
+    assert_eq!(
+        step.reply.unwrap().name(),
+        "appended",
+        "composer stays on the same root turn"
+    );
+    h.check();
+}
+
+#[test]
+fn rule_5_submit_appends_steers_or_reserves_and_never_starts_a_second_root_turn() {
+    let mut h = tree_with_children(1);
+    let step = h.submit("R", "T2");
+    let req = &provider_requests(&step)[0];
+    assert_eq!(req["type"], "guide");
+    assert_eq!(req["mode"], "steer");
+    assert_eq!(req["providerTurnId"], "p1");
+    assert!(h.store.turn("T2").unwrap().is_none(), "no second root turn");
+    h.completed("R", "p1", "completed");
+    let step = h.submit("R", "T3");
+    assert_eq!(provider_requests(&step)[0]["mode"], "startOnRoot");
+    // The reservation holds the gate: the last child ends, the root stays active.
+    h.terminal("C1", "CT1", "completed");
+    assert_eq!(h.phase("T"), "running");
+    h.started("R", "p2");
+    h.completed("R", "p2", "completed");
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    // A guideFailed releases a reservation.
+    let mut h = tree_with_children(1);
+    h.completed("R", "p1", "completed");
+    h.submit("R", "T2");
+    h.terminal("C1", "CT1", "completed");
+    assert!(h.outcome("T").is_none());
+    h.feed(json!({"type":"guideFailed","agentSessionId":"R","turnId":"T","error":"write failed"}));
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    // After the root settles, submit starts a new root turn.
+    let step = h.submit("R", "T9");
+    assert_eq!(step.reply.unwrap().name(), "started");
+    h.check();
+}
+
+#[test]
+fn rule_5_pending_unsupported_when_provider_cannot_guide_children_only() {
+    let mut h = H::new();
+    h.feed(
+        json!({"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"acp",
+        "capabilities":{"guideWhileChildrenOnly":false}}),
+    );
+    h.submit("R", "T");
+    h.started("R", "p1");
+    h.child("C1", "CT1", "R", "T", "R", "T");
+    h.completed("R", "p1", "completed");
+    let step = h.submit("R", "T2");
+    assert_eq!(step.reply.unwrap().name(), "pendingUnsupported");
+    assert!(step.provider.is_empty() && step.persist.is_empty());
+    h.check();
+}
+
+#[test]
+fn rule_6_root_cancel_records_exact_targets_closes_creation_and_settles_on_result() {
+    let mut h = tree_with_children(2);
+    h.feed(json!({"type":"interactionRequested","agentSessionId":"C2","turnId":"CT2","requestId":"q1","kind":"approval"}));
+    let step = h.cancel("op1", "R", "T");
+    let req = &provider_requests(&step)[0];
+    assert_eq!(req["type"], "cancel");
+    assert_eq!(req["rootAgentSessionId"], "R");
+    assert_eq!(req["targets"].as_array().unwrap().len(), 3);
+    assert_eq!(step.timers.len(), 1, "a cancel deadline is armed");
+    let e = h.reject(
+        json!({"type":"childSessionCreated","agentSessionId":"C3","turnId":"CT3",
+        "parentAgentSessionId":"R","parentTurnId":"T","rootAgentSessionId":"R","rootTurnId":"T"}),
+    );
+    assert!(matches!(e, Rejected::ChildCreationClosed(_)));
+    h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[{"agentSessionId":"C1","turnId":"CT1"}]}));
+    assert_eq!(h.outcome("CT1").as_deref(), Some("canceled"));
+    assert_eq!(h.outcome("CT2").as_deref(), Some("interrupted"));
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    assert!(h.turn("T").get("error").is_none());
+    let i = h.store.interaction("CT2", "q1").unwrap().unwrap();
+    assert_eq!(i.status, tutti_core::model::InteractionStatus::Superseded);
+    h.check();
+}
+
+#[test]
+fn rule_6_cancel_failed_is_not_confirmation() {
+    let mut h = tree_with_children(1);
+    h.cancel("op1", "R", "T");
+    h.feed(json!({"type":"cancelFailed","operationId":"op1","error":"write failed"}));
+    assert_eq!(h.outcome("CT1").as_deref(), Some("interrupted"));
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    let op = h.store.cancel_operation("op1").unwrap().unwrap();
+    assert_eq!(op.state, tutti_core::model::CancelState::Failed);
+    assert_eq!(op.error.as_deref(), Some("write failed"));
+    h.check();
+}
+
+#[test]
+fn rule_7_child_only_cancel_settles_root_from_retained_outcome() {
+    let mut h = tree_with_children(1);
+    h.completed("R", "p1", "completed");
+    let step = h.cancel("op1", "C1", "CT1");
+    let targets = provider_requests(&step)[0]["targets"].clone();
+    assert_eq!(targets, json!([{"agentSessionId":"C1","turnId":"CT1"}]));
+    let step = h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[{"agentSessionId":"C1","turnId":"CT1"}]}));
+    let published: Vec<String> = step.outbox_turns().map(|t| t.to_string()).collect();
+    assert!(published.contains(&"CT1".to_string()) && published.contains(&"T".to_string()));
+    assert_eq!(h.outcome("CT1").as_deref(), Some("canceled"));
+    assert_eq!(
+        h.outcome("T").as_deref(),
+        Some("completed"),
+        "not relabeled canceled"
+    );
+    h.check();
+}
+
+#[test]
+fn rule_8_nothing_resurrects_after_cancel() {
+    let mut h = tree_with_children(1);
+    h.cancel("op1", "R", "T");
+    // A child terminal while the cancel is in flight does not decide the outcome.
+    h.terminal("C1", "CT1", "failed");
+    assert_eq!(h.phase("CT1"), "settling");
+    h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[]}));
+    let before = h.store.outbox().len();
+    h.terminal("C1", "CT1", "failed");
+    h.feed(json!({"type":"messageAppended","agentSessionId":"C1","turnId":"CT1","messageId":"m1","role":"assistant","text":"late"}));
+    h.started("R", "p9");
+    assert_eq!(h.store.outbox().len(), before, "late facts publish nothing");
+    let step = h.completed("R", "p1", "interrupted");
+    assert_eq!(
+        step.outbox_turns().count(),
+        0,
+        "late provider terminal is not republished"
+    );
+    assert_eq!(h.turn("T")["rootProviderTurn"]["phase"], "completed");
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    assert_eq!(h.outcome("CT1").as_deref(), Some("interrupted"));
+    h.check();
+}
+
+#[test]
+fn rule_8_late_child_history_is_kept_unless_closed_target() {
+    let mut h = tree_with_children(1);
+    h.terminal("C1", "CT1", "completed");
+    h.feed(json!({"type":"messageAppended","agentSessionId":"C1","turnId":"CT1","messageId":"m1","role":"assistant","text":"late but fine"}));
+    assert_eq!(h.store.messages("C1", None, 10).unwrap().len(), 1);
+    h.check();
+}
+
+#[test]
+fn rule_9_interactions_are_owned_by_the_exact_child_tuple() {
+    let mut h = tree_with_children(1);
+    h.feed(
+        json!({"type":"interactionRequested","agentSessionId":"C1","turnId":"CT1","requestId":"q1",
+        "providerTurnId":"native-turn-7","kind":"commandApproval","payload":{"command":"ls"}}),
+    );
+    for (s, t) in [("R", "T"), ("R", "CT1"), ("C1", "T")] {
+        let e = h.reject(json!({"type":"respondInteraction","agentSessionId":s,"turnId":t,"requestId":"q1","response":"allow"}));
+        assert!(matches!(
+            e,
+            Rejected::UnknownInteraction { .. } | Rejected::UnknownTurn { .. }
+        ));
+    }
+    let step = h.feed(json!({"type":"respondInteraction","agentSessionId":"C1","turnId":"CT1","requestId":"q1","response":"allow"}));
+    let req = &provider_requests(&step)[0];
+    assert_eq!(req["providerTurnId"], "native-turn-7");
+    assert_eq!(req["agentSessionId"], "C1");
+    assert_eq!(req["rootAgentSessionId"], "R");
+    h.reject(json!({"type":"respondInteraction","agentSessionId":"C1","turnId":"CT1","requestId":"q1","response":"allow"}));
+    h.check();
+}
+
+#[test]
+fn rule_10_delete_tombstones_the_subtree_and_refuses_active_trees() {
+    let mut h = tree_with_children(1);
+    h.child("G1", "GT1", "C1", "CT1", "R", "T");
+    let e = h.reject(json!({"type":"deleteSession","agentSessionId":"R"}));
+    assert!(matches!(e, Rejected::ActiveTurnBlocksDelete { .. }));
+    h.terminal("G1", "GT1", "completed");
+    h.terminal("C1", "CT1", "completed");
+    h.completed("R", "p1", "completed");
+    h.feed(json!({"type":"deleteSession","agentSessionId":"C1"}));
+    assert!(h.session("C1").is_none() && h.session("G1").is_none());
+    assert!(h.store.turn("GT1").unwrap().is_none());
+    assert!(h.session("R").is_some());
+    h.feed(json!({"type":"deleteSession","agentSessionId":"R"}));
+    assert!(h.session("R").is_none());
+    assert!(h.store.turn("T").unwrap().is_none());
+    h.check();
+}
+
+#[test]
+fn rule_11_detail_is_flat_and_lists_are_roots_only() {
+    let mut h = tree_with_children(2);
+    h.child("G1", "GT1", "C1", "CT1", "R", "T");
+    let d = h.store.session_detail("R").unwrap().unwrap();
+    let ids: Vec<&str> = d.child_sessions.iter().map(|s| &*s.id).collect();
+    assert_eq!(ids, ["C1", "C2", "G1"]);
+    let d = h.store.session_detail("C1").unwrap().unwrap();
+    assert_eq!(d.child_sessions.len(), 1);
+    let d = h.store.session_detail("G1").unwrap().unwrap();
+    assert!(d.child_sessions.is_empty());
+    let roots = h.store.roots("W");
+    assert_eq!(roots.len(), 1);
+    assert_eq!(&*roots[0].id, "R");
+}
+
+#[test]
+fn provider_exit_interrupts_every_active_turn() {
+    let mut h = tree_with_children(2);
+    h.feed(json!({"type":"providerExited","rootAgentSessionId":"R","error":"exit status 137"}));
+    for t in ["T", "CT1", "CT2"] {
+        assert_eq!(h.outcome(t).as_deref(), Some("interrupted"));
+        assert!(h.turn(t)["error"].as_str().unwrap().contains("137"));
+    }
+    h.check();
+}
+
+#[test]
+fn rejected_input_changes_nothing() {
+    let mut h = tree_with_children(1);
+    let before = h.engine.snapshot("R");
+    h.reject(json!({"type":"turnStarted","agentSessionId":"nope","turnId":"x"}));
+    h.reject(json!({"type":"submit","agentSessionId":"C1","turnId":"x","text":"hi"}));
+    assert_eq!(before, h.engine.snapshot("R"));
+}
+
+#[test]
+fn restore_from_snapshot_continues_identically() {
+    let mut h = tree_with_children(2);
+    h.completed("R", "p1", "completed");
+    let snap = h.store.load_tree("R").unwrap().unwrap();
+    let mut fresh = tutti_core::Engine::new();
+    fresh.restore(snap).unwrap();
+    assert_eq!(fresh.snapshot("R"), h.engine.snapshot("R"));
+    assert_eq!(fresh.active_child_turns("R", "T"), 2);
+    h.engine = fresh;
+    h.terminal("C1", "CT1", "completed");
+    h.terminal("C2", "CT2", "completed");
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    h.check();
+}

@@ -177,8 +177,13 @@ pub(crate) fn resolve(
     };
     let mut root_turns: Vec<Id> = Vec::new();
     for target in &targets {
-        if tree.inflight.get(&target.turn_id) != Some(operation_id) {
-            continue; // settled meanwhile, or taken over by a later operation
+        match tree.inflight.get(&target.turn_id) {
+            Some(owner) if owner == operation_id => {}
+            // Taken over by a later operation (a root cancel after a child-only one): the
+            // provider's confirmation of this exact target still counts ("maps acknowledged
+            // child targets to canceled"); anything else is left to the later operation.
+            Some(_) if acked.contains(target) => {}
+            _ => continue, // settled meanwhile
         }
         let is_root = root_target.as_ref() == Some(&target.turn_id);
         let (outcome, err) = if is_root || acked.contains(target) {

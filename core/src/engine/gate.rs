@@ -173,6 +173,10 @@ pub(crate) fn provider_started(
         return Ok(Tx::ignore(now, Ignored::UnownedProviderTurn));
     }
     let rpt = t.root_provider_turn.clone().unwrap_or_default();
+    if rpt.reserved && provider_turn_id.is_some() && provider_turn_id == rpt.provider_turn_id {
+        // A repeat of the provider turn that completed before the guidance reservation.
+        return Ok(Tx::ignore(now, Ignored::Duplicate));
+    }
     if rpt.phase == ProviderPhase::Running
         && !rpt.reserved
         && (provider_turn_id.is_none() || rpt.provider_turn_id == provider_turn_id)
@@ -234,6 +238,11 @@ pub(crate) fn provider_completed(
         tx.turn(&root_turn, false);
         tx.ignored = Some(Ignored::LateAfterSettled);
         return Ok(tx);
+    }
+    if rpt.reserved && provider_turn_id.is_some() && provider_turn_id == rpt.provider_turn_id {
+        // A repeat of the completion that preceded the guidance reservation: it must not
+        // release the reservation ("only when no ... reserved ... provider turn remains active").
+        return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     match rpt.phase {
         ProviderPhase::Completed if same_id => return Ok(Tx::ignore(now, Ignored::Duplicate)),

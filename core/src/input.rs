@@ -186,6 +186,9 @@ pub enum NormalizedEvent {
         /// Title.
         #[serde(default)]
         title: Option<String>,
+        /// The provider's own id of the session (for example the Codex root thread id).
+        #[serde(default)]
+        provider_session_id: Option<String>,
     },
 }
 

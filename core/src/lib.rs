@@ -46,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adapters;
 mod engine;
 pub mod error;
 mod hash;

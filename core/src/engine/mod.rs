@@ -331,7 +331,15 @@ impl Engine {
                 agent_session_id,
                 goal,
                 title,
-            } => transcript::metadata(tree, now, agent_session_id, goal.as_ref(), title.as_ref())?,
+                provider_session_id,
+            } => transcript::metadata(
+                tree,
+                now,
+                agent_session_id,
+                goal.as_ref(),
+                title.as_ref(),
+                provider_session_id.as_ref(),
+            )?,
         };
         Ok(tx.finish(tree))
     }

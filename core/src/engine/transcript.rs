@@ -139,6 +139,7 @@ pub(crate) fn metadata(
     session: &Id,
     goal: Option<&Value>,
     title: Option<&String>,
+    provider_session_id: Option<&String>,
 ) -> Result<Tx, Rejected> {
     let Some(s) = tree.sessions.get_mut(session) else {
         return Err(Rejected::UnknownSession(session.clone()));
@@ -153,6 +154,10 @@ pub(crate) fn metadata(
     }
     if title.is_some() && s.title.as_ref() != title {
         s.title = title.cloned();
+        changed = true;
+    }
+    if provider_session_id.is_some() && s.provider_session_id.as_ref() != provider_session_id {
+        s.provider_session_id = provider_session_id.cloned();
         changed = true;
     }
     if !changed {

@@ -1,0 +1,1 @@
+//! The acp adapter (in progress).

@@ -1,0 +1,1 @@
+//! The claude adapter (in progress).

@@ -1,0 +1,1 @@
+//! The codex adapter (in progress).

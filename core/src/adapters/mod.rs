@@ -1,0 +1,123 @@
+//! Provider adapters: pure state machines that turn native provider messages into
+//! [`NormalizedEvent`]s and engine [`ProviderRequest`]s into native messages.
+//!
+//! "Provider transports report provider facts; they do not decide whether a root
+//! WorkspaceAgentTurn is complete." All provider routing state (thread maps, early drops,
+//! cancellation boundaries, closed projection boundaries, reservations and their timers) lives in
+//! the adapters, never in the engine; the engine knows nothing of Codex, Claude or ACP.
+//!
+//! An adapter serves exactly one root session (one live provider runtime per root tree). The
+//! runtime driver (in `tutti-tokio`) loops:
+//!
+//! ```text
+//! out = adapter.open(now)                      // handshake
+//! loop {
+//!     select! {
+//!         line from the process   => out = adapter.on_native(now, &json)?   // typed error on garbage
+//!         request from the engine => out = adapter.on_request(now, &request)
+//!         timer fired             => out = adapter.on_timer(now, &id)
+//!     }
+//!     write out.native to the process, in order;
+//!     send out.events and out.answers to the engine, in order;
+//!     arm out.timers;
+//! }
+//! ```
+//!
+//! Canonical ids for children are derived deterministically from the root session id and the
+//! provider's own ids (see [`child_ids`]), so a replayed transcript yields the same ids.
+
+pub mod acp;
+pub mod claude;
+pub mod codex;
+
+use crate::input::{NormalizedEvent, RuntimeAnswer};
+use crate::model::{Id, Millis};
+use crate::step::ProviderRequest;
+use serde_json::Value;
+use thiserror::Error;
+
+/// What an adapter wants done after one input.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct AdapterOutput {
+    /// Normalized events for the engine, in order.
+    pub events: Vec<NormalizedEvent>,
+    /// Runtime answers for the engine (`cancelResult`, `cancelFailed`, `guideFailed`), in order
+    /// after `events`.
+    pub answers: Vec<RuntimeAnswer>,
+    /// Native messages to write to the provider process, in order.
+    pub native: Vec<Value>,
+    /// Timers to arm (an id the adapter chooses, and when).
+    pub timers: Vec<AdapterTimer>,
+    /// Diagnostics: identifiers and counts only, never content.
+    pub diagnostics: Vec<String>,
+}
+
+impl AdapterOutput {
+    /// Appends another output.
+    pub fn extend(&mut self, other: AdapterOutput) {
+        self.events.extend(other.events);
+        self.answers.extend(other.answers);
+        self.native.extend(other.native);
+        self.timers.extend(other.timers);
+        self.diagnostics.extend(other.diagnostics);
+    }
+}
+
+/// A timer an adapter asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterTimer {
+    /// Opaque id, given back to [`Adapter::on_timer`].
+    pub id: String,
+    /// When, in the driver's time (ms).
+    pub at: Millis,
+}
+
+/// A native message the adapter cannot use. The message is dropped; nothing else changes.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AdapterError {
+    /// Not JSON, or not the protocol's envelope.
+    #[error("malformed native message: {0}")]
+    Malformed(String),
+    /// A field the protocol requires is missing or has the wrong type.
+    #[error("native message {method} lacks {field}")]
+    MissingField {
+        /// The message's method or kind.
+        method: String,
+        /// The missing field.
+        field: &'static str,
+    },
+}
+
+/// One provider's adapter for one root session.
+pub trait Adapter: Send {
+    /// Native messages to send when the process starts (handshake), if any.
+    fn open(&mut self, now: Millis) -> AdapterOutput;
+    /// A request decided by the engine (start, guide, cancel, respondInteraction).
+    fn on_request(&mut self, now: Millis, request: &ProviderRequest) -> AdapterOutput;
+    /// One native message from the provider process.
+    fn on_native(&mut self, now: Millis, message: &Value) -> Result<AdapterOutput, AdapterError>;
+    /// A timer the adapter asked for fired.
+    fn on_timer(&mut self, now: Millis, id: &str) -> AdapterOutput;
+    /// Whether root-turn guidance is supported while only child agents run.
+    fn guide_while_children_only(&self) -> bool {
+        true
+    }
+}
+
+/// Parses one native line; a typed error for garbage.
+pub fn parse_line(line: &str) -> Result<Value, AdapterError> {
+    let v: Value = serde_json::from_str(line.trim())
+        .map_err(|e| AdapterError::Malformed(format!("not JSON ({} bytes): {e}", line.len())))?;
+    if !v.is_object() {
+        return Err(AdapterError::Malformed("not a JSON object".into()));
+    }
+    Ok(v)
+}
+
+/// Deterministic canonical ids for a child known by a provider handle: the child session id is
+/// `{root}/{kind}:{native}` and its n-th turn (from 1) is `{child}/turn-{n}`.
+pub fn child_ids(root: &Id, kind: &str, native: &str, turn_no: u32) -> (Id, Id) {
+    let session: Id = format!("{root}/{kind}:{native}").into();
+    let turn: Id = format!("{session}/turn-{turn_no}").into();
+    (session, turn)
+}

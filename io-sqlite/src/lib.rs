@@ -1,2 +1,243 @@
-//! tutti-sqlite (work in progress).
+//! # tutti-sqlite
+//!
+//! The durable store of tutti: a single SQLite file that holds what the engine decided. The
+//! database is the truth; the engine is a cache of it ("crash-only").
+//!
+//! - [`SqliteStore::open`] opens or creates a file (mode 0600, WAL, `synchronous=NORMAL` unless
+//!   [`Synchronous::Full`] is chosen, foreign keys on, a busy timeout), checks that it is a tutti
+//!   database ([`schema::APPLICATION_ID`]) of a schema version this build knows
+//!   ([`schema::SCHEMA_VERSION`], `PRAGMA user_version`), and migrates older ones. Garbage, a
+//!   truncated file, someone else's database and a newer schema each give their own
+//!   [`SqliteError`].
+//! - [`SqliteStore`] implements [`tutti_core::store::Store`] with the reference semantics of
+//!   [`MemoryStore`](tutti_core::store::MemoryStore): [`Store::apply`] commits one
+//!   [`PersistBatch`] as one `BEGIN IMMEDIATE` transaction: every guard is checked inside it and
+//!   a failing guard rolls the whole batch back ([`SqliteError::GuardFailed`]); upserts skip rows
+//!   stored at the same or a newer version (replays are harmless); messages are inserted once per
+//!   (session, seq); `PurgeSession` removes a session's turns, interactions, messages and tool
+//!   calls; one outbox row is appended per published row that was actually written, numbered by a
+//!   gap-free counter in the same transaction. The one deliberate difference is the version
+//!   guards' replay rule, see [`ReplayRule`].
+//! - [`SqliteStore::apply_many`] is group commit: several batches, one transaction, one sync.
+//! - The outbox: [`SqliteStore::outbox_after`], [`SqliteStore::ack`],
+//!   [`SqliteStore::consumer_cursor`], [`SqliteStore::prune_acked`].
+//! - Recovery: [`Store::load_live_trees`] (every tree with an active root turn or a prepared
+//!   cancel operation, whose exact target set is in the snapshot), [`Store::load_tree`],
+//!   [`SqliteStore::root_of`] to load an evicted tree on demand, [`SqliteStore::snapshot_all`].
+//! - Reads for the API: [`SqliteStore::roots`] (paginated, newest first), [`Store::session`],
+//!   [`Store::session_detail`], [`Store::messages`], [`Store::turn`], [`Store::interaction`],
+//!   [`Store::cancel_operation`].
+//!
+//! ## Schema
+//!
+//! One table per entity (`sessions`, `turns`, `interactions`, `messages`, `tool_calls`,
+//! `cancel_operations`) with the columns that queries filter or sort on and a `json` column with
+//! the entity's wire form, which is what reads decode; plus `outbox`, `outbox_consumers` and
+//! `meta`. See [`schema`] for the DDL and its indexes.
+//!
+//! ```no_run
+//! use tutti_core::{Engine, Input, store::Store};
+//! use tutti_sqlite::SqliteStore;
+//! # fn inputs() -> Vec<(i64, Input)> { Vec::new() }
+//! let mut store = SqliteStore::open("tutti.db")?;
+//! let mut engine = Engine::new();
+//! for tree in store.load_live_trees()? {
+//!     engine.restore(tree).ok();
+//! }
+//! for (now, input) in inputs() {
+//!     let Ok(step) = engine.handle(now, &input) else { continue };
+//!     if let Err(e) = store.apply(&step.persist) {
+//!         // Rejected by persistence (or an I/O error): drop the tree and reload it.
+//!         let root = step.persist.root_agent_session_id.clone().unwrap_or_default();
+//!         engine.evict(&root);
+//!         if let Some(t) = store.load_tree(&root)? {
+//!             engine.restore(t).ok();
+//!         }
+//!         let _ = e;
+//!     }
+//! }
+//! # Ok::<(), tutti_sqlite::SqliteError>(())
+//! ```
+
 #![warn(missing_docs)]
+
+mod apply;
+mod codec;
+mod error;
+mod open;
+mod outbox;
+mod read;
+pub mod schema;
+
+pub use error::SqliteError;
+pub use open::{OpenOptions, ReplayRule, Synchronous};
+
+use rusqlite::{Connection, TransactionBehavior};
+use std::path::{Path, PathBuf};
+use tutti_core::model::{CancelOperation, Interaction, Message, Session, Turn};
+use tutti_core::projection::SessionDetail;
+use tutti_core::step::PersistBatch;
+use tutti_core::store::{OutboxRow, Store};
+use tutti_core::TreeSnapshot;
+
+/// A tutti database file. One connection; open several on the same file for several writers
+/// (each write is a `BEGIN IMMEDIATE` transaction, so writers serialize and wait up to the busy
+/// timeout).
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+    replay_rule: ReplayRule,
+    /// Reused buffer for serialized rows.
+    arena: Vec<u8>,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) a database file with the default [`OpenOptions`].
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, SqliteError> {
+        SqliteStore::open_with(path, &OpenOptions::default())
+    }
+
+    /// Opens (or, unless disabled, creates) a database file.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        options: &OpenOptions,
+    ) -> Result<SqliteStore, SqliteError> {
+        let path = path.as_ref();
+        let conn = open::open(path, options)?;
+        Ok(SqliteStore {
+            conn,
+            path: path.to_path_buf(),
+            replay_rule: options.replay_rule,
+            arena: Vec::with_capacity(4096),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Group commit: applies several batches, in order, in ONE transaction (one commit, one sync).
+    ///
+    /// Each batch's guards are checked against the state left by the batches before it in the
+    /// group, exactly as if the batches were applied one by one. Returns the outbox sequence
+    /// numbers of each batch, in order.
+    ///
+    /// All or nothing: if any batch fails (a guard, or an SQLite error while writing it), the
+    /// whole group is rolled back, **nothing** of any batch is written, and the error is
+    /// [`SqliteError::BatchFailed`] with the failing batch's `index`. The caller can then go on
+    /// batch by batch with [`Store::apply`]: batches before `index` will pass as they did (unless
+    /// another writer changed their state meanwhile), the batch at `index` fails again (drop its
+    /// tree and reload it), and each later batch either passes or fails on its own (a later batch
+    /// of the same tree, decided on top of the failed one, normally fails its version guard; drop
+    /// and reload that tree as for any failed batch). Errors outside any batch (beginning or
+    /// committing the transaction) are returned as they are; nothing was written then either.
+    pub fn apply_many(&mut self, batches: &[PersistBatch]) -> Result<Vec<Vec<u64>>, SqliteError> {
+        if batches
+            .iter()
+            .all(|b| b.rows.is_empty() && b.guards.is_empty())
+        {
+            return Ok(vec![Vec::new(); batches.len()]);
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut out = Vec::with_capacity(batches.len());
+        {
+            let mut w = apply::Writer::new(&tx, self.replay_rule, &mut self.arena);
+            for (index, b) in batches.iter().enumerate() {
+                match w.apply(b) {
+                    Ok(seqs) => out.push(seqs),
+                    Err(e) => {
+                        return Err(SqliteError::BatchFailed {
+                            index,
+                            source: Box::new(e),
+                        })
+                    }
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    fn apply_one(&mut self, batch: &PersistBatch) -> Result<Vec<u64>, SqliteError> {
+        if batch.rows.is_empty() && batch.guards.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let seqs = {
+            let mut w = apply::Writer::new(&tx, self.replay_rule, &mut self.arena);
+            w.apply(batch)?
+        };
+        tx.commit()?;
+        Ok(seqs)
+    }
+
+    /// `PRAGMA integrity_check`: the problems found (empty when the file is sound).
+    pub fn integrity_check(&self) -> Result<Vec<String>, SqliteError> {
+        let mut stmt = self.conn.prepare("PRAGMA integrity_check")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let r = r?;
+            if r != "ok" {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Store for SqliteStore {
+    type Error = SqliteError;
+
+    fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<u64>, SqliteError> {
+        self.apply_one(batch)
+    }
+
+    fn load_tree(&self, root: &str) -> Result<Option<TreeSnapshot>, SqliteError> {
+        let mut trees = self.load_trees_of(&[root])?;
+        Ok(trees.pop())
+    }
+
+    fn load_live_trees(&self) -> Result<Vec<TreeSnapshot>, SqliteError> {
+        self.live_trees()
+    }
+
+    fn session(&self, id: &str) -> Result<Option<Session>, SqliteError> {
+        self.read_session(id)
+    }
+
+    fn turn(&self, id: &str) -> Result<Option<Turn>, SqliteError> {
+        self.read_turn(id)
+    }
+
+    fn session_detail(&self, id: &str) -> Result<Option<SessionDetail>, SqliteError> {
+        self.read_session_detail(id)
+    }
+
+    fn messages(
+        &self,
+        session: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Message>, SqliteError> {
+        self.read_messages(session, after, limit)
+    }
+
+    fn interaction(&self, turn: &str, request: &str) -> Result<Option<Interaction>, SqliteError> {
+        self.read_interaction(turn, request)
+    }
+
+    fn cancel_operation(&self, id: &str) -> Result<Option<CancelOperation>, SqliteError> {
+        self.read_cancel_operation(id)
+    }
+
+    fn outbox_after(&self, after: u64, limit: usize) -> Result<Vec<OutboxRow>, SqliteError> {
+        self.read_outbox_after(after, limit)
+    }
+}

@@ -1,2 +1,32 @@
-//! tutti-tokio (work in progress).
+//! # tutti-tokio
+//!
+//! The tokio driver of tutti: it carries out the engine's [`tutti_core::Step`]s against real
+//! provider processes, a clock and the SQLite store, and serves the spec's HTTP API.
+//!
+//! ## The driver loop
+//!
+//! The [`daemon`] owns one engine thread. Inputs (API commands, normalized events from provider
+//! runtimes, runtime answers, timers) arrive on one channel; the thread decides each with
+//! `Engine::handle`, group-commits the steps of inputs that arrived together in one SQLite
+//! transaction, and only then carries out each step: provider requests go to the root session's
+//! [`runtime`] (one provider process per root tree, driven by a pure adapter from
+//! `tutti_core::adapters`), timers are armed, the outbox watch is bumped for the event stream,
+//! and the command's reply is sent. A failed commit evicts the tree and reloads it from the file.
+//!
+//! - [`api`]: axum routes and the Server-Sent Events stream.
+//! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).
+//! - [`config`]: the TOML config.
+
 #![warn(missing_docs)]
+
+pub mod agents;
+pub mod api;
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod daemon;
+pub mod demo;
+pub mod providers;
+pub mod render;
+pub mod runtime;
+pub mod tuttid;

@@ -14,6 +14,43 @@
 //! The reader task routes responses to the waiting [`CodexAppServer::request`] and queues every
 //! notification and server request; tests pull them with [`CodexAppServer::next`] /
 //! [`CodexAppServer::wait_for`], which also keep the full history for ordering assertions.
+//!
+//! ```no_run
+//! # async fn demo(base_url: String) -> Result<(), String> {
+//! use serde_json::json;
+//! use std::time::Duration;
+//! use tutti_tests::codex_client::{CodexAppServer, CodexConfig, SpawnOptions};
+//! let home = tempfile::tempdir().unwrap();
+//! CodexConfig::new(base_url).write(home.path()).unwrap();
+//! let mut codex = CodexAppServer::spawn(SpawnOptions {
+//!     bin: tutti_tests::providers::ensure_codex()?,
+//!     codex_home: home.path().into(),
+//!     cwd: home.path().into(),
+//!     args: vec![],
+//!     env: vec![],
+//! })
+//! .await?;
+//! codex.initialize("tutti").await?;
+//! let root = codex
+//!     .thread_start(json!({
+//!         "cwd": home.path(),
+//!         "approvalPolicy": "never",
+//!         "sandbox": "read-only",
+//!         // Dotted config overrides; max_depth 2 lets children spawn grandchildren.
+//!         "config": { "features.multi_agent": true, "agents.max_depth": 2 },
+//!     }))
+//!     .await?;
+//! codex.turn_start(&root, "hello").await?;
+//! let done = codex
+//!     .wait_for(Duration::from_secs(20), "root turn/completed", |m| {
+//!         m.is("turn/completed", &root)
+//!     })
+//!     .await?;
+//! assert_eq!(done.turn_status(), Some("completed"));
+//! codex.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};

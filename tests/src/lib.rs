@@ -6,3 +6,4 @@ pub mod codex_client;
 pub mod mock_messages;
 pub mod mock_responses;
 pub mod providers;
+pub mod daemon;

@@ -221,6 +221,7 @@ pub struct Match {
     first_user_contains: Vec<String>,
     text_contains: Vec<String>,
     text_lacks: Vec<String>,
+    last_contains: Vec<String>,
     tool_results: Option<(usize, usize)>,
     has_tool: Vec<String>,
     custom: Option<Predicate>,
@@ -273,6 +274,12 @@ impl Match {
         self
     }
 
+    /// The last message's text contains `s` (e.g. the newest user input of a multi-turn run).
+    pub fn last_message_contains(mut self, s: &str) -> Self {
+        self.last_contains.push(s.to_owned());
+        self
+    }
+
     /// Exactly `n` `tool_result` blocks in the conversation.
     pub fn tool_results(mut self, n: usize) -> Self {
         self.tool_results = Some((n, n));
@@ -320,6 +327,12 @@ impl Match {
                 return false;
             }
             if self.text_lacks.iter().any(|s| all.contains(s)) {
+                return false;
+            }
+        }
+        if !self.last_contains.is_empty() {
+            let last = r.last_message_text();
+            if !self.last_contains.iter().all(|s| last.contains(s)) {
                 return false;
             }
         }
@@ -695,7 +708,7 @@ impl MockMessages {
             .iter()
             .map(|r| {
                 format!(
-                    "#{} {} {}{} role={:?} agent={} tool_results={} rule={}",
+                    "#{} {} {}{} role={:?} agent={} tool_results={} rule={}{}",
                     r.seq,
                     r.method,
                     r.path,
@@ -707,7 +720,12 @@ impl MockMessages {
                     r.role(),
                     r.agent_id().unwrap_or("-"),
                     r.tool_result_count(),
-                    r.rule.as_deref().unwrap_or("-")
+                    r.rule.as_deref().unwrap_or("-"),
+                    if r.aborted {
+                        " (aborted by client)"
+                    } else {
+                        ""
+                    }
                 )
             })
             .collect::<Vec<_>>()

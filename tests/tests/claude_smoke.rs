@@ -24,7 +24,11 @@ async fn sidecar() -> ClaudeSidecar {
 }
 
 fn is_type(m: &Value, t: &str, sub: Option<&str>) -> bool {
-    m["type"] == t && sub.map_or(true, |s| m["subtype"] == s)
+    m["type"] == t
+        && match sub {
+            Some(s) => m["subtype"] == s,
+            None => true,
+        }
 }
 
 fn report(name: &str, sc: &ClaudeSidecar, mock: &MockMessages) {
@@ -510,6 +514,10 @@ async fn stop_task_on_background_child() {
         .find(|r| r.role() == Role::Subagent)
         .unwrap();
     assert_eq!(child.agent_id(), Some(task_id.as_str()));
+    // The stopped child's in-flight model request is abandoned by the CLI.
+    mock.wait_for_request(STEP, |r| r.role() == Role::Subagent && r.aborted)
+        .await
+        .unwrap();
     sc.close().await.unwrap();
 }
 
@@ -547,4 +555,69 @@ async fn sidecar_rejects_bad_commands_without_crashing() {
     );
     let status = sc.close().await.unwrap();
     assert!(status.success(), "{status}");
+}
+
+/// `input` pushes a second user turn into the streaming prompt; `interrupt` ends a turn whose
+/// model reply is still pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_then_interrupt() {
+    let mock = MockMessages::start(
+        Script::new()
+            .on(
+                "slow",
+                Match::root().last_message_contains("SLOW_TURN"),
+                Reply::text("never seen").after(Duration::from_secs(60)),
+            )
+            .on(
+                "second",
+                Match::root().last_message_contains("SECOND_TURN"),
+                Reply::text("second answer"),
+            )
+            .on("first", Match::root(), Reply::text("first answer")),
+    )
+    .expect("mock starts");
+    let dirs = OfflineDirs::new().unwrap();
+    let mut sc = sidecar().await;
+    sc.start(
+        "turn-1",
+        "FIRST_TURN: hello",
+        dirs.options(&mock.base_url()),
+    )
+    .await
+    .unwrap();
+    let first = sc
+        .wait_message(STEP, "the first result", |m| is_type(m, "result", None))
+        .await
+        .unwrap();
+    assert_eq!(first["result"], "first answer", "{first}");
+
+    sc.input("SECOND_TURN: again").await.unwrap();
+    assert_eq!(sc.wait_ack("input", STEP).await.unwrap()["ok"], true);
+    let second = sc
+        .wait_message(STEP, "the second result", |m| is_type(m, "result", None))
+        .await
+        .unwrap();
+    assert_eq!(second["result"], "second answer", "{second}");
+
+    // A third turn whose model reply hangs; interrupt it.
+    sc.input("SLOW_TURN: take your time").await.unwrap();
+    mock.wait_for_request(STEP, |r| r.rule.as_deref() == Some("slow"))
+        .await
+        .unwrap();
+    sc.interrupt().await.unwrap();
+    let ack = sc.wait_ack("interrupt", STEP).await.unwrap();
+    assert_eq!(ack["ok"], true, "{ack}");
+    let third = sc
+        .wait_message(STEP, "the interrupted result", |m| {
+            is_type(m, "result", None)
+        })
+        .await
+        .unwrap();
+    report("interrupt", &sc, &mock);
+    assert_eq!(third["subtype"], "error_during_execution", "{third}");
+    // The pending model request is abandoned by the CLI.
+    mock.wait_for_request(STEP, |r| r.rule.as_deref() == Some("slow") && r.aborted)
+        .await
+        .unwrap();
+    sc.close().await.unwrap();
 }

@@ -1,1 +1,807 @@
-//! The acp adapter (in progress).
+//! The ACP (Agent Client Protocol v1) adapter: JSON-RPC 2.0 over the agent's stdio.
+//!
+//! Standard ACP is root-only: "it does not infer child sessions from ordinary tool/progress
+//! updates"; a tool named Task or Agent stays an ordinary tool call. An agent that advertises the
+//! subagents extension (`agentCapabilities._meta["tutti.dev/subagents"]`, the ACP subagents RFD
+//! shape carried by `subagent_update` session updates, with `_meta["tutti.dev/subagent"]` naming
+//! the parent tool call; see the demo agent's docs for the exact wire) gets real child sessions
+//! through the same engine rules. Agents that don't advertise it emit no child-session state.
+//!
+//! Choices where the spec is silent, written down here:
+//! - The prompt request *is* the root provider turn: sending `session/prompt` emits
+//!   `rootProviderTurnStarted` (provider turn id `prompt-<rpc id>`), its result emits
+//!   `rootProviderTurnCompleted`. Stop reasons: `end_turn`, `max_tokens`, `max_turn_requests` →
+//!   completed; `cancelled` → interrupted; `refusal` → failed; a JSON-RPC error → failed.
+//! - ACP has no steer: guidance while a prompt runs is queued and sent as the next prompt as soon
+//!   as the current one answers, and the root provider turn stays open in between (no completion
+//!   is reported for the intermediate prompt).
+//! - Message chunks are aggregated per session and flushed as one message when another kind of
+//!   update arrives, the prompt answers, or the child settles.
+//! - Cancel: `session/cancel` for the root when the root is a target (that also cancels the
+//!   agent's subagents); for a child-only target set, `session/cancel` per child when the agent
+//!   advertised per-child cancel (`capabilities.cancel` on the child's announcement), otherwise
+//!   nothing is sent and the target is simply not confirmed. Confirmation is the provider's own
+//!   fact: the prompt answering `cancelled` (root; immediately if no prompt was running) and a
+//!   child's `idle`/`cancelled` state. The acknowledged subset is reported when every target is
+//!   confirmed or the cancel timer fires.
+//! - Pending permission requests of a canceled prompt are answered `cancelled`, as ACP requires.
+
+use super::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
+use crate::input::{NormalizedEvent, RuntimeAnswer};
+use crate::model::{Id, Millis, Outcome, Target};
+use crate::step::{GuideMode, ProviderRequest};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// `_meta` key of the subagents capability in `initialize`.
+pub const CAPABILITY_KEY: &str = "tutti.dev/subagents";
+/// `_meta` key of an announcing `subagent_update`.
+pub const SUBAGENT_META_KEY: &str = "tutti.dev/subagent";
+
+/// Settings of one ACP adapter.
+#[derive(Debug, Clone)]
+pub struct AcpConfig {
+    /// Working directory for `session/new`.
+    pub cwd: String,
+    /// Bound of a provider cancel (ms).
+    pub cancel_timeout_ms: i64,
+}
+
+impl Default for AcpConfig {
+    fn default() -> Self {
+        AcpConfig {
+            cwd: "/".into(),
+            cancel_timeout_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Child {
+    session: Id,
+    turn: Id,
+    turn_no: u32,
+    active: bool,
+    can_cancel: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Pending {
+    Initialize,
+    NewSession,
+    Prompt,
+}
+
+#[derive(Debug, Clone)]
+struct CancelOp {
+    id: Id,
+    targets: Vec<Target>,
+    acked: Vec<Target>,
+}
+
+#[derive(Debug, Clone)]
+struct Permission {
+    options: Vec<Value>,
+}
+
+/// The ACP adapter of one root session.
+#[derive(Debug)]
+pub struct AcpAdapter {
+    root: Id,
+    cfg: AcpConfig,
+    next_id: u64,
+    pending: BTreeMap<u64, Pending>,
+    session: Option<String>,
+    subagents: bool,
+    /// Requests waiting for `session/new`.
+    queued: Vec<ProviderRequest>,
+    root_turn: Option<Id>,
+    /// The running prompt's rpc id.
+    prompt: Option<u64>,
+    /// Guidance waiting for the running prompt to answer.
+    guidance: Vec<String>,
+    children: BTreeMap<String, Child>,
+    /// Canonical child session id -> native child id.
+    native_of: BTreeMap<Id, String>,
+    /// Cancellation boundary of the canceled root execution.
+    boundary: bool,
+    cancels: Vec<CancelOp>,
+    permissions: BTreeMap<String, Permission>,
+    /// Aggregated chunks per (native session, role).
+    chunks: BTreeMap<(String, &'static str), String>,
+    message_no: u64,
+    now: Millis,
+}
+
+impl AcpAdapter {
+    /// An adapter for one root session.
+    pub fn new(root_agent_session_id: Id, config: AcpConfig) -> AcpAdapter {
+        AcpAdapter {
+            root: root_agent_session_id,
+            cfg: config,
+            next_id: 0,
+            pending: BTreeMap::new(),
+            session: None,
+            subagents: false,
+            queued: Vec::new(),
+            root_turn: None,
+            prompt: None,
+            guidance: Vec::new(),
+            children: BTreeMap::new(),
+            native_of: BTreeMap::new(),
+            boundary: false,
+            cancels: Vec::new(),
+            permissions: BTreeMap::new(),
+            chunks: BTreeMap::new(),
+            message_no: 0,
+            now: 0,
+        }
+    }
+
+    /// Whether the agent advertised the subagents extension.
+    pub fn subagents_advertised(&self) -> bool {
+        self.subagents
+    }
+
+    fn request(
+        &mut self,
+        out: &mut AdapterOutput,
+        method: &str,
+        params: Value,
+        kind: Pending,
+    ) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.insert(id, kind);
+        out.native
+            .push(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    fn send_prompt(&mut self, out: &mut AdapterOutput, text: String, announce: bool) {
+        let Some(session) = self.session.clone() else {
+            return;
+        };
+        let id = self.request(
+            out,
+            "session/prompt",
+            json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}),
+            Pending::Prompt,
+        );
+        self.prompt = Some(id);
+        if announce {
+            out.events.push(NormalizedEvent::RootProviderTurnStarted {
+                agent_session_id: self.root.clone(),
+                turn_id: self.root_turn.clone(),
+                provider_turn_id: Some(format!("prompt-{id}")),
+            });
+        }
+    }
+
+    /// The canonical (session, turn) a native session id is scoped to right now.
+    fn owner(&self, native: &str) -> Option<(Id, Id, bool)> {
+        if Some(native) == self.session.as_deref() {
+            let turn = self.root_turn.clone()?;
+            return Some((
+                self.root.clone(),
+                turn,
+                self.prompt.is_some() && !self.boundary,
+            ));
+        }
+        let c = self.children.get(native)?;
+        Some((c.session.clone(), c.turn.clone(), c.active))
+    }
+
+    fn flush(&mut self, out: &mut AdapterOutput, native: &str) {
+        for role in ["assistant", "thought"] {
+            if let Some(text) = self.chunks.remove(&(native.to_string(), role)) {
+                if let Some((session, turn, _)) = self.owner(native) {
+                    self.message_no += 1;
+                    out.events.push(NormalizedEvent::MessageAppended {
+                        agent_session_id: session,
+                        turn_id: turn,
+                        message_id: format!("acp-m{}", self.message_no).into(),
+                        role: role.to_string(),
+                        text,
+                    });
+                }
+            }
+        }
+    }
+
+    fn flush_all(&mut self, out: &mut AdapterOutput) {
+        let keys: Vec<String> = self.chunks.keys().map(|(s, _)| s.clone()).collect();
+        for k in keys {
+            self.flush(out, &k);
+        }
+    }
+
+    fn ack(&mut self, out: &mut AdapterOutput, target: &Target) {
+        for op in &mut self.cancels {
+            if op.targets.contains(target) && !op.acked.contains(target) {
+                op.acked.push(target.clone());
+            }
+        }
+        self.finish_cancels(out, false);
+    }
+
+    fn finish_cancels(&mut self, out: &mut AdapterOutput, all: bool) {
+        let (done, rest): (Vec<CancelOp>, Vec<CancelOp>) = std::mem::take(&mut self.cancels)
+            .into_iter()
+            .partition(|op| all || op.acked.len() == op.targets.len());
+        self.cancels = rest;
+        for op in done {
+            out.answers.push(RuntimeAnswer::CancelResult {
+                operation_id: op.id,
+                acked: op.acked,
+            });
+        }
+    }
+
+    fn on_response(&mut self, out: &mut AdapterOutput, id: u64, msg: &Value) {
+        let Some(kind) = self.pending.remove(&id) else {
+            out.diagnostics
+                .push(format!("acp: response to unknown request {id}"));
+            return;
+        };
+        let result = msg.get("result");
+        let error = msg.get("error");
+        match kind {
+            Pending::Initialize => {
+                self.subagents = result
+                    .and_then(|r| r.pointer("/agentCapabilities/_meta"))
+                    .and_then(|m| m.get(CAPABILITY_KEY))
+                    .is_some();
+                let cwd = self.cfg.cwd.clone();
+                self.request(
+                    out,
+                    "session/new",
+                    json!({"cwd": cwd, "mcpServers": []}),
+                    Pending::NewSession,
+                );
+            }
+            Pending::NewSession => {
+                let Some(sid) = result
+                    .and_then(|r| r.get("sessionId"))
+                    .and_then(Value::as_str)
+                else {
+                    out.diagnostics.push("acp: session/new failed".into());
+                    return;
+                };
+                self.session = Some(sid.to_string());
+                out.events.push(NormalizedEvent::SessionMetadataUpdated {
+                    agent_session_id: self.root.clone(),
+                    goal: None,
+                    title: None,
+                    provider_session_id: Some(sid.to_string()),
+                });
+                for r in std::mem::take(&mut self.queued) {
+                    let o = self.on_request(self.now, &r);
+                    out.extend(o);
+                }
+            }
+            Pending::Prompt => {
+                if self.prompt != Some(id) {
+                    return;
+                }
+                let root_native = self.session.clone().unwrap_or_default();
+                self.flush(out, &root_native);
+                self.prompt = None;
+                let stop = result
+                    .and_then(|r| r.get("stopReason"))
+                    .and_then(Value::as_str);
+                if stop == Some("cancelled") {
+                    if let Some(turn) = self.root_turn.clone() {
+                        self.ack(
+                            out,
+                            &Target {
+                                agent_session_id: self.root.clone(),
+                                turn_id: turn,
+                            },
+                        );
+                    }
+                } else if !self.guidance.is_empty() && !self.boundary {
+                    // Queued guidance continues the same root provider turn.
+                    let text = std::mem::take(&mut self.guidance).join("\n\n");
+                    self.send_prompt(out, text, false);
+                    return;
+                }
+                let (outcome, err) = match (stop, error) {
+                    (_, Some(e)) => (
+                        Outcome::Failed,
+                        Some(
+                            e.get("message")
+                                .and_then(Value::as_str)
+                                .unwrap_or("prompt failed")
+                                .to_string(),
+                        ),
+                    ),
+                    (Some("cancelled"), _) => {
+                        (Outcome::Interrupted, Some("prompt cancelled".to_string()))
+                    }
+                    (Some("refusal"), _) => {
+                        (Outcome::Failed, Some("the agent refused".to_string()))
+                    }
+                    _ => (Outcome::Completed, None),
+                };
+                out.events.push(NormalizedEvent::RootProviderTurnCompleted {
+                    agent_session_id: self.root.clone(),
+                    turn_id: self.root_turn.clone(),
+                    provider_turn_id: Some(format!("prompt-{id}")),
+                    outcome,
+                    error: err,
+                });
+            }
+        }
+    }
+
+    fn on_update(&mut self, out: &mut AdapterOutput, params: &Value) -> Result<(), AdapterError> {
+        let native = params
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .ok_or(AdapterError::MissingField {
+                method: "session/update".into(),
+                field: "sessionId",
+            })?
+            .to_string();
+        let update = params.get("update").ok_or(AdapterError::MissingField {
+            method: "session/update".into(),
+            field: "update",
+        })?;
+        let kind = update
+            .get("sessionUpdate")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if kind == "subagent_update" {
+            return self.on_subagent(out, &native, update);
+        }
+        let Some((session, turn, accepting)) = self.owner(&native) else {
+            out.diagnostics
+                .push(format!("acp: update {kind} for an unknown session dropped"));
+            return Ok(());
+        };
+        if !accepting {
+            // "A late notification after the prompt result must not be attached to a recently
+            // settled root turn"; nothing is invented to make it persistable.
+            out.diagnostics.push(format!("acp: late {kind} dropped"));
+            return Ok(());
+        }
+        match kind {
+            "agent_message_chunk" | "agent_thought_chunk" => {
+                let role = if kind == "agent_message_chunk" {
+                    "assistant"
+                } else {
+                    "thought"
+                };
+                let text = update
+                    .pointer("/content/text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                self.chunks
+                    .entry((native.clone(), role))
+                    .or_default()
+                    .push_str(text);
+            }
+            "tool_call" | "tool_call_update" => {
+                self.flush(out, &native);
+                let Some(call) = update.get("toolCallId").and_then(Value::as_str) else {
+                    return Err(AdapterError::MissingField {
+                        method: kind.into(),
+                        field: "toolCallId",
+                    });
+                };
+                let status = update.get("status").and_then(Value::as_str).unwrap_or(
+                    if kind == "tool_call" {
+                        "pending"
+                    } else {
+                        "in_progress"
+                    },
+                );
+                out.events.push(NormalizedEvent::ToolCallUpdated {
+                    agent_session_id: session,
+                    turn_id: turn,
+                    tool_call_id: call.into(),
+                    name: update
+                        .get("title")
+                        .and_then(Value::as_str)
+                        .map(String::from),
+                    status: status.to_string(),
+                    kind: update.get("kind").cloned(),
+                    payload: None,
+                });
+            }
+            _ => self.flush(out, &native),
+        }
+        Ok(())
+    }
+
+    fn on_subagent(
+        &mut self,
+        out: &mut AdapterOutput,
+        parent_native: &str,
+        update: &Value,
+    ) -> Result<(), AdapterError> {
+        if !self.subagents {
+            out.diagnostics
+                .push("acp: subagent_update without the advertised capability dropped".into());
+            return Ok(());
+        }
+        let child_native = update
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .ok_or(AdapterError::MissingField {
+                method: "subagent_update".into(),
+                field: "sessionId",
+            })?
+            .to_string();
+        if !self.children.contains_key(&child_native) {
+            let Some(meta) =
+                update.pointer(&format!("/_meta/{}", SUBAGENT_META_KEY.replace('/', "~1")))
+            else {
+                out.diagnostics
+                    .push("acp: unannounced child dropped".into());
+                return Ok(());
+            };
+            if self.boundary {
+                // "A newly revealed native child thread is interrupted without allocating or
+                // emitting a canonical child session/turn."
+                out.native.push(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": child_native}}));
+                return Ok(());
+            }
+            let (Some((parent_session, parent_turn, _)), Some(root_turn)) =
+                (self.owner(parent_native), self.root_turn.clone())
+            else {
+                out.diagnostics
+                    .push("acp: child of an unknown parent dropped".into());
+                return Ok(());
+            };
+            let (session, turn) = child_ids(&self.root, "acp", &child_native, 1);
+            let title = update
+                .get("title")
+                .or_else(|| update.get("description"))
+                .and_then(Value::as_str)
+                .map(String::from);
+            out.events.push(NormalizedEvent::ChildSessionCreated {
+                agent_session_id: session.clone(),
+                turn_id: turn.clone(),
+                parent_agent_session_id: parent_session,
+                parent_turn_id: parent_turn,
+                parent_tool_call_id: meta
+                    .get("parentToolCallId")
+                    .and_then(Value::as_str)
+                    .map(Id::from),
+                root_agent_session_id: self.root.clone(),
+                root_turn_id: root_turn,
+                title,
+                provider_session_id: Some(child_native.clone()),
+                provider_aliases: None,
+            });
+            let can_cancel = update.pointer("/capabilities/cancel").is_some();
+            self.native_of.insert(session.clone(), child_native.clone());
+            self.children.insert(
+                child_native.clone(),
+                Child {
+                    session,
+                    turn,
+                    turn_no: 1,
+                    active: true,
+                    can_cancel,
+                },
+            );
+        }
+        let Some(state) = update.get("state") else {
+            return Ok(());
+        };
+        let Some(c) = self.children.get(&child_native).cloned() else {
+            return Ok(());
+        };
+        match state
+            .get("state")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+        {
+            "running" => {
+                if !c.active {
+                    // A reused child: its next turn.
+                    let n = c.turn_no + 1;
+                    let (_, turn) = child_ids(&self.root, "acp", &child_native, n);
+                    if let Some(ch) = self.children.get_mut(&child_native) {
+                        ch.turn = turn;
+                        ch.turn_no = n;
+                        ch.active = true;
+                    }
+                }
+                if let Some(ch) = self.children.get(&child_native) {
+                    out.events.push(NormalizedEvent::TurnStarted {
+                        agent_session_id: ch.session.clone(),
+                        turn_id: ch.turn.clone(),
+                        provider_turn_id: None,
+                    });
+                }
+            }
+            "requires_action" => out.events.push(NormalizedEvent::TurnWaiting {
+                agent_session_id: c.session.clone(),
+                turn_id: c.turn.clone(),
+            }),
+            "idle" => {
+                self.flush(out, &child_native);
+                if let Some(ch) = self.children.get_mut(&child_native) {
+                    ch.active = false;
+                }
+                let stop = state
+                    .get("stopReason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("end_turn");
+                let target = Target {
+                    agent_session_id: c.session.clone(),
+                    turn_id: c.turn.clone(),
+                };
+                let (outcome, error) = match stop {
+                    "cancelled" => {
+                        self.ack(out, &target);
+                        (Outcome::Canceled, None)
+                    }
+                    "error" | "refusal" => (
+                        Outcome::Failed,
+                        Some(
+                            state
+                                .pointer("/error/message")
+                                .and_then(Value::as_str)
+                                .unwrap_or("subagent failed")
+                                .to_string(),
+                        ),
+                    ),
+                    _ => (Outcome::Completed, None),
+                };
+                out.events.push(NormalizedEvent::TurnTerminal {
+                    agent_session_id: c.session,
+                    turn_id: c.turn,
+                    outcome,
+                    error,
+                });
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_permission(&mut self, out: &mut AdapterOutput, id: &Value, params: &Value) {
+        let native = params
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let owner = self.owner(native).filter(|(_, _, accepting)| *accepting);
+        let Some((session, turn, _)) = owner else {
+            // Never attributed to the root: the request is refused.
+            out.native.push(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}}));
+            return;
+        };
+        let request_id = match id {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let options = params
+            .get("options")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        self.permissions
+            .insert(request_id.clone(), Permission { options });
+        out.events.push(NormalizedEvent::InteractionRequested {
+            agent_session_id: session,
+            turn_id: turn,
+            request_id: request_id.into(),
+            provider_turn_id: self.prompt.map(|p| format!("prompt-{p}")),
+            kind: json!("permission"),
+            payload: json!({"toolCall": params.get("toolCall"), "options": params.get("options")}),
+        });
+    }
+
+    fn answer_permission(&self, request: &str, response: &Value) -> Option<Value> {
+        let p = self.permissions.get(request)?;
+        let id: Value = request
+            .parse::<u64>()
+            .map(Value::from)
+            .unwrap_or_else(|_| Value::String(request.to_string()));
+        if response.get("outcome").is_some() {
+            return Some(json!({"jsonrpc": "2.0", "id": id, "result": response}));
+        }
+        let allow = match response {
+            Value::String(s) => matches!(s.as_str(), "allow" | "accept" | "yes" | "approve"),
+            Value::Bool(b) => *b,
+            v => v.get("behavior").and_then(Value::as_str) == Some("allow"),
+        };
+        let wanted = if allow { "allow" } else { "reject" };
+        let option = p
+            .options
+            .iter()
+            .find(|o| {
+                o.get("kind")
+                    .and_then(Value::as_str)
+                    .is_some_and(|k| k.starts_with(wanted))
+            })
+            .and_then(|o| o.get("optionId").cloned());
+        let outcome = match option {
+            Some(o) => json!({"outcome": "selected", "optionId": o}),
+            None => json!({"outcome": "cancelled"}),
+        };
+        Some(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}}))
+    }
+}
+
+impl Adapter for AcpAdapter {
+    fn open(&mut self, _now: Millis) -> AdapterOutput {
+        let mut out = AdapterOutput::default();
+        self.request(
+            &mut out,
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {
+                "fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+                "subagents": {}}}),
+            Pending::Initialize,
+        );
+        out
+    }
+
+    fn on_request(&mut self, now: Millis, request: &ProviderRequest) -> AdapterOutput {
+        let mut out = AdapterOutput::default();
+        if self.session.is_none() {
+            self.queued.push(request.clone());
+            return out;
+        }
+        match request {
+            ProviderRequest::Start { turn_id, text, .. } => {
+                // A new explicit root turn clears the cancellation boundary.
+                self.boundary = false;
+                self.root_turn = Some(turn_id.clone());
+                self.guidance.clear();
+                if self.prompt.is_some() {
+                    self.guidance.push(text.clone());
+                } else {
+                    self.send_prompt(&mut out, text.clone(), true);
+                }
+            }
+            ProviderRequest::Guide {
+                mode,
+                text,
+                turn_id,
+                ..
+            } => {
+                self.root_turn = Some(turn_id.clone());
+                match (mode, self.prompt) {
+                    (_, Some(_)) => self.guidance.push(text.clone()),
+                    (GuideMode::StartOnRoot, None) | (GuideMode::Steer, None) => {
+                        self.send_prompt(&mut out, text.clone(), true)
+                    }
+                }
+            }
+            ProviderRequest::Cancel {
+                operation_id,
+                targets,
+                ..
+            } => {
+                let session = self.session.clone().unwrap_or_default();
+                let root_target = targets
+                    .iter()
+                    .find(|t| t.agent_session_id == self.root)
+                    .cloned();
+                let mut op = CancelOp {
+                    id: operation_id.clone(),
+                    targets: targets.clone(),
+                    acked: Vec::new(),
+                };
+                if let Some(rt) = root_target {
+                    self.boundary = true;
+                    self.guidance.clear();
+                    self.flush_all(&mut out);
+                    out.native.push(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
+                    if self.prompt.is_none() {
+                        op.acked.push(rt);
+                    }
+                    // Pending permissions of the canceled execution are answered `cancelled`.
+                    for (req, _) in std::mem::take(&mut self.permissions) {
+                        let id: Value = req
+                            .parse::<u64>()
+                            .map(Value::from)
+                            .unwrap_or(Value::String(req));
+                        out.native.push(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}}));
+                    }
+                } else {
+                    for t in targets {
+                        let native = self.native_of.get(&t.agent_session_id).cloned();
+                        if let Some(n) = native {
+                            if self
+                                .children
+                                .get(&n)
+                                .is_some_and(|c| c.can_cancel && c.active)
+                            {
+                                out.native.push(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": n}}));
+                            }
+                        }
+                    }
+                }
+                self.cancels.push(op);
+                out.timers.push(AdapterTimer {
+                    id: format!("cancel:{operation_id}"),
+                    at: now + self.cfg.cancel_timeout_ms,
+                });
+                self.finish_cancels(&mut out, false);
+            }
+            ProviderRequest::RespondInteraction {
+                request_id,
+                response,
+                ..
+            } => match self.answer_permission(request_id, response) {
+                Some(msg) => {
+                    self.permissions.remove(&**request_id);
+                    out.native.push(msg);
+                }
+                None => out
+                    .diagnostics
+                    .push("acp: answer for an unknown permission request".into()),
+            },
+        }
+        out
+    }
+
+    fn on_native(&mut self, now: Millis, msg: &Value) -> Result<AdapterOutput, AdapterError> {
+        self.now = now;
+        let mut out = AdapterOutput::default();
+        let obj = msg
+            .as_object()
+            .ok_or_else(|| AdapterError::Malformed("not a JSON object".into()))?;
+        let method = obj.get("method").and_then(Value::as_str);
+        let id = obj.get("id");
+        match (method, id) {
+            (None, Some(id)) => {
+                let id = id
+                    .as_u64()
+                    .ok_or_else(|| AdapterError::Malformed("response id is not ours".into()))?;
+                self.on_response(&mut out, id, msg);
+            }
+            (Some("session/update"), None) => {
+                let params = obj.get("params").ok_or(AdapterError::MissingField {
+                    method: "session/update".into(),
+                    field: "params",
+                })?;
+                self.on_update(&mut out, params)?;
+            }
+            (Some("session/request_permission"), Some(id)) => {
+                let params = obj.get("params").cloned().unwrap_or(Value::Null);
+                self.on_permission(&mut out, id, &params);
+            }
+            (Some(m), Some(id)) => {
+                // We advertised no fs/terminal capabilities.
+                out.diagnostics
+                    .push(format!("acp: unsupported request {m}"));
+                out.native.push(json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "method not found"}}));
+            }
+            (Some(m), None) => out
+                .diagnostics
+                .push(format!("acp: notification {m} ignored")),
+            (None, None) => {
+                return Err(AdapterError::Malformed(
+                    "neither request, response nor notification".into(),
+                ))
+            }
+        }
+        Ok(out)
+    }
+
+    fn on_timer(&mut self, _now: Millis, id: &str) -> AdapterOutput {
+        let mut out = AdapterOutput::default();
+        if let Some(op) = id.strip_prefix("cancel:") {
+            let (done, rest): (Vec<CancelOp>, Vec<CancelOp>) = std::mem::take(&mut self.cancels)
+                .into_iter()
+                .partition(|o| &*o.id == op);
+            self.cancels = rest;
+            for o in done {
+                out.answers.push(RuntimeAnswer::CancelResult {
+                    operation_id: o.id,
+                    acked: o.acked,
+                });
+            }
+        }
+        out
+    }
+}

@@ -115,9 +115,29 @@ pub fn parse_line(line: &str) -> Result<Value, AdapterError> {
 }
 
 /// Deterministic canonical ids for a child known by a provider handle: the child session id is
-/// `{root}/{kind}:{native}` and its n-th turn (from 1) is `{child}/turn-{n}`.
+/// `{root}~{kind}-{native}` and its n-th turn (from 1) is `{child}~turn-{n}`. Characters outside
+/// `[A-Za-z0-9_.-]` in the native id become `_` (plus a short hash of the original, so two
+/// different native ids never collide), which keeps ids usable as URL path segments.
 pub fn child_ids(root: &Id, kind: &str, native: &str, turn_no: u32) -> (Id, Id) {
-    let session: Id = format!("{root}/{kind}:{native}").into();
-    let turn: Id = format!("{session}/turn-{turn_no}").into();
+    let clean: String = native
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let native = if clean == native {
+        clean
+    } else {
+        use std::hash::Hasher;
+        let mut h = crate::hash::FxHasher::default();
+        h.write(native.as_bytes());
+        format!("{clean}-{:08x}", h.finish() as u32)
+    };
+    let session: Id = format!("{root}~{kind}-{native}").into();
+    let turn: Id = format!("{session}~turn-{turn_no}").into();
     (session, turn)
 }

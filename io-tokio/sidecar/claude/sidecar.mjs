@@ -11,7 +11,10 @@
 //   {"op":"endInput"}                       ends the streaming prompt (the query may then finish)
 //   {"op":"close"}                          closes the query and exits the sidecar
 // stdin EOF, SIGTERM and SIGINT close the same way.
-// Any command may carry "id"; it is echoed in its ack.
+// Any command may carry "id"; it is echoed in its ack (as are "requestId" and "taskId").
+// One query runs at a time; after its "exited" line a new "start" is accepted.
+// "options" are passed to query() as given (env replaces the CLI's environment); the sidecar adds
+// canUseTool, hooks (for the events in "hooks", default DEFAULT_HOOKS below) and an stderr sink.
 //
 // stdout (one JSON object a line):
 //   {"kind":"ready","sdkVersion":string}    once, at startup

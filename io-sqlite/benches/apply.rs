@@ -1,0 +1,418 @@
+//! Benchmark: durable events per second through `SqliteStore::apply_many`, against raw rusqlite
+//! inserting the same rows.
+//!
+//! `cargo bench -p tutti-sqlite` (release). An event is one accepted engine input, i.e. one
+//! persist batch. The batches come from the engine fed a mixed workload (sessions, submits,
+//! provider lifecycle, child creation, child turns and terminals, messages, tool calls,
+//! interactions, cancels, deletes). The store commits them in group commits of `GROUP` batches
+//! with `synchronous=NORMAL` (WAL). The raw baseline inserts exactly the rows the store ends up
+//! writing (same row count, same transaction sizes, same JSON payloads, pre-serialized) into the
+//! same tables with plain prepared upserts: no guards, no version checks, no serialization.
+//!
+//! Environment: `TUTTI_BENCH_EVENTS` (default 200000), `TUTTI_BENCH_GROUP` (default 128).
+
+#[path = "../tests/support/workload.rs"]
+mod workload;
+
+use rusqlite::{params, Connection};
+use std::time::{Duration, Instant};
+use tutti_core::step::{PersistBatch, Row};
+use tutti_sqlite::{OpenOptions, SqliteStore, Synchronous};
+use workload::{Mix, Stream};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One raw statement: which SQL, and its pre-computed parameters.
+enum RawOp {
+    Session {
+        id: String,
+        ws: String,
+        kind: &'static str,
+        root: Option<String>,
+        active: Option<String>,
+        created: i64,
+        deleted: Option<i64>,
+        version: i64,
+        json: String,
+    },
+    Turn {
+        id: String,
+        session: String,
+        closed: bool,
+        created: i64,
+        version: i64,
+        json: String,
+    },
+    Interaction {
+        turn: String,
+        request: String,
+        session: String,
+        version: i64,
+        json: String,
+    },
+    ToolCall {
+        session: String,
+        call: String,
+        version: i64,
+        json: String,
+    },
+    Op {
+        id: String,
+        root: String,
+        state: &'static str,
+        version: i64,
+        json: String,
+    },
+    Message {
+        session: String,
+        seq: i64,
+        id: String,
+        json: String,
+    },
+    Purge(String),
+    Outbox {
+        seq: i64,
+        kind: &'static str,
+        root: String,
+        ws: String,
+        json: String,
+    },
+}
+
+fn raw_ops(batch: &PersistBatch, seq: &mut i64) -> Vec<RawOp> {
+    let mut out = Vec::new();
+    let mut jsons = Vec::new();
+    for row in &batch.rows {
+        let json = match row {
+            Row::PurgeSession { agent_session_id } => {
+                serde_json::json!({ "agentSessionId": agent_session_id }).to_string()
+            }
+            Row::Session(x) => serde_json::to_string(x).unwrap_or_default(),
+            Row::Turn(x) => serde_json::to_string(x).unwrap_or_default(),
+            Row::Interaction(x) => serde_json::to_string(x).unwrap_or_default(),
+            Row::ToolCall(x) => serde_json::to_string(x).unwrap_or_default(),
+            Row::CancelOperation(x) => serde_json::to_string(x).unwrap_or_default(),
+            Row::Message(x) => serde_json::to_string(x).unwrap_or_default(),
+        };
+        jsons.push(json.clone());
+        out.push(match row {
+            Row::Session(s) => RawOp::Session {
+                id: s.id.to_string(),
+                ws: s.workspace_id.to_string(),
+                kind: if s.is_child() { "child" } else { "root" },
+                root: s.root_agent_session_id.as_deref().map(String::from),
+                active: s.active_turn_id.as_deref().map(String::from),
+                created: s.created_at,
+                deleted: s.deleted_at,
+                version: s.version as i64,
+                json,
+            },
+            Row::Turn(t) => RawOp::Turn {
+                id: t.id.to_string(),
+                session: t.agent_session_id.to_string(),
+                closed: t.child_creation_closed,
+                created: t.created_at,
+                version: t.version as i64,
+                json,
+            },
+            Row::Interaction(i) => RawOp::Interaction {
+                turn: i.turn_id.to_string(),
+                request: i.request_id.to_string(),
+                session: i.agent_session_id.to_string(),
+                version: i.version as i64,
+                json,
+            },
+            Row::ToolCall(c) => RawOp::ToolCall {
+                session: c.agent_session_id.to_string(),
+                call: c.tool_call_id.to_string(),
+                version: c.version as i64,
+                json,
+            },
+            Row::CancelOperation(o) => RawOp::Op {
+                id: o.id.to_string(),
+                root: o.root_agent_session_id.to_string(),
+                state: match o.state {
+                    tutti_core::model::CancelState::Prepared => "prepared",
+                    tutti_core::model::CancelState::Completed => "completed",
+                    tutti_core::model::CancelState::Failed => "failed",
+                },
+                version: o.version as i64,
+                json,
+            },
+            Row::Message(m) => RawOp::Message {
+                session: m.agent_session_id.to_string(),
+                seq: m.seq as i64,
+                id: m.message_id.to_string(),
+                json,
+            },
+            Row::PurgeSession { agent_session_id } => RawOp::Purge(agent_session_id.to_string()),
+        });
+    }
+    if let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) {
+        for &i in &batch.outbox {
+            let i = i as usize;
+            if let (Some(row), Some(json)) = (batch.rows.get(i), jsons.get(i)) {
+                *seq += 1;
+                out.push(RawOp::Outbox {
+                    seq: *seq,
+                    kind: row.kind(),
+                    root: root.to_string(),
+                    ws: ws.to_string(),
+                    json: json.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
+    match op {
+        RawOp::Session {
+            id,
+            ws,
+            kind,
+            root,
+            active,
+            created,
+            deleted,
+            version,
+            json,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO sessions (id, workspace_id, kind, root_agent_session_id, \
+                 active_turn_id, created_at, deleted_at, version, json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO UPDATE SET \
+                 workspace_id = excluded.workspace_id, kind = excluded.kind, \
+                 root_agent_session_id = excluded.root_agent_session_id, \
+                 active_turn_id = excluded.active_turn_id, created_at = excluded.created_at, \
+                 deleted_at = excluded.deleted_at, version = excluded.version, json = excluded.json",
+            )?
+            .execute(params![id, ws, kind, root, active, created, deleted, version, json])?;
+        }
+        RawOp::Turn {
+            id,
+            session,
+            closed,
+            created,
+            version,
+            json,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO turns (id, agent_session_id, child_creation_closed, created_at, \
+                 version, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO UPDATE SET \
+                 agent_session_id = excluded.agent_session_id, \
+                 child_creation_closed = excluded.child_creation_closed, \
+                 created_at = excluded.created_at, version = excluded.version, json = excluded.json",
+            )?
+            .execute(params![id, session, closed, created, version, json])?;
+        }
+        RawOp::Interaction {
+            turn,
+            request,
+            session,
+            version,
+            json,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO interactions (turn_id, request_id, agent_session_id, version, json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (turn_id, request_id) DO UPDATE SET \
+                 agent_session_id = excluded.agent_session_id, version = excluded.version, \
+                 json = excluded.json",
+            )?
+            .execute(params![turn, request, session, version, json])?;
+        }
+        RawOp::ToolCall {
+            session,
+            call,
+            version,
+            json,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO tool_calls (agent_session_id, tool_call_id, version, json) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (agent_session_id, tool_call_id) DO UPDATE \
+                 SET version = excluded.version, json = excluded.json",
+            )?
+            .execute(params![session, call, version, json])?;
+        }
+        RawOp::Op {
+            id,
+            root,
+            state,
+            version,
+            json,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO cancel_operations (id, root_agent_session_id, state, version, json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO UPDATE SET \
+                 root_agent_session_id = excluded.root_agent_session_id, state = excluded.state, \
+                 version = excluded.version, json = excluded.json",
+            )?
+            .execute(params![id, root, state, version, json])?;
+        }
+        RawOp::Message {
+            session,
+            seq,
+            id,
+            json,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO messages (agent_session_id, seq, message_id, json) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![session, seq, id, json])?;
+        }
+        RawOp::Purge(s) => {
+            for sql in [
+                "DELETE FROM turns WHERE agent_session_id = ?1",
+                "DELETE FROM interactions WHERE agent_session_id = ?1",
+                "DELETE FROM messages WHERE agent_session_id = ?1",
+                "DELETE FROM tool_calls WHERE agent_session_id = ?1",
+            ] {
+                conn.prepare_cached(sql)?.execute([s])?;
+            }
+        }
+        RawOp::Outbox {
+            seq,
+            kind,
+            root,
+            ws,
+            json,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![seq, kind, root, ws, json])?;
+        }
+    }
+    Ok(())
+}
+
+fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Duration> {
+    let mut conn = Connection::open(path)?;
+    conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    conn.execute_batch(&tutti_sqlite::schema::ddl())?;
+    conn.set_prepared_statement_cache_capacity(64);
+    let t = Instant::now();
+    for g in groups {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        for op in g {
+            raw_apply(&tx, op)?;
+        }
+        tx.commit()?;
+    }
+    Ok(t.elapsed())
+}
+
+fn store_run(
+    path: &std::path::Path,
+    groups: &[&[PersistBatch]],
+    sync: Synchronous,
+) -> Result<Duration, tutti_sqlite::SqliteError> {
+    let mut store = SqliteStore::open_with(path, &OpenOptions::new().synchronous(sync))?;
+    let t = Instant::now();
+    for g in groups {
+        store.apply_many(g)?;
+    }
+    Ok(t.elapsed())
+}
+
+fn main() {
+    let events = env("TUTTI_BENCH_EVENTS", 200_000);
+    let group = env("TUTTI_BENCH_GROUP", 128).max(1);
+    let t = Instant::now();
+    let mut stream = Stream::new(42, Mix::BENCH);
+    let batches: Vec<PersistBatch> = (0..events).map(|_| stream.next_step().persist).collect();
+    let rows: usize = batches.iter().map(|b| b.rows.len()).sum();
+    let guards: usize = batches.iter().map(|b| b.guards.len()).sum();
+    let mut seq = 0i64;
+    let raw: Vec<Vec<RawOp>> = batches
+        .chunks(group)
+        .map(|c| c.iter().flat_map(|b| raw_ops(b, &mut seq)).collect())
+        .collect();
+    let json_bytes: usize = raw
+        .iter()
+        .flatten()
+        .map(|op| match op {
+            RawOp::Session { json, .. }
+            | RawOp::Turn { json, .. }
+            | RawOp::Interaction { json, .. }
+            | RawOp::ToolCall { json, .. }
+            | RawOp::Op { json, .. }
+            | RawOp::Message { json, .. }
+            | RawOp::Outbox { json, .. } => json.len(),
+            RawOp::Purge(_) => 0,
+        })
+        .sum();
+    println!(
+        "workload: {events} events ({rows} rows, {seq} outbox rows, {guards} guards, {:.1} MB JSON) \
+         generated in {:.2} s; {group} events per transaction",
+        json_bytes as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("no temporary directory: {e}");
+            return;
+        }
+    };
+    let groups: Vec<&[PersistBatch]> = batches.chunks(group).collect();
+    let mut best_store = f64::MAX;
+    let mut best_raw = f64::MAX;
+    for round in 0..3 {
+        let p = dir.path().join(format!("store{round}.db"));
+        match store_run(&p, &groups, Synchronous::Normal) {
+            Ok(d) => best_store = best_store.min(d.as_secs_f64()),
+            Err(e) => {
+                eprintln!("store run failed: {e}");
+                return;
+            }
+        }
+        let p = dir.path().join(format!("raw{round}.db"));
+        match raw_run(&p, &raw) {
+            Ok(d) => best_raw = best_raw.min(d.as_secs_f64()),
+            Err(e) => {
+                eprintln!("raw run failed: {e}");
+                return;
+            }
+        }
+    }
+    let store_eps = events as f64 / best_store;
+    let raw_eps = events as f64 / best_raw;
+    println!(
+        "tutti-sqlite apply_many (synchronous=NORMAL): {store_eps:>10.0} events/s ({:.0} rows/s)",
+        rows as f64 / best_store
+    );
+    println!(
+        "raw rusqlite, same rows and transactions:     {raw_eps:>10.0} events/s ({:.0} rows/s)",
+        rows as f64 / best_raw
+    );
+    println!(
+        "ratio: {:.0} % of raw (goal >= 50 %); goal >= 150000 events/s: {}",
+        100.0 * store_eps / raw_eps,
+        if store_eps >= 150_000.0 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+    let p = dir.path().join("full.db");
+    let small: Vec<&[PersistBatch]> = groups.iter().take(200).copied().collect();
+    let n: usize = small.iter().map(|g| g.len()).sum();
+    if let Ok(d) = store_run(&p, &small, Synchronous::Full) {
+        println!(
+            "for reference, synchronous=FULL: {:.0} events/s ({n} events)",
+            n as f64 / d.as_secs_f64()
+        );
+    }
+}

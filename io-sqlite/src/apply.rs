@@ -1,0 +1,444 @@
+//! Applying persist batches: guards, idempotent upserts, outbox rows, all inside one transaction.
+
+use crate::codec::{decode, Decode};
+use crate::error::{to_i64, SqliteError};
+use crate::open::ReplayRule;
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{params, CachedStatement, Connection, OptionalExtension, ToSql};
+use serde::Serialize;
+use std::ops::Range;
+use tutti_core::model::{CancelState, SessionKind};
+use tutti_core::step::{Guard, PersistBatch, Row};
+
+/// The statements a writer uses (prepared once per connection, fetched once per transaction).
+#[derive(Clone, Copy)]
+enum Sql {
+    SessionVersion,
+    TurnVersion,
+    OpVersion,
+    SessionJson,
+    TurnJson,
+    OpJson,
+    SessionExists,
+    TurnClosed,
+    UpsertSession,
+    UpsertTurn,
+    UpsertInteraction,
+    UpsertToolCall,
+    UpsertOp,
+    InsertMessage,
+    PurgeTurns,
+    PurgeInteractions,
+    PurgeMessages,
+    PurgeToolCalls,
+    InsertOutbox,
+    NextSeq,
+}
+
+const N_SQL: usize = Sql::NextSeq as usize + 1;
+
+impl Sql {
+    fn text(self) -> &'static str {
+        match self {
+            Sql::SessionVersion => "SELECT version FROM sessions WHERE id = ?1",
+            Sql::TurnVersion => "SELECT version FROM turns WHERE id = ?1",
+            Sql::OpVersion => "SELECT version FROM cancel_operations WHERE id = ?1",
+            Sql::SessionJson => "SELECT json FROM sessions WHERE id = ?1",
+            Sql::TurnJson => "SELECT json FROM turns WHERE id = ?1",
+            Sql::OpJson => "SELECT json FROM cancel_operations WHERE id = ?1",
+            Sql::SessionExists => "SELECT 1 FROM sessions WHERE id = ?1",
+            Sql::TurnClosed => "SELECT child_creation_closed FROM turns WHERE id = ?1",
+            Sql::UpsertSession => {
+                "INSERT INTO sessions (id, workspace_id, kind, root_agent_session_id, \
+                 active_turn_id, created_at, deleted_at, version, json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                 ON CONFLICT (id) DO UPDATE SET workspace_id = excluded.workspace_id, \
+                 kind = excluded.kind, root_agent_session_id = excluded.root_agent_session_id, \
+                 active_turn_id = excluded.active_turn_id, created_at = excluded.created_at, \
+                 deleted_at = excluded.deleted_at, version = excluded.version, json = excluded.json \
+                 WHERE excluded.version > sessions.version"
+            }
+            Sql::UpsertTurn => {
+                "INSERT INTO turns (id, agent_session_id, child_creation_closed, created_at, \
+                 version, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+                 ON CONFLICT (id) DO UPDATE SET agent_session_id = excluded.agent_session_id, \
+                 child_creation_closed = excluded.child_creation_closed, \
+                 created_at = excluded.created_at, version = excluded.version, json = excluded.json \
+                 WHERE excluded.version > turns.version"
+            }
+            Sql::UpsertInteraction => {
+                "INSERT INTO interactions (turn_id, request_id, agent_session_id, version, json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (turn_id, request_id) DO UPDATE SET \
+                 agent_session_id = excluded.agent_session_id, version = excluded.version, \
+                 json = excluded.json WHERE excluded.version > interactions.version"
+            }
+            Sql::UpsertToolCall => {
+                "INSERT INTO tool_calls (agent_session_id, tool_call_id, version, json) \
+                 VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (agent_session_id, tool_call_id) DO UPDATE SET \
+                 version = excluded.version, json = excluded.json \
+                 WHERE excluded.version > tool_calls.version"
+            }
+            Sql::UpsertOp => {
+                "INSERT INTO cancel_operations (id, root_agent_session_id, state, version, json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (id) DO UPDATE SET root_agent_session_id = excluded.root_agent_session_id, \
+                 state = excluded.state, version = excluded.version, json = excluded.json \
+                 WHERE excluded.version > cancel_operations.version"
+            }
+            Sql::InsertMessage => {
+                "INSERT INTO messages (agent_session_id, seq, message_id, json) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (agent_session_id, seq) DO NOTHING"
+            }
+            Sql::PurgeTurns => "DELETE FROM turns WHERE agent_session_id = ?1",
+            Sql::PurgeInteractions => "DELETE FROM interactions WHERE agent_session_id = ?1",
+            Sql::PurgeMessages => "DELETE FROM messages WHERE agent_session_id = ?1",
+            Sql::PurgeToolCalls => "DELETE FROM tool_calls WHERE agent_session_id = ?1",
+            Sql::InsertOutbox => {
+                "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)"
+            }
+            Sql::NextSeq => NEXT_SEQ,
+        }
+    }
+}
+
+/// The next outbox seq: one past the highest ever assigned. `outbox_pruned_through` remembers the
+/// highest pruned seq, so pruning every row never makes a number come back.
+pub(crate) const NEXT_SEQ: &str = "SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), \
+     coalesce((SELECT value FROM meta WHERE key = 'outbox_pruned_through'), 0)) + 1";
+
+/// JSON text bound without a second UTF-8 check (serde_json only writes UTF-8).
+struct Text<'a>(&'a [u8]);
+
+impl ToSql for Text<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(ValueRef::Text(self.0)))
+    }
+}
+
+fn kind_str(k: SessionKind) -> &'static str {
+    match k {
+        SessionKind::Root => "root",
+        SessionKind::Child => "child",
+    }
+}
+
+pub(crate) fn state_str(s: CancelState) -> &'static str {
+    match s {
+        CancelState::Prepared => "prepared",
+        CancelState::Completed => "completed",
+        CancelState::Failed => "failed",
+    }
+}
+
+/// Applies batches inside one open transaction.
+pub(crate) struct Writer<'c> {
+    conn: &'c Connection,
+    stmts: [Option<CachedStatement<'c>>; N_SQL],
+    rule: ReplayRule,
+    /// Serialized rows of the current batch.
+    arena: &'c mut Vec<u8>,
+    /// Per row of the current batch: its JSON in `arena` if it was written.
+    written: Vec<Option<Range<usize>>>,
+    next_seq: Option<u64>,
+}
+
+impl<'c> Writer<'c> {
+    pub(crate) fn new(conn: &'c Connection, rule: ReplayRule, arena: &'c mut Vec<u8>) -> Self {
+        Writer {
+            conn,
+            stmts: Default::default(),
+            rule,
+            arena,
+            written: Vec::new(),
+            next_seq: None,
+        }
+    }
+
+    fn stmt(&mut self, sql: Sql) -> Result<&mut CachedStatement<'c>, SqliteError> {
+        let slot = &mut self.stmts[sql as usize];
+        if slot.is_none() {
+            *slot = Some(self.conn.prepare_cached(sql.text())?);
+        }
+        match slot {
+            Some(s) => Ok(s),
+            None => Err(SqliteError::Sqlite(rusqlite::Error::InvalidQuery)),
+        }
+    }
+
+    fn version_of(&mut self, sql: Sql, id: &str) -> Result<u64, SqliteError> {
+        let v: Option<i64> = self.stmt(sql)?.query_row([id], |r| r.get(0)).optional()?;
+        crate::error::to_u64("version", v.unwrap_or(0))
+    }
+
+    fn stored<T: Decode>(
+        &mut self,
+        sql: Sql,
+        table: &'static str,
+        id: &str,
+    ) -> Result<Option<T>, SqliteError> {
+        let json: Option<String> = self.stmt(sql)?.query_row([id], |r| r.get(0)).optional()?;
+        json.map(|j| decode(table, &j)).transpose()
+    }
+
+    /// Whether a version guard holds: "the row is at `version` (0: absent) or already at `next`".
+    fn version_guard(&mut self, batch: &PersistBatch, g: &Guard) -> Result<bool, SqliteError> {
+        let (sql, id, version, next) = match g {
+            Guard::SessionVersion { id, version, next } => {
+                (Sql::SessionVersion, id, *version, *next)
+            }
+            Guard::TurnVersion { id, version, next } => (Sql::TurnVersion, id, *version, *next),
+            Guard::CancelVersion { id, version, next } => (Sql::OpVersion, id, *version, *next),
+            Guard::ChildCreationOpen { .. } => return Ok(false),
+        };
+        let stored = self.version_of(sql, id)?;
+        if stored == version {
+            return Ok(true);
+        }
+        match self.rule {
+            ReplayRule::AtOrPastNext => Ok(stored >= next),
+            ReplayRule::SameRowAtNext => {
+                if stored != next {
+                    return Ok(false);
+                }
+                // "Already at next" only if it holds exactly this batch's row.
+                Ok(match g {
+                    Guard::SessionVersion { .. } => {
+                        let mine = batch.rows.iter().find_map(|r| match r {
+                            Row::Session(s) if s.id == *id && s.version == next => Some(s),
+                            _ => None,
+                        });
+                        match mine {
+                            Some(m) => self
+                                .stored(Sql::SessionJson, "sessions", id)?
+                                .is_some_and(|s: tutti_core::model::Session| s == *m),
+                            None => false,
+                        }
+                    }
+                    Guard::TurnVersion { .. } => {
+                        let mine = batch.rows.iter().find_map(|r| match r {
+                            Row::Turn(t) if t.id == *id && t.version == next => Some(t),
+                            _ => None,
+                        });
+                        match mine {
+                            Some(m) => self
+                                .stored(Sql::TurnJson, "turns", id)?
+                                .is_some_and(|t: tutti_core::model::Turn| t == *m),
+                            None => false,
+                        }
+                    }
+                    Guard::CancelVersion { .. } => {
+                        let mine = batch.rows.iter().find_map(|r| match r {
+                            Row::CancelOperation(o) if o.id == *id && o.version == next => Some(o),
+                            _ => None,
+                        });
+                        match mine {
+                            Some(m) => self
+                                .stored(Sql::OpJson, "cancel_operations", id)?
+                                .is_some_and(|o: tutti_core::model::CancelOperation| o == *m),
+                            None => false,
+                        }
+                    }
+                    Guard::ChildCreationOpen { .. } => false,
+                })
+            }
+        }
+    }
+
+    fn check(&mut self, batch: &PersistBatch, g: &Guard) -> Result<bool, SqliteError> {
+        match g {
+            Guard::ChildCreationOpen {
+                root_turn_id,
+                child_agent_session_id,
+            } => {
+                let exists = self
+                    .stmt(Sql::SessionExists)?
+                    .exists([&**child_agent_session_id])?;
+                if exists {
+                    return Ok(true);
+                }
+                let closed: Option<bool> = self
+                    .stmt(Sql::TurnClosed)?
+                    .query_row([&**root_turn_id], |r| r.get(0))
+                    .optional()?;
+                Ok(closed == Some(false))
+            }
+            _ => self.version_guard(batch, g),
+        }
+    }
+
+    fn encode<T: Serialize>(&mut self, v: &T) -> Result<Range<usize>, SqliteError> {
+        let start = self.arena.len();
+        serde_json::to_writer(&mut *self.arena, v).map_err(SqliteError::Encode)?;
+        Ok(start..self.arena.len())
+    }
+
+    /// Writes one row; returns its JSON span when something was written.
+    fn write(&mut self, row: &Row) -> Result<Option<Range<usize>>, SqliteError> {
+        let (span, changed) = match row {
+            Row::Session(s) => {
+                let span = self.encode(s)?;
+                let version = to_i64("version", s.version)?;
+                let json = span.clone();
+                let (conn_arena, stmt) = self.split(Sql::UpsertSession)?;
+                let n = stmt.execute(params![
+                    &*s.id,
+                    &*s.workspace_id,
+                    kind_str(s.kind),
+                    s.root_agent_session_id.as_deref(),
+                    s.active_turn_id.as_deref(),
+                    s.created_at,
+                    s.deleted_at,
+                    version,
+                    Text(&conn_arena[json]),
+                ])?;
+                (span, n > 0)
+            }
+            Row::Turn(t) => {
+                let span = self.encode(t)?;
+                let version = to_i64("version", t.version)?;
+                let json = span.clone();
+                let (arena, stmt) = self.split(Sql::UpsertTurn)?;
+                let n = stmt.execute(params![
+                    &*t.id,
+                    &*t.agent_session_id,
+                    t.child_creation_closed,
+                    t.created_at,
+                    version,
+                    Text(&arena[json]),
+                ])?;
+                (span, n > 0)
+            }
+            Row::Interaction(i) => {
+                let span = self.encode(i)?;
+                let version = to_i64("version", i.version)?;
+                let json = span.clone();
+                let (arena, stmt) = self.split(Sql::UpsertInteraction)?;
+                let n = stmt.execute(params![
+                    &*i.turn_id,
+                    &*i.request_id,
+                    &*i.agent_session_id,
+                    version,
+                    Text(&arena[json]),
+                ])?;
+                (span, n > 0)
+            }
+            Row::ToolCall(c) => {
+                let span = self.encode(c)?;
+                let version = to_i64("version", c.version)?;
+                let json = span.clone();
+                let (arena, stmt) = self.split(Sql::UpsertToolCall)?;
+                let n = stmt.execute(params![
+                    &*c.agent_session_id,
+                    &*c.tool_call_id,
+                    version,
+                    Text(&arena[json]),
+                ])?;
+                (span, n > 0)
+            }
+            Row::CancelOperation(o) => {
+                let span = self.encode(o)?;
+                let version = to_i64("version", o.version)?;
+                let json = span.clone();
+                let (arena, stmt) = self.split(Sql::UpsertOp)?;
+                let n = stmt.execute(params![
+                    &*o.id,
+                    &*o.root_agent_session_id,
+                    state_str(o.state),
+                    version,
+                    Text(&arena[json]),
+                ])?;
+                (span, n > 0)
+            }
+            Row::Message(m) => {
+                let span = self.encode(m)?;
+                let seq = to_i64("message seq", m.seq)?;
+                let json = span.clone();
+                let (arena, stmt) = self.split(Sql::InsertMessage)?;
+                let n = stmt.execute(params![
+                    &*m.agent_session_id,
+                    seq,
+                    &*m.message_id,
+                    Text(&arena[json]),
+                ])?;
+                (span, n > 0)
+            }
+            Row::PurgeSession { agent_session_id } => {
+                let s: &str = agent_session_id;
+                for sql in [
+                    Sql::PurgeTurns,
+                    Sql::PurgeInteractions,
+                    Sql::PurgeMessages,
+                    Sql::PurgeToolCalls,
+                ] {
+                    self.stmt(sql)?.execute([s])?;
+                }
+                let span = self.encode(&serde_json::json!({ "agentSessionId": s }))?;
+                (span, true)
+            }
+        };
+        Ok(changed.then_some(span))
+    }
+
+    /// The arena and one statement, borrowed together.
+    fn split(&mut self, sql: Sql) -> Result<(&Vec<u8>, &mut CachedStatement<'c>), SqliteError> {
+        self.stmt(sql)?;
+        let arena: &Vec<u8> = self.arena;
+        match &mut self.stmts[sql as usize] {
+            Some(s) => Ok((arena, s)),
+            None => Err(SqliteError::Sqlite(rusqlite::Error::InvalidQuery)),
+        }
+    }
+
+    fn next_seq(&mut self) -> Result<u64, SqliteError> {
+        if let Some(n) = self.next_seq {
+            return Ok(n);
+        }
+        let n: i64 = self.stmt(Sql::NextSeq)?.query_row([], |r| r.get(0))?;
+        let n = crate::error::to_u64("outbox seq", n)?;
+        self.next_seq = Some(n);
+        Ok(n)
+    }
+
+    /// Applies one batch: every guard first (nothing is written if one fails), then the rows in
+    /// order, then one outbox row per published row that was actually written.
+    pub(crate) fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<u64>, SqliteError> {
+        for g in &batch.guards {
+            if !self.check(batch, g)? {
+                return Err(SqliteError::GuardFailed(g.clone()));
+            }
+        }
+        self.arena.clear();
+        self.written.clear();
+        for row in &batch.rows {
+            let w = self.write(row)?;
+            self.written.push(w);
+        }
+        let mut seqs = Vec::new();
+        let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
+            return Ok(seqs);
+        };
+        for &i in &batch.outbox {
+            let i = i as usize;
+            let (Some(Some(span)), Some(row)) = (self.written.get(i).cloned(), batch.rows.get(i))
+            else {
+                continue;
+            };
+            let seq = self.next_seq()?;
+            let seq_i = to_i64("outbox seq", seq)?;
+            let (arena, stmt) = self.split(Sql::InsertOutbox)?;
+            stmt.execute(params![
+                seq_i,
+                row.kind(),
+                &**root,
+                &**ws,
+                Text(&arena[span])
+            ])?;
+            self.next_seq = Some(seq + 1);
+            seqs.push(seq);
+        }
+        Ok(seqs)
+    }
+}

@@ -1,0 +1,112 @@
+//! The schema and its migrations, keyed by `PRAGMA user_version`.
+//!
+//! Every entity table has the columns that queries filter or sort on, plus `json`: the entity's
+//! wire form (serde_json), which is what reads decode, so rows round-trip exactly. Every read is
+//! one or two indexed queries.
+
+/// `PRAGMA application_id` of a tutti database: ASCII "tuti".
+pub const APPLICATION_ID: i32 = 0x7475_7469;
+
+/// The schema version this build writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The DDL of the current schema version (all migrations in order), for tools and benchmarks
+/// that need equivalent tables.
+pub fn ddl() -> String {
+    MIGRATIONS.concat()
+}
+
+/// `MIGRATIONS[n]` takes a database from `user_version` n to n + 1. Each runs inside the
+/// migration transaction, which also sets `user_version`.
+pub(crate) const MIGRATIONS: &[&str] = &[V1];
+
+const V1: &str = r#"
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO meta (key, value) VALUES ('outbox_pruned_through', 0);
+
+CREATE TABLE sessions (
+    id                    TEXT PRIMARY KEY NOT NULL,
+    workspace_id          TEXT NOT NULL,
+    kind                  TEXT NOT NULL CHECK (kind IN ('root', 'child')),
+    root_agent_session_id TEXT,
+    active_turn_id        TEXT,
+    created_at            INTEGER NOT NULL,
+    deleted_at            INTEGER,
+    version               INTEGER NOT NULL,
+    json                  TEXT NOT NULL
+) WITHOUT ROWID;
+-- Tree loads and session detail: every session of one root tree.
+CREATE INDEX sessions_by_root ON sessions (root_agent_session_id)
+    WHERE root_agent_session_id IS NOT NULL;
+-- Root list of a workspace, newest first, tombstones excluded.
+CREATE INDEX sessions_roots_by_workspace ON sessions (workspace_id, created_at DESC, id DESC)
+    WHERE kind = 'root' AND deleted_at IS NULL;
+-- Recovery: roots with an active turn.
+CREATE INDEX sessions_live_roots ON sessions (id)
+    WHERE kind = 'root' AND active_turn_id IS NOT NULL;
+
+CREATE TABLE turns (
+    id                    TEXT PRIMARY KEY NOT NULL,
+    agent_session_id      TEXT NOT NULL,
+    child_creation_closed INTEGER NOT NULL,
+    created_at            INTEGER NOT NULL,
+    version               INTEGER NOT NULL,
+    json                  TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX turns_by_session ON turns (agent_session_id);
+
+CREATE TABLE interactions (
+    turn_id          TEXT NOT NULL,
+    request_id       TEXT NOT NULL,
+    agent_session_id TEXT NOT NULL,
+    version          INTEGER NOT NULL,
+    json             TEXT NOT NULL,
+    PRIMARY KEY (turn_id, request_id)
+) WITHOUT ROWID;
+CREATE INDEX interactions_by_session ON interactions (agent_session_id);
+
+CREATE TABLE messages (
+    agent_session_id TEXT NOT NULL,
+    seq              INTEGER NOT NULL,
+    message_id       TEXT NOT NULL,
+    json             TEXT NOT NULL,
+    PRIMARY KEY (agent_session_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE tool_calls (
+    agent_session_id TEXT NOT NULL,
+    tool_call_id     TEXT NOT NULL,
+    version          INTEGER NOT NULL,
+    json             TEXT NOT NULL,
+    PRIMARY KEY (agent_session_id, tool_call_id)
+) WITHOUT ROWID;
+
+CREATE TABLE cancel_operations (
+    id                    TEXT PRIMARY KEY NOT NULL,
+    root_agent_session_id TEXT NOT NULL,
+    state                 TEXT NOT NULL,
+    version               INTEGER NOT NULL,
+    json                  TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX cancel_operations_by_root ON cancel_operations (root_agent_session_id);
+-- Recovery: trees with a prepared cancel operation.
+CREATE INDEX cancel_operations_prepared ON cancel_operations (root_agent_session_id)
+    WHERE state = 'prepared';
+
+-- seq is the rowid: appends are cheap; numbers are never reused (see meta.outbox_pruned_through).
+CREATE TABLE outbox (
+    seq                   INTEGER PRIMARY KEY,
+    kind                  TEXT NOT NULL,
+    root_agent_session_id TEXT NOT NULL,
+    workspace_id          TEXT NOT NULL,
+    payload               TEXT NOT NULL
+);
+
+CREATE TABLE outbox_consumers (
+    consumer  TEXT PRIMARY KEY NOT NULL,
+    acked_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+"#;

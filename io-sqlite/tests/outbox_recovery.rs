@@ -1,0 +1,198 @@
+//! The outbox (cursors, pruning, numbers never reused) and recovery ("Recovery replays the same
+//! idempotent target set": prepared cancel operations come back with their exact targets).
+
+mod support;
+
+use support::workload::{Mix, Stream};
+use tutti_core::input::{Command, NormalizedEvent};
+use tutti_core::model::{CancelState, Id, Target};
+use tutti_core::store::Store;
+use tutti_core::{Engine, Input, ProviderRequest};
+use tutti_sqlite::{SqliteError, SqliteStore};
+
+fn id(s: &str) -> Id {
+    Id::from(s)
+}
+
+#[test]
+fn outbox_cursors_prune_and_never_reuse_numbers() {
+    let (_dir, path) = support::temp_db();
+    let mut db = SqliteStore::open(&path).expect("open");
+    let mut s = Stream::new(11, Mix::ALL);
+    let mut assigned = Vec::new();
+    for _ in 0..50 {
+        assigned.extend(db.apply(&s.next_step().persist).expect("apply"));
+    }
+    let last = db.last_outbox_seq().expect("last");
+    assert_eq!(assigned, (1..=last).collect::<Vec<_>>(), "gap-free from 1");
+
+    assert_eq!(
+        db.prune_acked().expect("prune"),
+        0,
+        "no consumer, nothing pruned"
+    );
+    assert_eq!(db.consumer_cursor("sse").expect("cursor"), None);
+    db.ack("sse", 10).expect("ack");
+    db.ack("sse", 4).expect("ack backwards is a no-op");
+    assert_eq!(db.consumer_cursor("sse").expect("cursor"), Some(10));
+    db.ack("audit", 6).expect("ack");
+    assert_eq!(
+        db.prune_acked().expect("prune"),
+        6,
+        "acked by every consumer"
+    );
+    assert_eq!(db.outbox_after(0, 1).expect("read")[0].seq, 7);
+    let err = db.ack("sse", last + 1).expect_err("beyond the end");
+    assert!(matches!(err, SqliteError::AckBeyondEnd { .. }), "{err}");
+
+    // Everyone acks everything; prune all; numbering goes on after a reopen.
+    db.ack("sse", last).expect("ack");
+    db.ack("audit", last).expect("ack");
+    assert_eq!(db.prune_acked().expect("prune"), (last - 6) as usize);
+    assert!(db.outbox_after(0, 100).expect("read").is_empty());
+    drop(db);
+    let mut db = SqliteStore::open(&path).expect("reopen");
+    assert_eq!(db.last_outbox_seq().expect("last"), last);
+    let next = loop {
+        let seqs = db.apply(&s.next_step().persist).expect("apply");
+        if let Some(&first) = seqs.first() {
+            break first;
+        }
+    };
+    assert_eq!(next, last + 1, "pruning never makes a number come back");
+    assert!(db.forget_consumer("audit").expect("forget"));
+    assert!(!db.forget_consumer("audit").expect("forget again"));
+}
+
+/// A root cancel prepared before a crash comes back in `load_live_trees` with its exact target
+/// set, and the restored engine replays the same cancel request.
+#[test]
+fn a_prepared_cancel_comes_back_with_its_exact_targets() {
+    let (_dir, path) = support::temp_db();
+    let targets: Vec<Target>;
+    {
+        let mut db = SqliteStore::open(&path).expect("open");
+        let mut e = Engine::new();
+        let inputs: Vec<Input> = vec![
+            Command::CreateSession {
+                agent_session_id: id("r"),
+                workspace_id: id("w"),
+                provider: id("codex"),
+                title: None,
+                capabilities: None,
+            }
+            .into(),
+            Command::Submit {
+                agent_session_id: id("r"),
+                turn_id: id("t"),
+                text: "go".into(),
+            }
+            .into(),
+            NormalizedEvent::RootProviderTurnStarted {
+                agent_session_id: id("r"),
+                turn_id: None,
+                provider_turn_id: Some("p".into()),
+            }
+            .into(),
+            NormalizedEvent::ChildSessionCreated {
+                agent_session_id: id("c1"),
+                turn_id: id("ct1"),
+                parent_agent_session_id: id("r"),
+                parent_turn_id: id("t"),
+                parent_tool_call_id: None,
+                root_agent_session_id: id("r"),
+                root_turn_id: id("t"),
+                title: None,
+                provider_session_id: None,
+                provider_aliases: None,
+            }
+            .into(),
+            NormalizedEvent::ChildSessionCreated {
+                agent_session_id: id("c2"),
+                turn_id: id("ct2"),
+                parent_agent_session_id: id("c1"),
+                parent_turn_id: id("ct1"),
+                parent_tool_call_id: None,
+                root_agent_session_id: id("r"),
+                root_turn_id: id("t"),
+                title: None,
+                provider_session_id: None,
+                provider_aliases: None,
+            }
+            .into(),
+            Command::CancelTurn {
+                operation_id: id("op"),
+                agent_session_id: id("r"),
+                turn_id: id("t"),
+            }
+            .into(),
+        ];
+        let mut last = None;
+        for (n, i) in inputs.iter().enumerate() {
+            let step = e.handle(n as i64 + 1, i).expect("accepted");
+            db.apply(&step.persist).expect("apply");
+            last = Some(step);
+        }
+        targets = match last.and_then(|s| s.provider.into_iter().next()) {
+            Some(ProviderRequest::Cancel { targets, .. }) => targets,
+            other => panic!("want a cancel request, got {other:?}"),
+        };
+        assert_eq!(targets.len(), 3);
+        // Another, settled tree that must not come back as live.
+        let step = e
+            .handle(
+                10,
+                &Command::CreateSession {
+                    agent_session_id: id("quiet"),
+                    workspace_id: id("w"),
+                    provider: id("codex"),
+                    title: None,
+                    capabilities: None,
+                }
+                .into(),
+            )
+            .expect("create");
+        db.apply(&step.persist).expect("apply");
+    }
+    let db = SqliteStore::open(&path).expect("reopen after the crash");
+    let live = db.load_live_trees().expect("live");
+    assert_eq!(live.len(), 1, "only the tree with work in flight");
+    let op = &live[0].cancel_operations[0];
+    assert_eq!(op.state, CancelState::Prepared);
+    assert_eq!(op.targets, targets, "the exact recorded target set");
+
+    let mut e = Engine::new();
+    for t in live {
+        e.restore(t).expect("restore");
+    }
+    let prepared = e.prepared_cancels();
+    assert_eq!(prepared.len(), 1);
+    assert_eq!(prepared[0].targets, targets);
+
+    // On-demand loading of an evicted tree from any of its sessions.
+    assert_eq!(db.root_of("c2").expect("root_of"), Some(id("r")));
+    assert_eq!(db.root_of("quiet").expect("root_of"), Some(id("quiet")));
+    assert_eq!(db.root_of("nobody").expect("root_of"), None);
+    assert_eq!(
+        db.root_of_cancel_operation("op").expect("root_of"),
+        Some(id("r"))
+    );
+    let quiet = db.load_tree("quiet").expect("load").expect("tree");
+    assert_eq!(quiet.sessions.len(), 1);
+    assert_eq!(db.load_tree("c2").expect("load"), None, "not a root");
+    assert_eq!(db.snapshot_all().expect("all").len(), 2);
+    let detail = db.session_detail("r").expect("detail").expect("exists");
+    let kids: Vec<&str> = detail.child_sessions.iter().map(|s| &*s.id).collect();
+    assert_eq!(kids, vec!["c1", "c2"], "flat, parents before children");
+}
+
+#[test]
+fn a_bad_cursor_is_a_typed_error() {
+    let (_dir, path) = support::temp_db();
+    let db = SqliteStore::open(&path).expect("open");
+    for c in ["", "nocolon", "x:y"] {
+        let err = db.roots("w", 10, Some(c)).expect_err("bad cursor");
+        assert!(matches!(err, SqliteError::BadCursor(_)), "{err}");
+    }
+    assert_eq!(db.roots("w", 10, None).expect("empty"), (Vec::new(), None));
+}

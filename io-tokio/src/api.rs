@@ -1,0 +1,452 @@
+//! The HTTP API (JSON in camelCase) and the event stream (Server-Sent Events of outbox rows).
+//!
+//! Every `/v1` route needs `Authorization: Bearer <token>`. Errors are
+//! `{"error": {"code", "message"}}` with 400 (invalid), 401, 404 (not found), 409 (conflict).
+//! Bodies over [`MAX_BODY`] bytes and malformed JSON are refused before they reach the engine.
+
+use crate::clock::new_id;
+use crate::daemon::{Daemon, DaemonError};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tutti_core::model::Id;
+use tutti_core::store::Store;
+use tutti_core::{Command, Input, Reply};
+
+/// Largest accepted request body.
+pub const MAX_BODY: usize = 256 * 1024;
+/// Largest accepted message text.
+pub const MAX_TEXT: usize = 128 * 1024;
+
+#[derive(Clone)]
+struct AppState {
+    daemon: Daemon,
+    token: Arc<String>,
+}
+
+/// An API error.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    fn not_found(what: &str) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+    fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+impl From<DaemonError> for ApiError {
+    fn from(e: DaemonError) -> ApiError {
+        match e {
+            DaemonError::Rejected(r) => {
+                let status = match r.code() {
+                    "not_found" => StatusCode::NOT_FOUND,
+                    "invalid" => StatusCode::BAD_REQUEST,
+                    _ => StatusCode::CONFLICT,
+                };
+                ApiError::new(status, r.code(), r.to_string())
+            }
+            DaemonError::Storage(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+            DaemonError::Stopped => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "daemon stopping")
+            }
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> ApiError {
+        ApiError::invalid(format!("malformed request body: {}", e.body_text()))
+    }
+}
+
+/// Builds the router.
+pub fn router(daemon: Daemon, token: String) -> Router {
+    let state = AppState {
+        daemon,
+        token: Arc::new(token),
+    };
+    let v1 = Router::new()
+        .route("/v1/workspaces/{ws}/agent-sessions", post(create).get(list))
+        .route("/v1/workspaces/{ws}/agent-sessions/{id}", get(detail))
+        .route("/v1/workspaces/{ws}/agent-sessions/{id}", delete(remove))
+        .route("/v1/workspaces/{ws}/agent-sessions/{id}/messages", get(messages))
+        .route("/v1/workspaces/{ws}/agent-sessions/{id}/submit", post(submit))
+        .route(
+            "/v1/workspaces/{ws}/agent-sessions/{id}/turns/{turn}/cancel",
+            post(cancel),
+        )
+        .route(
+            "/v1/workspaces/{ws}/agent-sessions/{id}/turns/{turn}/interactions/{request}",
+            post(respond),
+        )
+        .route("/v1/events", get(events))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
+        .merge(v1)
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+async fn auth(State(s): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    let ok = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| constant_time_eq(t.as_bytes(), s.token.as_bytes()));
+    if !ok {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token")
+            .into_response();
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn check_id(what: &str, id: &str) -> Result<Id, ApiError> {
+    if id.is_empty() || id.len() > 200 || id.chars().any(|c| c.is_control()) {
+        return Err(ApiError::invalid(format!("invalid {what}")));
+    }
+    Ok(Id::from(id))
+}
+
+async fn read<T: Send + 'static>(
+    d: &Daemon,
+    f: impl FnOnce(&tutti_sqlite::SqliteStore) -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    let d = d.clone();
+    tokio::task::spawn_blocking(move || d.read(f))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(ApiError::from)
+}
+
+/// The session must exist and belong to the workspace.
+async fn session_in(d: &Daemon, ws: &str, id: &str) -> Result<tutti_core::model::Session, ApiError> {
+    let id = id.to_string();
+    let s = read(d, move |r| r.session(&id))
+        .await?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .ok_or_else(|| ApiError::not_found("session"))?;
+    if &*s.workspace_id != ws {
+        return Err(ApiError::not_found("session"));
+    }
+    Ok(s)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateBody {
+    provider: String,
+    #[serde(default)]
+    title: Option<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+async fn create(
+    State(s): State<AppState>,
+    Path(ws): Path<String>,
+    body: Result<Json<CreateBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(b) = body?;
+    let ws = check_id("workspace id", &ws)?;
+    let caps = s
+        .daemon
+        .providers()
+        .capabilities(&b.provider)
+        .ok_or_else(|| ApiError::invalid(format!("unknown provider (known: {})", s.daemon.providers().names().join(", "))))?;
+    if b.title.as_ref().is_some_and(|t| t.len() > 1000) {
+        return Err(ApiError::invalid("title too long"));
+    }
+    let id: Id = new_id("s").into();
+    if let Some(cwd) = b.cwd {
+        s.daemon.set_cwd(id.clone(), cwd);
+    }
+    s.daemon
+        .call(Input::Command(Command::CreateSession {
+            agent_session_id: id.clone(),
+            workspace_id: ws,
+            provider: b.provider.into(),
+            title: b.title,
+            capabilities: Some(caps),
+        }))
+        .await?;
+    let d = s.daemon.clone();
+    let session = read(&d, move |r| r.session(&id)).await?.ok().flatten();
+    Ok((StatusCode::CREATED, Json(json!({"session": session}))).into_response())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+async fn list(
+    State(s): State<AppState>,
+    Path(ws): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    let (sessions, next) = read(&s.daemon, move |r| r.roots(&ws, limit, q.cursor.as_deref()))
+        .await?
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    Ok(Json(json!({"sessions": sessions, "nextCursor": next})))
+}
+
+async fn detail(
+    State(s): State<AppState>,
+    Path((ws, id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    session_in(&s.daemon, &ws, &id).await?;
+    let d = read(&s.daemon, move |r| r.session_detail(&id))
+        .await?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .ok_or_else(|| ApiError::not_found("session"))?;
+    // Each session's turns ride along so a client can render phases without N more calls.
+    let ids: Vec<String> = std::iter::once(&d.session)
+        .chain(d.child_sessions.iter())
+        .filter_map(|s| s.last_turn_id.as_ref().map(|t| t.to_string()))
+        .collect();
+    let root = d
+        .session
+        .root_agent_session_id
+        .clone()
+        .unwrap_or_else(|| d.session.id.clone());
+    let members: std::collections::BTreeSet<Id> = std::iter::once(&d.session)
+        .chain(d.child_sessions.iter())
+        .map(|s| s.id.clone())
+        .collect();
+    let (turns, interactions) = read(&s.daemon, move |r| {
+        let turns: Vec<_> = ids.iter().filter_map(|t| r.turn(t).ok().flatten()).collect();
+        let interactions: Vec<_> = r
+            .load_tree(&root)
+            .ok()
+            .flatten()
+            .map(|t| t.interactions)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|i| members.contains(&i.agent_session_id))
+            .collect();
+        (turns, interactions)
+    })
+    .await?;
+    Ok(Json(json!({
+        "session": d.session,
+        "childSessions": d.child_sessions,
+        "turns": turns,
+        "interactions": interactions,
+    })))
+}
+
+#[derive(Deserialize)]
+struct MessagesQuery {
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn messages(
+    State(s): State<AppState>,
+    Path((ws, id)): Path<(String, String)>,
+    Query(q): Query<MessagesQuery>,
+) -> Result<Json<Value>, ApiError> {
+    session_in(&s.daemon, &ws, &id).await?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let msgs = read(&s.daemon, move |r| r.messages(&id, q.after, limit))
+        .await?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(Json(json!({"messages": msgs})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitBody {
+    text: String,
+}
+
+async fn submit(
+    State(s): State<AppState>,
+    Path((ws, id)): Path<(String, String)>,
+    body: Result<Json<SubmitBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body?;
+    if b.text.is_empty() || b.text.len() > MAX_TEXT {
+        return Err(ApiError::invalid("text must be 1..=131072 bytes"));
+    }
+    session_in(&s.daemon, &ws, &id).await?;
+    let step = s
+        .daemon
+        .call(Input::Command(Command::Submit {
+            agent_session_id: check_id("session id", &id)?,
+            turn_id: new_id("t").into(),
+            text: b.text,
+        }))
+        .await?;
+    let (reply, turn) = match step.reply {
+        Some(Reply::Started { turn_id }) => ("started", turn_id),
+        Some(Reply::Appended { turn_id }) => ("appended", turn_id),
+        Some(Reply::PendingUnsupported { turn_id }) => ("pendingUnsupported", turn_id),
+        _ => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+    };
+    Ok(Json(json!({"reply": reply, "turnId": turn})))
+}
+
+async fn cancel(
+    State(s): State<AppState>,
+    Path((ws, id, turn)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    session_in(&s.daemon, &ws, &id).await?;
+    let step = s
+        .daemon
+        .call(Input::Command(Command::CancelTurn {
+            operation_id: new_id("op").into(),
+            agent_session_id: check_id("session id", &id)?,
+            turn_id: check_id("turn id", &turn)?,
+        }))
+        .await?;
+    match step.reply {
+        Some(Reply::CancelAccepted { operation_id }) => {
+            Ok((StatusCode::ACCEPTED, Json(json!({"operationId": operation_id}))).into_response())
+        }
+        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RespondBody {
+    response: Value,
+}
+
+async fn respond(
+    State(s): State<AppState>,
+    Path((ws, id, turn, request)): Path<(String, String, String, String)>,
+    body: Result<Json<RespondBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body?;
+    session_in(&s.daemon, &ws, &id).await?;
+    s.daemon
+        .call(Input::Command(Command::RespondInteraction {
+            agent_session_id: check_id("session id", &id)?,
+            turn_id: check_id("turn id", &turn)?,
+            request_id: check_id("request id", &request)?,
+            response: b.response,
+        }))
+        .await?;
+    Ok(Json(json!({"ok": true})))
+}
+
+async fn remove(
+    State(s): State<AppState>,
+    Path((ws, id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    session_in(&s.daemon, &ws, &id).await?;
+    let step = s
+        .daemon
+        .call(Input::Command(Command::DeleteSession {
+            agent_session_id: check_id("session id", &id)?,
+        }))
+        .await?;
+    let n = match step.reply {
+        Some(Reply::Deleted { sessions }) => sessions,
+        _ => 0,
+    };
+    Ok(Json(json!({"deletedSessions": n})))
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    after: Option<u64>,
+}
+
+/// `GET /v1/events`: outbox rows as SSE; `id:` is the outbox sequence; resume with
+/// `Last-Event-ID` or `?after=`. Each client reads the outbox at its own pace from the database,
+/// so a slow client never blocks the engine.
+async fn events(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let header_after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let mut cursor = header_after.or(q.after).unwrap_or(0);
+    let daemon = s.daemon.clone();
+    let mut watch = daemon.outbox_watch();
+    let stream = async_stream(move |tx| async move {
+        loop {
+            let d = daemon.clone();
+            let after = cursor;
+            let rows = match read(&d, move |r| r.outbox_after(after, 256)).await {
+                Ok(Ok(rows)) => rows,
+                _ => return,
+            };
+            if rows.is_empty() {
+                if watch.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            for row in rows {
+                cursor = row.seq;
+                let data = serde_json::to_string(&row).unwrap_or_default();
+                let ev = Event::default().id(row.seq.to_string()).event(row.kind.clone()).data(data);
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// A small channel-backed stream (avoids a dependency on async-stream).
+fn async_stream<T, F, Fut>(f: F) -> impl Stream<Item = T>
+where
+    T: Send + 'static,
+    F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(f(tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

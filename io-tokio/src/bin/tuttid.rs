@@ -1,0 +1,5 @@
+//! `tuttid`: the reference daemon (see `tutti_tokio::tuttid`).
+
+fn main() {
+    tutti_tokio::tuttid::main()
+}

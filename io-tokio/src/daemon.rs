@@ -1,0 +1,419 @@
+//! The daemon core: one engine thread that owns the [`Engine`] and the SQLite writer, carries out
+//! every [`Step`] (commit first, then provider requests, timers, outbox publication, reply), and
+//! a runtime manager with one provider runtime per root session.
+//!
+//! Inputs that arrive together are decided one after another and group-committed in one
+//! transaction. If a commit fails, the trees involved are evicted and reloaded from the file
+//! (crash-only), and the inputs whose steps did not land get an error.
+
+use crate::clock::now_ms;
+use crate::runtime::{start_runtime, RuntimeHandle, Transport};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, error, info, warn};
+use tutti_core::adapters::Adapter;
+use tutti_core::model::{Capabilities, Id};
+use tutti_core::store::Store;
+use tutti_core::{Engine, EngineConfig, Input, ProviderRequest, Rejected, RuntimeAnswer, Step};
+use tutti_sqlite::SqliteStore;
+
+/// Starts provider runtimes for root sessions.
+pub trait ProviderFactory: Send + Sync {
+    /// The capabilities of a known provider name, or `None` if the name is unknown.
+    fn capabilities(&self, provider: &str) -> Option<Capabilities>;
+    /// Starts the provider process of one root session and its adapter.
+    fn launch(
+        &self,
+        provider: &str,
+        root: &Id,
+        cwd: Option<&str>,
+    ) -> Result<(Box<dyn Adapter>, Transport), String>;
+    /// Names of the known providers.
+    fn names(&self) -> Vec<String>;
+}
+
+/// Why a daemon call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DaemonError {
+    /// The engine refused the input (nothing changed).
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    /// The step could not be committed (nothing changed); retry.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// The daemon is shutting down.
+    #[error("the daemon is not running")]
+    Stopped,
+}
+
+enum Msg {
+    Input(Input, Option<oneshot::Sender<Result<Step, DaemonError>>>),
+    SetCwd(Id, String),
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// A handle to a running daemon core (cheap to clone).
+#[derive(Clone)]
+pub struct Daemon {
+    tx: mpsc::UnboundedSender<Msg>,
+    reader: Arc<Mutex<SqliteStore>>,
+    outbox: watch::Receiver<u64>,
+    providers: Arc<dyn ProviderFactory>,
+    db: PathBuf,
+}
+
+/// Options of the daemon core.
+pub struct DaemonOptions {
+    /// Database file.
+    pub db: PathBuf,
+    /// Provider runtimes.
+    pub providers: Arc<dyn ProviderFactory>,
+    /// Engine settings.
+    pub engine: EngineConfig,
+}
+
+impl Daemon {
+    /// Opens the database, restores live trees, settles the turns whose provider process no
+    /// longer exists (they cannot survive a daemon restart), and starts the engine thread.
+    pub fn start(opts: DaemonOptions) -> Result<Daemon, String> {
+        let mut store = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
+        let reader = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
+        let mut engine = Engine::with_config(opts.engine);
+        let live = store.load_live_trees().map_err(|e| e.to_string())?;
+        let mut recovered = Vec::new();
+        for t in live {
+            let root = t.root().map(|r| r.id.clone());
+            if let Err(e) = engine.restore(t) {
+                warn!(error = %e, "a stored tree could not be restored");
+                continue;
+            }
+            if let Some(r) = root {
+                recovered.push(r);
+            }
+        }
+        let now = now_ms();
+        for root in &recovered {
+            // The provider processes died with the previous daemon: prepared cancels replay as
+            // unconfirmed, and every active turn settles interrupted, in one step per tree.
+            let input = Input::Runtime(RuntimeAnswer::ProviderExited {
+                root_agent_session_id: root.clone(),
+                error: "the daemon restarted; the provider process is gone".into(),
+            });
+            match engine.handle(now, &input) {
+                Ok(step) => {
+                    if let Err(e) = store.apply(&step.persist) {
+                        return Err(format!("recovery commit failed: {e}"));
+                    }
+                }
+                Err(e) => warn!(root = %root, error = %e, "recovery step rejected"),
+            }
+        }
+        info!(trees = recovered.len(), "recovered live trees");
+        let last_seq = store
+            .outbox_after(0, usize::MAX)
+            .map(|v| v.last().map_or(0, |r| r.seq))
+            .unwrap_or(0);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (seq_tx, seq_rx) = watch::channel(last_seq);
+        let rt = tokio::runtime::Handle::current();
+        let core = Core {
+            engine,
+            store,
+            rx,
+            tx: tx.clone(),
+            seq: seq_tx,
+            runtimes: BTreeMap::new(),
+            cwd: BTreeMap::new(),
+            providers: opts.providers.clone(),
+        };
+        std::thread::Builder::new()
+            .name("tutti-engine".into())
+            .spawn(move || {
+                let _guard = rt.enter();
+                core.run();
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(Daemon {
+            tx,
+            reader: Arc::new(Mutex::new(reader)),
+            outbox: seq_rx,
+            providers: opts.providers,
+            db: opts.db,
+        })
+    }
+
+    /// Feeds one input and waits for its step (committed) or rejection.
+    pub async fn call(&self, input: Input) -> Result<Step, DaemonError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Input(input, Some(tx)))
+            .map_err(|_| DaemonError::Stopped)?;
+        rx.await.map_err(|_| DaemonError::Stopped)?
+    }
+
+    /// Remembers the working directory of a root session's provider.
+    pub fn set_cwd(&self, root: Id, cwd: String) {
+        let _ = self.tx.send(Msg::SetCwd(root, cwd));
+    }
+
+    /// Runs a read against the read connection (blocking; call from `spawn_blocking`).
+    pub fn read<T>(&self, f: impl FnOnce(&SqliteStore) -> T) -> Result<T, DaemonError> {
+        let guard = self
+            .reader
+            .lock()
+            .map_err(|_| DaemonError::Storage("reader poisoned".into()))?;
+        Ok(f(&guard))
+    }
+
+    /// The newest published outbox sequence number (changes when new rows are committed).
+    pub fn outbox_watch(&self) -> watch::Receiver<u64> {
+        self.outbox.clone()
+    }
+
+    /// Provider runtimes.
+    pub fn providers(&self) -> &Arc<dyn ProviderFactory> {
+        &self.providers
+    }
+
+    /// The database file.
+    pub fn db(&self) -> &PathBuf {
+        &self.db
+    }
+
+    /// Stops the engine thread (after the inputs already queued).
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Shutdown(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+struct Core {
+    engine: Engine,
+    store: SqliteStore,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    tx: mpsc::UnboundedSender<Msg>,
+    seq: watch::Sender<u64>,
+    runtimes: BTreeMap<Id, RuntimeHandle>,
+    cwd: BTreeMap<Id, String>,
+    providers: Arc<dyn ProviderFactory>,
+}
+
+type Reply = Option<oneshot::Sender<Result<Step, DaemonError>>>;
+
+const GROUP: usize = 256;
+
+impl Core {
+    fn run(mut self) {
+        while let Some(first) = self.rx.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < GROUP {
+                match self.rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            let now = now_ms();
+            let mut decided: Vec<(Step, Reply)> = Vec::new();
+            let mut shutdown = None;
+            for m in batch {
+                match m {
+                    Msg::SetCwd(root, cwd) => {
+                        self.cwd.insert(root, cwd);
+                    }
+                    Msg::Shutdown(done) => shutdown = Some(done),
+                    Msg::Input(input, reply) => match self.decide(now, &input) {
+                        Ok(step) => decided.push((step, reply)),
+                        Err(e) => {
+                            debug!(kind = input.kind(), error = %e, "input rejected");
+                            if let Some(r) = reply {
+                                let _ = r.send(Err(e.into()));
+                            }
+                        }
+                    },
+                }
+            }
+            let committed = self.commit(decided);
+            for (step, reply) in committed {
+                self.effects(now, &step);
+                if let Some(r) = reply {
+                    let _ = r.send(Ok(step));
+                }
+            }
+            if let Some(done) = shutdown {
+                self.runtimes.clear();
+                let _ = done.send(());
+                return;
+            }
+        }
+    }
+
+    /// Handles one input, loading an evicted tree on demand.
+    fn decide(&mut self, now: i64, input: &Input) -> Result<Step, Rejected> {
+        match self.engine.handle(now, input) {
+            Err(Rejected::UnknownSession(id)) => {
+                if self.load_tree_of(&id) {
+                    self.engine.handle(now, input)
+                } else {
+                    Err(Rejected::UnknownSession(id))
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn load_tree_of(&mut self, session: &str) -> bool {
+        let root = match self.store.root_of(session) {
+            Ok(Some(r)) => r,
+            _ => return false,
+        };
+        if self.engine.root_of(&root).is_some() {
+            return false;
+        }
+        match self.store.load_tree(&root) {
+            Ok(Some(t)) => self.engine.restore(t).is_ok(),
+            _ => false,
+        }
+    }
+
+    fn commit(&mut self, decided: Vec<(Step, Reply)>) -> Vec<(Step, Reply)> {
+        let batches: Vec<_> = decided
+            .iter()
+            .filter(|(s, _)| !s.persist.is_empty())
+            .map(|(s, _)| s.persist.clone())
+            .collect();
+        if batches.is_empty() {
+            return decided;
+        }
+        match self.store.apply_many(&batches) {
+            Ok(seqs) => {
+                if let Some(max) = seqs.iter().flatten().max() {
+                    self.seq.send_replace(*max);
+                }
+                decided
+            }
+            Err(e) => {
+                warn!(error = %e, steps = batches.len(), "group commit failed; retrying one by one");
+                let mut ok = Vec::new();
+                for (step, reply) in decided {
+                    if step.persist.is_empty() {
+                        ok.push((step, reply));
+                        continue;
+                    }
+                    match self.store.apply(&step.persist) {
+                        Ok(seqs) => {
+                            if let Some(max) = seqs.iter().max() {
+                                self.seq.send_replace(*max);
+                            }
+                            ok.push((step, reply));
+                        }
+                        Err(e) => {
+                            error!(error = %e, "step not committed; reloading its tree");
+                            if let Some(root) = &step.persist.root_agent_session_id {
+                                self.engine.evict(root);
+                                if let Ok(Some(t)) = self.store.load_tree(root) {
+                                    let _ = self.engine.restore(t);
+                                }
+                            }
+                            if let Some(r) = reply {
+                                let _ = r.send(Err(DaemonError::Storage(e.to_string())));
+                            }
+                        }
+                    }
+                }
+                ok
+            }
+        }
+    }
+
+    fn effects(&mut self, now: i64, step: &Step) {
+        for req in &step.provider {
+            self.dispatch(req.clone());
+        }
+        for t in &step.timers {
+            let tx = self.tx.clone();
+            let timer = t.timer.clone();
+            let wait = (t.at - now).max(0) as u64;
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                let _ = tx.send(Msg::Input(
+                    Input::Runtime(RuntimeAnswer::TimerFired { timer }),
+                    None,
+                ));
+            });
+        }
+    }
+
+    fn dispatch(&mut self, req: ProviderRequest) {
+        let root = req.root_agent_session_id().clone();
+        let alive = self.runtimes.get(&root).is_some_and(|r| r.is_alive());
+        if !alive {
+            if matches!(req, ProviderRequest::Start { .. }) {
+                if let Err(e) = self.launch(&root) {
+                    error!(root = %root, error = %e, "provider could not be started");
+                    self.answer(RuntimeAnswer::ProviderExited {
+                        root_agent_session_id: root,
+                        error: format!("provider could not be started: {e}"),
+                    });
+                    return;
+                }
+            } else {
+                // No live provider runtime: nothing can confirm anything.
+                match &req {
+                    ProviderRequest::Cancel { operation_id, .. } => {
+                        self.answer(RuntimeAnswer::CancelFailed {
+                            operation_id: operation_id.clone(),
+                            error: "no live provider runtime".into(),
+                        })
+                    }
+                    ProviderRequest::Guide {
+                        agent_session_id,
+                        turn_id,
+                        ..
+                    } => self.answer(RuntimeAnswer::GuideFailed {
+                        agent_session_id: agent_session_id.clone(),
+                        turn_id: turn_id.clone(),
+                        error: "no live provider runtime".into(),
+                    }),
+                    _ => warn!(root = %root, "no live provider runtime for an interaction answer"),
+                }
+                return;
+            }
+        }
+        if let Some(r) = self.runtimes.get(&root) {
+            if !r.send(req) {
+                warn!(root = %root, "provider runtime is gone");
+            }
+        }
+    }
+
+    fn answer(&self, a: RuntimeAnswer) {
+        let _ = self.tx.send(Msg::Input(Input::Runtime(a), None));
+    }
+
+    fn launch(&mut self, root: &Id) -> Result<(), String> {
+        let provider = self
+            .engine
+            .session(root)
+            .map(|s| s.provider.to_string())
+            .ok_or("unknown root session")?;
+        let cwd = self.cwd.get(root).cloned();
+        let (adapter, transport) = self.providers.launch(&provider, root, cwd.as_deref())?;
+        let (to_daemon, mut from_runtime) = mpsc::unbounded_channel::<Input>();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            while let Some(i) = from_runtime.recv().await {
+                if tx.send(Msg::Input(i, None)).is_err() {
+                    return;
+                }
+            }
+        });
+        info!(root = %root, provider = %provider, "provider runtime started");
+        let handle = start_runtime(root.clone(), adapter, transport, to_daemon);
+        self.runtimes.insert(root.clone(), handle);
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! The provider registry: which adapter and which command line serve a provider name.
+//!
+//! Built-in names: `demo` (the bundled demo ACP agent with subagents) and `plain` (the bundled
+//! root-only ACP agent). The config file adds or overrides any name (kinds `acp`, `codex`,
+//! `claude`).
+
+use crate::config::{ConfigFile, ProviderConfig, ProviderKind};
+use crate::daemon::ProviderFactory;
+use crate::runtime::{spawn_line_process, ProcessSpec, Transport};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
+use tutti_core::adapters::Adapter;
+use tutti_core::model::{Capabilities, Id};
+
+/// Providers by name.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    providers: BTreeMap<String, ProviderConfig>,
+    cancel_timeout_ms: i64,
+}
+
+/// The command that runs a bundled agent (`demo-agent` or `plain-agent`): `tuttid <sub>` when this
+/// process is `tuttid`, else a sibling `tutti-demo-agent` / `tutti-plain-agent` binary (for tests).
+pub fn bundled_agent(sub: &str) -> Vec<String> {
+    let env = if sub == "demo-agent" {
+        "TUTTI_DEMO_AGENT"
+    } else {
+        "TUTTI_PLAIN_AGENT"
+    };
+    if let Ok(p) = std::env::var(env) {
+        return vec![p];
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("tuttid"));
+    let is_tuttid = exe
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("tuttid"));
+    if is_tuttid {
+        return vec![exe.to_string_lossy().into_owned(), sub.to_string()];
+    }
+    let name = format!("tutti-{sub}");
+    let mut dir = exe.parent().map(PathBuf::from);
+    while let Some(d) = dir {
+        let candidate = d.join(&name);
+        if candidate.exists() {
+            return vec![candidate.to_string_lossy().into_owned()];
+        }
+        let tuttid = d.join("tuttid");
+        if tuttid.exists() {
+            return vec![tuttid.to_string_lossy().into_owned(), sub.to_string()];
+        }
+        dir = d.parent().map(PathBuf::from);
+    }
+    vec![name]
+}
+
+impl Registry {
+    /// The built-in providers plus the config file's.
+    pub fn with_builtins(config: ConfigFile) -> Result<Registry, String> {
+        let mut providers = BTreeMap::new();
+        for (name, sub) in [("demo", "demo-agent"), ("plain", "plain-agent")] {
+            providers.insert(
+                name.to_string(),
+                ProviderConfig {
+                    kind: ProviderKind::Acp,
+                    command: bundled_agent(sub),
+                    env: BTreeMap::new(),
+                    guide_while_children_only: None,
+                    options: None,
+                },
+            );
+        }
+        for (name, p) in config.providers {
+            if p.command.is_empty() {
+                return Err(format!("provider {name}: empty command"));
+            }
+            providers.insert(name, p);
+        }
+        Ok(Registry {
+            providers,
+            cancel_timeout_ms: config.cancel_timeout_ms.unwrap_or(10_000),
+        })
+    }
+
+    /// Adds or replaces one provider.
+    pub fn insert(&mut self, name: &str, p: ProviderConfig) {
+        self.providers.insert(name.to_string(), p);
+    }
+
+    fn adapter(&self, p: &ProviderConfig, root: &Id, cwd: &str) -> Result<Box<dyn Adapter>, String> {
+        let options = p.options.clone().unwrap_or(serde_json::Value::Null);
+        Ok(match p.kind {
+            ProviderKind::Acp => Box::new(AcpAdapter::new(
+                root.clone(),
+                AcpConfig {
+                    cwd: cwd.to_string(),
+                    cancel_timeout_ms: self.cancel_timeout_ms,
+                },
+            )),
+            ProviderKind::Codex | ProviderKind::Claude => {
+                let _ = options;
+                return Err("WIRING-PENDING".into());
+            }
+        })
+    }
+}
+
+impl ProviderFactory for Registry {
+    fn capabilities(&self, provider: &str) -> Option<Capabilities> {
+        let p = self.providers.get(provider)?;
+        Some(Capabilities {
+            guide_while_children_only: p.guide_while_children_only.unwrap_or(true),
+        })
+    }
+
+    fn launch(
+        &self,
+        provider: &str,
+        root: &Id,
+        cwd: Option<&str>,
+    ) -> Result<(Box<dyn Adapter>, Transport), String> {
+        let p = self
+            .providers
+            .get(provider)
+            .ok_or_else(|| format!("unknown provider {provider}"))?;
+        let cwd = cwd
+            .map(String::from)
+            .or_else(|| std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "/".into());
+        let adapter = self.adapter(p, root, &cwd)?;
+        let transport = spawn_line_process(&ProcessSpec {
+            command: p.command.clone(),
+            env: p.env.clone(),
+            cwd: Some(cwd),
+        })
+        .map_err(|e| format!("cannot start {provider}: {e}"))?;
+        Ok((adapter, transport))
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.providers.keys().cloned().collect()
+    }
+}

@@ -1,0 +1,241 @@
+//! A real `tuttid` process for end-to-end tests: its own temp dir, SQLite file, token file and
+//! loopback port; a small blocking HTTP client; an SSE reader.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running daemon.
+pub struct TestDaemon {
+    child: Option<Child>,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// Bearer token.
+    pub token: String,
+    /// Temp dir holding the database, token and config.
+    pub dir: tempfile::TempDir,
+    exe: PathBuf,
+    env: Vec<(String, String)>,
+    config: Option<PathBuf>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl TestDaemon {
+    /// Starts `exe serve` with an optional TOML config and extra environment.
+    pub fn start(exe: &str, config_toml: Option<&str>, env: &[(&str, &str)]) -> TestDaemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = config_toml.map(|t| {
+            let p = dir.path().join("config.toml");
+            std::fs::write(&p, t).expect("write config");
+            p
+        });
+        let mut d = TestDaemon {
+            child: None,
+            addr: String::new(),
+            token: String::new(),
+            dir,
+            exe: PathBuf::from(exe),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            config,
+        };
+        d.spawn();
+        d
+    }
+
+    /// The database file.
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("tutti.db")
+    }
+
+    fn spawn(&mut self) {
+        self.addr = format!("127.0.0.1:{}", free_port());
+        let token_file = self.dir.path().join("token");
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("serve")
+            .arg("--db")
+            .arg(self.db())
+            .arg("--listen")
+            .arg(&self.addr)
+            .arg("--token-file")
+            .arg(&token_file)
+            .env("TUTTI_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("start tuttid"));
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = ureq::get(&format!("http://{}/healthz", self.addr)).call() {
+                if r.status() == 200 {
+                    break;
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "tuttid did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.token = std::fs::read_to_string(&token_file)
+            .expect("token file")
+            .trim()
+            .to_string();
+    }
+
+    /// SIGKILLs the daemon (its provider processes die with their pipes).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the daemon again on the same files.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// A request; returns (status, JSON body).
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let url = format!("http://{}{}", self.addr, path);
+        let req = ureq::request(method, &url)
+            .set("authorization", &format!("Bearer {}", self.token))
+            .timeout(Duration::from_secs(20));
+        let r = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match r {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    /// A raw request with a string body (for malformed-body tests).
+    pub fn raw(&self, method: &str, path: &str, body: &str, auth: bool) -> (u16, Value) {
+        let url = format!("http://{}{}", self.addr, path);
+        let mut req = ureq::request(method, &url).set("content-type", "application/json");
+        if auth {
+            req = req.set("authorization", &format!("Bearer {}", self.token));
+        }
+        match req.send_string(body) {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    /// `POST .../agent-sessions` in workspace `ws`; returns the session id.
+    pub fn create(&self, ws: &str, provider: &str) -> String {
+        let (st, v) = self.call(
+            "POST",
+            &format!("/v1/workspaces/{ws}/agent-sessions"),
+            Some(json!({"provider": provider, "title": "e2e"})),
+        );
+        assert_eq!(st, 201, "create: {v}");
+        v["session"]["id"].as_str().expect("session id").to_string()
+    }
+
+    /// Submits text; returns (reply, turnId).
+    pub fn submit(&self, ws: &str, id: &str, text: &str) -> (String, String) {
+        let (st, v) = self.call(
+            "POST",
+            &format!("/v1/workspaces/{ws}/agent-sessions/{id}/submit"),
+            Some(json!({ "text": text })),
+        );
+        assert_eq!(st, 200, "submit: {v}");
+        (
+            v["reply"].as_str().unwrap_or_default().to_string(),
+            v["turnId"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+
+    /// The session detail.
+    pub fn detail(&self, ws: &str, id: &str) -> Value {
+        let (st, v) = self.call("GET", &format!("/v1/workspaces/{ws}/agent-sessions/{id}"), None);
+        assert_eq!(st, 200, "detail: {v}");
+        v
+    }
+
+    /// Polls the detail until `pred` holds (panics with the last detail after `secs`).
+    pub fn wait_for(&self, ws: &str, id: &str, secs: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let d = self.detail(ws, id);
+            if pred(&d) {
+                return d;
+            }
+            if start.elapsed() > Duration::from_secs(secs) {
+                panic!("timed out waiting for {what}; last detail: {d:#}");
+            }
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    }
+
+    /// Reads SSE events from `after` until `n` events arrived or `secs` passed.
+    pub fn events(&self, after: Option<u64>, last_event_id: Option<u64>, n: usize, secs: u64) -> Vec<Value> {
+        let mut url = format!("http://{}/v1/events", self.addr);
+        if let Some(a) = after {
+            url.push_str(&format!("?after={a}"));
+        }
+        let mut req = ureq::get(&url)
+            .set("authorization", &format!("Bearer {}", self.token))
+            .timeout(Duration::from_secs(secs));
+        if let Some(l) = last_event_id {
+            req = req.set("last-event-id", &l.to_string());
+        }
+        let mut out = Vec::new();
+        let Ok(resp) = req.call() else {
+            return out;
+        };
+        let reader = BufReader::new(resp.into_reader());
+        for line in reader.lines() {
+            let Ok(line) = line else { break };
+            if let Some(data) = line.strip_prefix("data:") {
+                if let Ok(v) = serde_json::from_str::<Value>(data.trim()) {
+                    out.push(v);
+                    if out.len() >= n {
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The turn of `session` in a detail response (its latest turn).
+pub fn turn_of<'a>(detail: &'a Value, session: &str) -> Option<&'a Value> {
+    let sessions = std::iter::once(&detail["session"])
+        .chain(detail["childSessions"].as_array().into_iter().flatten());
+    let last = sessions
+        .into_iter()
+        .find(|s| s["id"] == session)?
+        .get("lastTurnId")?
+        .clone();
+    detail["turns"].as_array()?.iter().find(|t| t["id"] == last)
+}
+
+/// Every child session in a detail response.
+pub fn children(detail: &Value) -> Vec<Value> {
+    detail["childSessions"].as_array().cloned().unwrap_or_default()
+}

@@ -196,7 +196,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         Cmd::Snapshot { db } => {
             let store = tutti_sqlite::SqliteStore::open_with(
                 db,
-                tutti_sqlite::OpenOptions::new().create(false),
+                &tutti_sqlite::OpenOptions::new().create(false),
             )
             .map_err(|e| e.to_string())?;
             let snaps = store.snapshot_all().map_err(|e| e.to_string())?;

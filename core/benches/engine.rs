@@ -76,16 +76,17 @@ fn workload(children: usize, events: usize, seed: u64) -> (Engine, Vec<Input>) {
         let slot = rng.below(active.len());
         let c = active[slot];
         let (s, t) = (format!("c{c}"), format!("t{c}"));
-        match rng.below(10) {
-            0..=3 => {
+        // 60 % messages, 20 % tool calls, 5 % waits, 5 % starts, 10 % churn (terminal + new child).
+        match rng.below(20) {
+            0..=11 => {
                 msg += 1;
                 out.push(input(json!({"type":"messageAppended","agentSessionId":s,"turnId":t,
                     "messageId":format!("m{msg}"),"role":"assistant","text":"working on the delegated task, step by step"})));
             }
-            4 | 5 => out.push(input(json!({"type":"toolCallUpdated","agentSessionId":s,"turnId":t,
+            12..=15 => out.push(input(json!({"type":"toolCallUpdated","agentSessionId":s,"turnId":t,
                 "toolCallId":format!("x{}", rng.below(4)),"name":"shell","status": if rng.below(2) == 0 {"started"} else {"completed"}}))),
-            6 => out.push(input(json!({"type":"turnWaiting","agentSessionId":s,"turnId":t}))),
-            7 => out.push(input(json!({"type":"turnStarted","agentSessionId":s,"turnId":t}))),
+            16 => out.push(input(json!({"type":"turnWaiting","agentSessionId":s,"turnId":t}))),
+            17 => out.push(input(json!({"type":"turnStarted","agentSessionId":s,"turnId":t}))),
             _ => {
                 // Churn: one child ends, a new one starts; the active count stays the same.
                 out.push(input(json!({"type":"turnTerminal","agentSessionId":s,"turnId":t,"outcome":"completed"})));

@@ -9,7 +9,9 @@
 //! writing (same row count, same transaction sizes, same JSON payloads, pre-serialized) into the
 //! same tables with plain prepared upserts: no guards, no version checks, no serialization.
 //!
-//! Environment: `TUTTI_BENCH_EVENTS` (default 200000), `TUTTI_BENCH_GROUP` (default 128).
+//! Environment: `TUTTI_BENCH_EVENTS` (default 200000), `TUTTI_BENCH_GROUP` (default 128),
+//! `TUTTI_BENCH_TEXT` (message texts are 0..N bytes, default 600), `TUTTI_BENCH_DIR` (where the
+//! database files go; default the system temporary directory).
 
 #[path = "../tests/support/workload.rs"]
 mod workload;
@@ -296,9 +298,15 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
 
 fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Duration> {
     let mut conn = Connection::open(path)?;
+    if let Ok(extra) = std::env::var("TUTTI_SQLITE_PRE") {
+        conn.execute_batch(&extra)?;
+    }
     conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    if let Ok(extra) = std::env::var("TUTTI_SQLITE_PRAGMAS") {
+        conn.execute_batch(&extra)?;
+    }
     conn.execute_batch(&tutti_sqlite::schema::ddl())?;
     conn.set_prepared_statement_cache_capacity(64);
     let t = Instant::now();
@@ -329,7 +337,8 @@ fn main() {
     let events = env("TUTTI_BENCH_EVENTS", 200_000);
     let group = env("TUTTI_BENCH_GROUP", 128).max(1);
     let t = Instant::now();
-    let mut stream = Stream::new(42, Mix::BENCH);
+    let mut stream = Stream::windowed(42, Mix::BENCH, 16);
+    stream.driver.text_max = env("TUTTI_BENCH_TEXT", 600).clamp(1, 60_000) as u16;
     let batches: Vec<PersistBatch> = (0..events).map(|_| stream.next_step().persist).collect();
     let rows: usize = batches.iter().map(|b| b.rows.len()).sum();
     let guards: usize = batches.iter().map(|b| b.guards.len()).sum();
@@ -359,7 +368,10 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    let dir = match tempfile::tempdir() {
+    let dir = match std::env::var_os("TUTTI_BENCH_DIR")
+        .map(tempfile::tempdir_in)
+        .unwrap_or_else(tempfile::tempdir)
+    {
         Ok(d) => d,
         Err(e) => {
             eprintln!("no temporary directory: {e}");

@@ -10,6 +10,8 @@ use crate::runtime::{spawn_line_process, ProcessSpec, Transport};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
+use tutti_core::adapters::claude::{ClaudeAdapter, ClaudeConfig};
+use tutti_core::adapters::codex::{CodexAdapter, CodexConfig};
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
 
@@ -98,9 +100,39 @@ impl Registry {
                     cancel_timeout_ms: self.cancel_timeout_ms,
                 },
             )),
-            ProviderKind::Codex | ProviderKind::Claude => {
-                let _ = options;
-                return Err("WIRING-PENDING".into());
+            ProviderKind::Codex => {
+                let mut cfg = CodexConfig {
+                    cwd: Some(cwd.to_string()),
+                    cancel_timeout_ms: self.cancel_timeout_ms,
+                    ..CodexConfig::default()
+                };
+                if let Some(policy) = options.get("approvalPolicy").and_then(|v| v.as_str()) {
+                    cfg.approval_policy = Some(policy.to_string());
+                }
+                if let Some(sandbox) = options.get("sandbox").and_then(|v| v.as_str()) {
+                    cfg.sandbox = Some(sandbox.to_string());
+                }
+                if let Some(c) = options.get("config").and_then(|v| v.as_object()) {
+                    cfg.config = c.clone();
+                }
+                Box::new(CodexAdapter::new(root.clone(), cfg))
+            }
+            ProviderKind::Claude => {
+                let mut cfg = ClaudeConfig::default();
+                if let Some(o) = options.get("query").cloned() {
+                    cfg.options = o;
+                }
+                if let Some(ms) = options.get("continuationTimeoutMs").and_then(|v| v.as_i64()) {
+                    cfg.continuation_timeout_ms = ms;
+                }
+                cfg.cancel_timeout_ms = self.cancel_timeout_ms;
+                if !cfg.options.is_object() {
+                    cfg.options = serde_json::json!({});
+                }
+                if let Some(obj) = cfg.options.as_object_mut() {
+                    obj.entry("cwd").or_insert_with(|| serde_json::json!(cwd));
+                }
+                Box::new(ClaudeAdapter::new(root.clone(), cfg))
             }
         })
     }

@@ -125,7 +125,7 @@ impl Mix {
     ]);
     /// A busy daemon: mostly transcript, with sessions, children and terminals.
     pub const BENCH: Mix = Mix([
-        1, 3, 3, 3, 4, 1, 4, 1, 4, 40, 6, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 1,
+        1, 4, 4, 4, 4, 1, 4, 1, 4, 40, 6, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 1,
     ]);
 }
 
@@ -260,6 +260,14 @@ pub struct Driver {
     pub interactions: Vec<(Id, Id, Id)>,
     /// Cancel operation ids recorded.
     pub ops: Vec<Id>,
+    /// When non-zero, message texts are at most this long (benchmark knob).
+    pub text_max: u16,
+    /// With `window > 0`, ops act only on the newest `window` root trees (a daemon's working
+    /// set); 0 means every tree ever created.
+    pub window: usize,
+    /// Per root (same index as `roots`): its sessions, and its child sessions.
+    trees: Vec<(Vec<Id>, Vec<Id>)>,
+    root_index: std::collections::HashMap<Id, usize>,
     /// Ids recorded in the lists above (children and operations), for de-duplication.
     known: std::collections::HashSet<Id>,
     /// Inputs accepted / rejected.
@@ -272,6 +280,56 @@ impl Driver {
         Driver {
             now: 1_700_000_000_000,
             ..Driver::default()
+        }
+    }
+
+    /// A driver whose ops act on the newest `window` trees only.
+    pub fn windowed(window: usize) -> Driver {
+        Driver {
+            window,
+            ..Driver::new()
+        }
+    }
+
+    /// Which tree an index picks, in windowed mode.
+    fn window_tree(&self, i: u16) -> Option<usize> {
+        let n = self.roots.len();
+        if n == 0 {
+            return None;
+        }
+        let w = self.window.min(n);
+        Some(n - 1 - usize::from(i) % w)
+    }
+
+    fn pick_root(&self, i: u16) -> Option<&Id> {
+        if self.window == 0 {
+            return pick(&self.roots, i);
+        }
+        self.roots.get(self.window_tree(i)?)
+    }
+
+    fn pick_session(&self, i: u16) -> Option<&Id> {
+        if self.window == 0 {
+            return pick(&self.sessions, i);
+        }
+        let t = &self.trees.get(self.window_tree(i)?)?.0;
+        pick(t, i / self.window.max(1) as u16)
+    }
+
+    fn pick_child(&self, i: u16) -> Option<&Id> {
+        if self.window == 0 {
+            return pick(&self.children, i);
+        }
+        let t = &self.trees.get(self.window_tree(i)?)?.1;
+        pick(t, i / self.window.max(1) as u16)
+    }
+
+    /// The ids an index may pick: all, or the newest ones in windowed mode.
+    fn recent<'a, T>(&self, v: &'a [T]) -> &'a [T] {
+        if self.window == 0 {
+            v
+        } else {
+            &v[v.len().saturating_sub(4 * self.window)..]
         }
     }
 
@@ -309,7 +367,7 @@ impl Driver {
             }
             .into(),
             Op::Submit { root } => {
-                let root = pick(&self.roots, *root)?.clone();
+                let root = self.pick_root(*root)?.clone();
                 let turn_id = self.fresh("turn-");
                 Command::Submit {
                     agent_session_id: root,
@@ -319,7 +377,7 @@ impl Driver {
                 .into()
             }
             Op::ProviderStarted { root } => {
-                let root = pick(&self.roots, *root)?.clone();
+                let root = self.pick_root(*root)?.clone();
                 let p = self.fresh("p-");
                 NormalizedEvent::RootProviderTurnStarted {
                     agent_session_id: root.clone(),
@@ -329,7 +387,7 @@ impl Driver {
                 .into()
             }
             Op::ProviderCompleted { root, outcome: o } => {
-                let root = pick(&self.roots, *root)?.clone();
+                let root = self.pick_root(*root)?.clone();
                 let s = engine.session(&root)?;
                 let turn = s.active_turn_id.clone()?;
                 let provider_turn_id = engine
@@ -349,7 +407,7 @@ impl Driver {
                 .into()
             }
             Op::ChildCreated { parent } => {
-                let parent = pick(&self.sessions, *parent)?.clone();
+                let parent = self.pick_session(*parent)?.clone();
                 let ps = engine.session(&parent)?;
                 let (root, root_turn, parent_turn) = if ps.is_child() {
                     (
@@ -382,7 +440,7 @@ impl Driver {
                 .into()
             }
             Op::ChildUpdated { child } => {
-                let child = pick(&self.children, *child)?.clone();
+                let child = self.pick_child(*child)?.clone();
                 let n = self.fresh("");
                 NormalizedEvent::ChildSessionUpdated {
                     agent_session_id: child,
@@ -396,7 +454,7 @@ impl Driver {
                 .into()
             }
             Op::TurnStarted { child } => {
-                let child = pick(&self.children, *child)?.clone();
+                let child = self.pick_child(*child)?.clone();
                 let turn = match Self::active_turn(engine, &child) {
                     Some(t) => t,
                     None => self.fresh("gturn-"),
@@ -410,7 +468,7 @@ impl Driver {
                 .into()
             }
             Op::TurnWaiting { child } => {
-                let child = pick(&self.children, *child)?.clone();
+                let child = self.pick_child(*child)?.clone();
                 let turn = Self::active_turn(engine, &child)?;
                 NormalizedEvent::TurnWaiting {
                     agent_session_id: child,
@@ -419,7 +477,7 @@ impl Driver {
                 .into()
             }
             Op::TurnTerminal { child, outcome: o } => {
-                let child = pick(&self.children, *child)?.clone();
+                let child = self.pick_child(*child)?.clone();
                 let turn = Self::last_turn(engine, &child)?;
                 let outcome = outcome(*o);
                 NormalizedEvent::TurnTerminal {
@@ -431,7 +489,7 @@ impl Driver {
                 .into()
             }
             Op::Message { session, len } => {
-                let session = pick(&self.sessions, *session)?.clone();
+                let session = self.pick_session(*session)?.clone();
                 let turn = Self::last_turn(engine, &session)?;
                 let id = self.fresh("msg-");
                 NormalizedEvent::MessageAppended {
@@ -439,12 +497,19 @@ impl Driver {
                     turn_id: turn,
                     message_id: id,
                     role: if len % 3 == 0 { "user" } else { "assistant" }.to_string(),
-                    text: text(usize::from(*len), self.counter),
+                    text: text(
+                        usize::from(if self.text_max > 0 {
+                            *len % self.text_max
+                        } else {
+                            *len
+                        }),
+                        self.counter,
+                    ),
                 }
                 .into()
             }
             Op::ToolCall { session, call } => {
-                let session = pick(&self.sessions, *session)?.clone();
+                let session = self.pick_session(*session)?.clone();
                 let turn = Self::last_turn(engine, &session)?;
                 let n = self.tick();
                 NormalizedEvent::ToolCallUpdated {
@@ -464,7 +529,7 @@ impl Driver {
                 .into()
             }
             Op::InteractionRequested { session } => {
-                let session = pick(&self.sessions, *session)?.clone();
+                let session = self.pick_session(*session)?.clone();
                 let turn = Self::active_turn(engine, &session)?;
                 let req = self.fresh("req-");
                 NormalizedEvent::InteractionRequested {
@@ -478,7 +543,7 @@ impl Driver {
                 .into()
             }
             Op::InteractionResolved { interaction } => {
-                let (s, t, r) = pick(&self.interactions, *interaction)?.clone();
+                let (s, t, r) = pick(self.recent(&self.interactions), *interaction)?.clone();
                 NormalizedEvent::InteractionResolved {
                     agent_session_id: s,
                     turn_id: t,
@@ -491,7 +556,7 @@ impl Driver {
                 interaction,
                 with_response,
             } => {
-                let (s, t, r) = pick(&self.interactions, *interaction)?.clone();
+                let (s, t, r) = pick(self.recent(&self.interactions), *interaction)?.clone();
                 Command::RespondInteraction {
                     agent_session_id: s,
                     turn_id: t,
@@ -506,7 +571,7 @@ impl Driver {
                 .into()
             }
             Op::Cancel { session } => {
-                let session = pick(&self.sessions, *session)?.clone();
+                let session = self.pick_session(*session)?.clone();
                 let turn = Self::active_turn(engine, &session)?;
                 let op = self.fresh("cancel-");
                 Command::CancelTurn {
@@ -517,7 +582,7 @@ impl Driver {
                 .into()
             }
             Op::CancelResult { op, mask } => {
-                let op = pick(&self.ops, *op)?.clone();
+                let op = pick(self.recent(&self.ops), *op)?.clone();
                 let o = engine.cancel_operation(&op)?;
                 let acked: Vec<Target> = o
                     .targets
@@ -533,18 +598,18 @@ impl Driver {
                 .into()
             }
             Op::CancelFailed { op } => RuntimeAnswer::CancelFailed {
-                operation_id: pick(&self.ops, *op)?.clone(),
+                operation_id: pick(self.recent(&self.ops), *op)?.clone(),
                 error: "transport closed".to_string(),
             }
             .into(),
             Op::CancelDeadline { op } => RuntimeAnswer::TimerFired {
                 timer: TimerId::CancelDeadline {
-                    operation_id: pick(&self.ops, *op)?.clone(),
+                    operation_id: pick(self.recent(&self.ops), *op)?.clone(),
                 },
             }
             .into(),
             Op::Metadata { session, null_goal } => {
-                let session = pick(&self.sessions, *session)?.clone();
+                let session = self.pick_session(*session)?.clone();
                 let n = self.tick();
                 NormalizedEvent::SessionMetadataUpdated {
                     agent_session_id: session,
@@ -559,7 +624,7 @@ impl Driver {
                 .into()
             }
             Op::GuideFailed { root } => {
-                let root = pick(&self.roots, *root)?.clone();
+                let root = self.pick_root(*root)?.clone();
                 let turn = Self::active_turn(engine, &root)?;
                 RuntimeAnswer::GuideFailed {
                     agent_session_id: root,
@@ -569,12 +634,12 @@ impl Driver {
                 .into()
             }
             Op::ProviderExited { root } => RuntimeAnswer::ProviderExited {
-                root_agent_session_id: pick(&self.roots, *root)?.clone(),
+                root_agent_session_id: self.pick_root(*root)?.clone(),
                 error: "exit status 1".to_string(),
             }
             .into(),
             Op::Delete { session } => Command::DeleteSession {
-                agent_session_id: pick(&self.sessions, *session)?.clone(),
+                agent_session_id: self.pick_session(*session)?.clone(),
             }
             .into(),
         };
@@ -603,14 +668,28 @@ impl Driver {
             Input::Command(Command::CreateSession {
                 agent_session_id, ..
             }) => {
+                self.root_index
+                    .insert(agent_session_id.clone(), self.roots.len());
+                self.trees
+                    .push((vec![agent_session_id.clone()], Vec::new()));
                 self.roots.push(agent_session_id.clone());
                 self.sessions.push(agent_session_id.clone());
             }
             Input::Event(NormalizedEvent::ChildSessionCreated {
-                agent_session_id, ..
+                agent_session_id,
+                root_agent_session_id,
+                ..
             }) if self.known.insert(agent_session_id.clone()) => {
                 self.children.push(agent_session_id.clone());
                 self.sessions.push(agent_session_id.clone());
+                if let Some(t) = self
+                    .root_index
+                    .get(root_agent_session_id)
+                    .and_then(|&i| self.trees.get_mut(i))
+                {
+                    t.0.push(agent_session_id.clone());
+                    t.1.push(agent_session_id.clone());
+                }
             }
             Input::Event(NormalizedEvent::InteractionRequested {
                 agent_session_id,
@@ -648,6 +727,14 @@ impl Stream {
             mix,
             engine: Engine::new(),
             driver: Driver::new(),
+        }
+    }
+
+    /// A stream whose ops act on the newest `window` trees: a daemon's working set.
+    pub fn windowed(seed: u64, mix: Mix, window: usize) -> Stream {
+        Stream {
+            driver: Driver::windowed(window),
+            ..Stream::new(seed, mix)
         }
     }
 

@@ -205,7 +205,8 @@ fn run(cli: &Cli) -> Result<(), String> {
         Cmd::ReplayNative { provider, file } => {
             let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
             let out = match provider.as_str() {
-                "codex" | "claude" => return Err(format!("WIRING-PENDING {}", text.len())),
+                "codex" => serde_json::to_value(tutti_core::adapters::codex::replay_transcript(&text)?),
+                "claude" => serde_json::to_value(tutti_core::adapters::claude::replay_transcript(&text)?),
                 other => return Err(format!("unknown provider {other} (codex, claude)")),
             };
             print(&out.map_err(|e| e.to_string())?);

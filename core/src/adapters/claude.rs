@@ -1,1 +1,0 @@
-//! The claude adapter (in progress).

@@ -1,1 +1,0 @@
-//! The codex adapter (in progress).

@@ -296,7 +296,33 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Duration> {
+/// Time this thread has spent on a CPU (Linux `schedstat`), so that figures can be compared on a
+/// busy machine; `None` elsewhere.
+fn cpu_time() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// Wall and CPU time of one run.
+#[derive(Clone, Copy)]
+struct Took {
+    wall: f64,
+    cpu: Option<f64>,
+}
+
+fn timed<E>(f: impl FnOnce() -> Result<(), E>) -> Result<Took, E> {
+    let (t, c) = (Instant::now(), cpu_time());
+    f()?;
+    let wall = t.elapsed().as_secs_f64();
+    let cpu = match (c, cpu_time()) {
+        (Some(a), Some(b)) => Some((b - a).as_secs_f64()),
+        _ => None,
+    };
+    Ok(Took { wall, cpu })
+}
+
+fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Took> {
     let mut conn = Connection::open(path)?;
     if let Ok(extra) = std::env::var("TUTTI_SQLITE_PRE") {
         conn.execute_batch(&extra)?;
@@ -309,28 +335,30 @@ fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Du
     }
     conn.execute_batch(&tutti_sqlite::schema::ddl())?;
     conn.set_prepared_statement_cache_capacity(64);
-    let t = Instant::now();
-    for g in groups {
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        for op in g {
-            raw_apply(&tx, op)?;
+    timed(|| {
+        for g in groups {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            for op in g {
+                raw_apply(&tx, op)?;
+            }
+            tx.commit()?;
         }
-        tx.commit()?;
-    }
-    Ok(t.elapsed())
+        Ok(())
+    })
 }
 
 fn store_run(
     path: &std::path::Path,
     groups: &[&[PersistBatch]],
     sync: Synchronous,
-) -> Result<Duration, tutti_sqlite::SqliteError> {
+) -> Result<Took, tutti_sqlite::SqliteError> {
     let mut store = SqliteStore::open_with(path, &OpenOptions::new().synchronous(sync))?;
-    let t = Instant::now();
-    for g in groups {
-        store.apply_many(g)?;
-    }
-    Ok(t.elapsed())
+    timed(|| {
+        for g in groups {
+            store.apply_many(g)?;
+        }
+        Ok(())
+    })
 }
 
 fn main() {
@@ -379,12 +407,13 @@ fn main() {
         }
     };
     let groups: Vec<&[PersistBatch]> = batches.chunks(group).collect();
-    let mut best_store = f64::MAX;
-    let mut best_raw = f64::MAX;
-    for round in 0..3 {
+    let rounds = env("TUTTI_BENCH_ROUNDS", 3).max(1);
+    let mut store_t: Vec<Took> = Vec::new();
+    let mut raw_t: Vec<Took> = Vec::new();
+    for round in 0..rounds {
         let p = dir.path().join(format!("store{round}.db"));
         match store_run(&p, &groups, Synchronous::Normal) {
-            Ok(d) => best_store = best_store.min(d.as_secs_f64()),
+            Ok(t) => store_t.push(t),
             Err(e) => {
                 eprintln!("store run failed: {e}");
                 return;
@@ -392,22 +421,29 @@ fn main() {
         }
         let p = dir.path().join(format!("raw{round}.db"));
         match raw_run(&p, &raw) {
-            Ok(d) => best_raw = best_raw.min(d.as_secs_f64()),
+            Ok(t) => raw_t.push(t),
             Err(e) => {
                 eprintln!("raw run failed: {e}");
                 return;
             }
         }
     }
-    let store_eps = events as f64 / best_store;
-    let raw_eps = events as f64 / best_raw;
+    let best = |v: &[Took]| v.iter().map(|t| t.wall).fold(f64::MAX, f64::min);
+    let best_cpu = |v: &[Took]| {
+        v.iter()
+            .filter_map(|t| t.cpu)
+            .fold(None, |m: Option<f64>, c| Some(m.map_or(c, |m| m.min(c))))
+    };
+    let (sw, rw) = (best(&store_t), best(&raw_t));
+    let store_eps = events as f64 / sw;
+    let raw_eps = events as f64 / rw;
     println!(
-        "tutti-sqlite apply_many (synchronous=NORMAL): {store_eps:>10.0} events/s ({:.0} rows/s)",
-        rows as f64 / best_store
+        "tutti-sqlite apply_many (synchronous=NORMAL): {store_eps:>10.0} events/s ({:.0} rows/s), best of {rounds}",
+        rows as f64 / sw
     );
     println!(
-        "raw rusqlite, same rows and transactions:     {raw_eps:>10.0} events/s ({:.0} rows/s)",
-        rows as f64 / best_raw
+        "raw rusqlite, same rows and transactions:     {raw_eps:>10.0} events/s ({:.0} rows/s), best of {rounds}",
+        rows as f64 / rw
     );
     println!(
         "ratio: {:.0} % of raw (goal >= 50 %); goal >= 150000 events/s: {}",
@@ -418,13 +454,21 @@ fn main() {
             "NOT met"
         }
     );
+    if let (Some(sc), Some(rc)) = (best_cpu(&store_t), best_cpu(&raw_t)) {
+        println!(
+            "per CPU second (load-independent): store {:.0} events/s, raw {:.0} events/s, ratio {:.0} %",
+            events as f64 / sc,
+            events as f64 / rc,
+            100.0 * rc / sc
+        );
+    }
     let p = dir.path().join("full.db");
     let small: Vec<&[PersistBatch]> = groups.iter().take(200).copied().collect();
     let n: usize = small.iter().map(|g| g.len()).sum();
-    if let Ok(d) = store_run(&p, &small, Synchronous::Full) {
+    if let Ok(t) = store_run(&p, &small, Synchronous::Full) {
         println!(
             "for reference, synchronous=FULL: {:.0} events/s ({n} events)",
-            n as f64 / d.as_secs_f64()
+            n as f64 / t.wall
         );
     }
 }

@@ -37,7 +37,12 @@ impl ProviderFactory for Sim {
     fn names(&self) -> Vec<String> {
         vec!["sim".into()]
     }
-    fn launch(&self, _: &str, root: &Id, _: Option<&str>) -> Result<(Box<dyn Adapter>, Transport), String> {
+    fn launch(
+        &self,
+        _: &str,
+        root: &Id,
+        _: Option<&str>,
+    ) -> Result<(Box<dyn Adapter>, Transport), String> {
         let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
         let (to_runtime, incoming) = mpsc::channel::<Native>(4096);
         let epoch = self.epoch;
@@ -49,10 +54,16 @@ impl ProviderFactory for Sim {
                 let reply = |result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result});
                 match msg.get("method").and_then(Value::as_str) {
                     Some("initialize") => {
-                        let _ = to_runtime.send(Native::Message(reply(json!({"protocolVersion": 1, "agentCapabilities": {}})))).await;
+                        let _ = to_runtime
+                            .send(Native::Message(reply(
+                                json!({"protocolVersion": 1, "agentCapabilities": {}}),
+                            )))
+                            .await;
                     }
                     Some("session/new") => {
-                        let _ = to_runtime.send(Native::Message(reply(json!({"sessionId": "sim"})))).await;
+                        let _ = to_runtime
+                            .send(Native::Message(reply(json!({"sessionId": "sim"}))))
+                            .await;
                     }
                     Some("session/prompt") => {
                         let tx = to_runtime.clone();
@@ -75,7 +86,14 @@ impl ProviderFactory for Sim {
             }
         });
         let adapter = AcpAdapter::new(root.clone(), AcpConfig::default());
-        Ok((Box::new(adapter), Transport { incoming, sink: Box::new(ChannelSink(to_agent)), child: None }))
+        Ok((
+            Box::new(adapter),
+            Transport {
+                incoming,
+                sink: Box::new(ChannelSink(to_agent)),
+                child: None,
+            },
+        ))
     }
 }
 
@@ -86,7 +104,11 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
     let per_agent_events = (per_agent_rate * secs) as usize;
     let daemon = Daemon::start(DaemonOptions {
         db: dir.join("load.db"),
-        providers: Arc::new(Sim { epoch, per_agent_rate, per_agent_events }),
+        providers: Arc::new(Sim {
+            epoch,
+            per_agent_rate,
+            per_agent_events,
+        }),
         engine: EngineConfig::default(),
     })
     .expect("daemon starts");
@@ -101,11 +123,13 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
         while lat.len() < expected && start.elapsed() < Duration::from_secs_f64(secs * 4.0 + 10.0) {
             let d3 = d2.clone();
             let after = cursor;
-            let rows = tokio::task::spawn_blocking(move || d3.read(|r| tutti_core::store::Store::outbox_after(r, after, 1024)))
-                .await
-                .expect("join")
-                .expect("read")
-                .expect("rows");
+            let rows = tokio::task::spawn_blocking(move || {
+                d3.read(|r| tutti_core::store::Store::outbox_after(r, after, 1024))
+            })
+            .await
+            .expect("join")
+            .expect("read")
+            .expect("rows");
             if rows.is_empty() {
                 let _ = tokio::time::timeout(Duration::from_millis(50), watch.changed()).await;
                 continue;
@@ -114,7 +138,10 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
             for row in rows {
                 cursor = row.seq;
                 if row.kind == "toolCall" {
-                    if let Some(t) = row.payload["name"].as_str().and_then(|n| n.strip_prefix("t=")) {
+                    if let Some(t) = row.payload["name"]
+                        .as_str()
+                        .and_then(|n| n.strip_prefix("t="))
+                    {
                         if let Ok(sent) = t.parse::<u128>() {
                             lat.push(now.saturating_sub(sent));
                         }
@@ -127,11 +154,21 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
     for a in 0..agents {
         let id: Id = format!("s{a}").into();
         daemon
-            .call(Input::Command(Command::CreateSession { agent_session_id: id.clone(), workspace_id: "w".into(), provider: "sim".into(), title: None, capabilities: None }))
+            .call(Input::Command(Command::CreateSession {
+                agent_session_id: id.clone(),
+                workspace_id: "w".into(),
+                provider: "sim".into(),
+                title: None,
+                capabilities: None,
+            }))
             .await
             .expect("create");
         daemon
-            .call(Input::Command(Command::Submit { agent_session_id: id, turn_id: format!("t{a}").into(), text: "go".into() }))
+            .call(Input::Command(Command::Submit {
+                agent_session_id: id,
+                turn_id: format!("t{a}").into(),
+                text: "go".into(),
+            }))
             .await
             .expect("submit");
     }
@@ -143,7 +180,11 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tutti-load-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos()));
+    let d = std::env::temp_dir().join(format!(
+        "tutti-load-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }
@@ -156,9 +197,17 @@ fn pct(v: &[u128], p: f64) -> f64 {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    println!("tutti-tokio load benchmark: 100 concurrent agents, provider line -> committed -> streamed");
-    for (label, rate) in [("baseline 1k events/s", 1_000.0), ("target  10k events/s", 10_000.0)] {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "tutti-tokio load benchmark: 100 concurrent agents, provider line -> committed -> streamed"
+    );
+    for (label, rate) in [
+        ("baseline 1k events/s", 1_000.0),
+        ("target  10k events/s", 10_000.0),
+    ] {
         let (eps, lat) = rt.block_on(run(100, rate, 5.0));
         println!(
             "  {label}: delivered {:>6} events at {:>8.0} events/s; latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",

@@ -51,7 +51,11 @@ impl ApiError {
         }
     }
     fn not_found(what: &str) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
     }
     fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
@@ -80,9 +84,11 @@ impl From<DaemonError> for ApiError {
                 ApiError::new(status, r.code(), r.to_string())
             }
             DaemonError::Storage(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
-            DaemonError::Stopped => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "daemon stopping")
-            }
+            DaemonError::Stopped => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "daemon stopping",
+            ),
         }
     }
 }
@@ -103,8 +109,14 @@ pub fn router(daemon: Daemon, token: String) -> Router {
         .route("/v1/workspaces/{ws}/agent-sessions", post(create).get(list))
         .route("/v1/workspaces/{ws}/agent-sessions/{id}", get(detail))
         .route("/v1/workspaces/{ws}/agent-sessions/{id}", delete(remove))
-        .route("/v1/workspaces/{ws}/agent-sessions/{id}/messages", get(messages))
-        .route("/v1/workspaces/{ws}/agent-sessions/{id}/submit", post(submit))
+        .route(
+            "/v1/workspaces/{ws}/agent-sessions/{id}/messages",
+            get(messages),
+        )
+        .route(
+            "/v1/workspaces/{ws}/agent-sessions/{id}/submit",
+            post(submit),
+        )
         .route(
             "/v1/workspaces/{ws}/agent-sessions/{id}/turns/{turn}/cancel",
             post(cancel),
@@ -130,8 +142,12 @@ async fn auth(State(s): State<AppState>, headers: HeaderMap, req: Request, next:
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| constant_time_eq(t.as_bytes(), s.token.as_bytes()));
     if !ok {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token")
-            .into_response();
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        )
+        .into_response();
     }
     next.run(req).await
 }
@@ -159,7 +175,11 @@ async fn read<T: Send + 'static>(
 }
 
 /// The session must exist and belong to the workspace.
-async fn session_in(d: &Daemon, ws: &str, id: &str) -> Result<tutti_core::model::Session, ApiError> {
+async fn session_in(
+    d: &Daemon,
+    ws: &str,
+    id: &str,
+) -> Result<tutti_core::model::Session, ApiError> {
     let id = id.to_string();
     let s = read(d, move |r| r.session(&id))
         .await?
@@ -192,7 +212,12 @@ async fn create(
         .daemon
         .providers()
         .capabilities(&b.provider)
-        .ok_or_else(|| ApiError::invalid(format!("unknown provider (known: {})", s.daemon.providers().names().join(", "))))?;
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "unknown provider (known: {})",
+                s.daemon.providers().names().join(", ")
+            ))
+        })?;
     if b.title.as_ref().is_some_and(|t| t.len() > 1000) {
         return Err(ApiError::invalid("title too long"));
     }
@@ -256,7 +281,10 @@ async fn detail(
         .map(|s| s.id.clone())
         .collect();
     let (turns, interactions) = read(&s.daemon, move |r| {
-        let turns: Vec<_> = ids.iter().filter_map(|t| r.turn(t).ok().flatten()).collect();
+        let turns: Vec<_> = ids
+            .iter()
+            .filter_map(|t| r.turn(t).ok().flatten())
+            .collect();
         let interactions: Vec<_> = r
             .load_tree(&root)
             .ok()
@@ -324,7 +352,13 @@ async fn submit(
         Some(Reply::Started { turn_id }) => ("started", turn_id),
         Some(Reply::Appended { turn_id }) => ("appended", turn_id),
         Some(Reply::PendingUnsupported { turn_id }) => ("pendingUnsupported", turn_id),
-        _ => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "unexpected reply",
+            ))
+        }
     };
     Ok(Json(json!({"reply": reply, "turnId": turn})))
 }
@@ -343,10 +377,16 @@ async fn cancel(
         }))
         .await?;
     match step.reply {
-        Some(Reply::CancelAccepted { operation_id }) => {
-            Ok((StatusCode::ACCEPTED, Json(json!({"operationId": operation_id}))).into_response())
-        }
-        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+        Some(Reply::CancelAccepted { operation_id }) => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"operationId": operation_id})),
+        )
+            .into_response()),
+        _ => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "unexpected reply",
+        )),
     }
 }
 
@@ -429,7 +469,10 @@ async fn events(
             for row in rows {
                 cursor = row.seq;
                 let data = serde_json::to_string(&row).unwrap_or_default();
-                let ev = Event::default().id(row.seq.to_string()).event(row.kind.clone()).data(data);
+                let ev = Event::default()
+                    .id(row.seq.to_string())
+                    .event(row.kind.clone())
+                    .data(data);
                 if tx.send(Ok(ev)).await.is_err() {
                     return;
                 }

@@ -16,7 +16,12 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// A process-unique, time-ordered id with a prefix (`s_…`, `t_…`, `op_…`).
 pub fn new_id(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}_{:x}{:04x}{:04x}", now_ms(), std::process::id() & 0xffff, n & 0xffff)
+    format!(
+        "{prefix}_{:x}{:04x}{:04x}",
+        now_ms(),
+        std::process::id() & 0xffff,
+        n & 0xffff
+    )
 }
 
 /// Random hex from the operating system (for bearer tokens).

@@ -226,9 +226,15 @@ impl Core {
                     }
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Input(input, reply) => match self.decide(now, &input) {
-                        Ok(step) => decided.push((step, reply)),
+                        Ok(step) => {
+                            if step.ignored.is_some() {
+                                self.tell_dropped(&input);
+                            }
+                            decided.push((step, reply))
+                        }
                         Err(e) => {
                             debug!(kind = input.kind(), error = %e, "input rejected");
+                            self.tell_dropped(&input);
                             if let Some(r) = reply {
                                 let _ = r.send(Err(e.into()));
                             }
@@ -247,6 +253,33 @@ impl Core {
                 self.runtimes.clear();
                 let _ = done.send(());
                 return;
+            }
+        }
+    }
+
+    /// A provider's interaction request that the engine did not take still waits for an
+    /// answer: its adapter answers it natively so the provider never hangs.
+    fn tell_dropped(&self, input: &Input) {
+        if let Input::Event(
+            e @ tutti_core::NormalizedEvent::InteractionRequested {
+                agent_session_id, ..
+            },
+        ) = input
+        {
+            let root = self
+                .engine
+                .root_of(agent_session_id)
+                .cloned()
+                .unwrap_or_else(|| {
+                    // Adapter-made child ids start with their root's id (`{root}~...`).
+                    agent_session_id
+                        .split('~')
+                        .next()
+                        .unwrap_or_default()
+                        .into()
+                });
+            if let Some(r) = self.runtimes.get(&root) {
+                r.dropped(e.clone());
             }
         }
     }

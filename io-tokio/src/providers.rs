@@ -90,7 +90,12 @@ impl Registry {
         self.providers.insert(name.to_string(), p);
     }
 
-    fn adapter(&self, p: &ProviderConfig, root: &Id, cwd: &str) -> Result<Box<dyn Adapter>, String> {
+    fn adapter(
+        &self,
+        p: &ProviderConfig,
+        root: &Id,
+        cwd: &str,
+    ) -> Result<Box<dyn Adapter>, String> {
         let options = p.options.clone().unwrap_or(serde_json::Value::Null);
         Ok(match p.kind {
             ProviderKind::Acp => Box::new(AcpAdapter::new(
@@ -122,7 +127,10 @@ impl Registry {
                 if let Some(o) = options.get("query").cloned() {
                     cfg.options = o;
                 }
-                if let Some(ms) = options.get("continuationTimeoutMs").and_then(|v| v.as_i64()) {
+                if let Some(ms) = options
+                    .get("continuationTimeoutMs")
+                    .and_then(|v| v.as_i64())
+                {
                     cfg.continuation_timeout_ms = ms;
                 }
                 cfg.cancel_timeout_ms = self.cancel_timeout_ms;
@@ -158,7 +166,11 @@ impl ProviderFactory for Registry {
             .ok_or_else(|| format!("unknown provider {provider}"))?;
         let cwd = cwd
             .map(String::from)
-            .or_else(|| std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned()))
+            .or_else(|| {
+                std::env::current_dir()
+                    .ok()
+                    .map(|d| d.to_string_lossy().into_owned())
+            })
             .unwrap_or_else(|| "/".into());
         let adapter = self.adapter(p, root, &cwd)?;
         let transport = spawn_line_process(&ProcessSpec {

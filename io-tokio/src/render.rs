@@ -13,7 +13,11 @@ pub fn render_tree<S: Store>(s: &S, id: &str) -> Result<String, String> {
         .ok_or("no such session")?;
     let turns: Vec<Turn> = std::iter::once(&d.session)
         .chain(d.child_sessions.iter())
-        .filter_map(|x| x.last_turn_id.as_ref().and_then(|t| s.turn(t).ok().flatten()))
+        .filter_map(|x| {
+            x.last_turn_id
+                .as_ref()
+                .and_then(|t| s.turn(t).ok().flatten())
+        })
         .collect();
     Ok(render(&d.session, &d.child_sessions, &turns))
 }
@@ -50,7 +54,11 @@ fn line(out: &mut String, depth: usize, s: &Session, t: Option<&Turn>) {
     let state = match t {
         Some(t) => match (&t.outcome, &t.error) {
             (Some(o), Some(e)) => {
-                format!("settled {} (error, {} chars)", format!("{o:?}").to_lowercase(), e.len())
+                format!(
+                    "settled {} (error, {} chars)",
+                    format!("{o:?}").to_lowercase(),
+                    e.len()
+                )
             }
             (Some(o), None) => format!("settled {}", format!("{o:?}").to_lowercase()),
             (None, _) => format!("{:?}", t.phase).to_lowercase(),
@@ -65,8 +73,16 @@ fn line(out: &mut String, depth: usize, s: &Session, t: Option<&Turn>) {
         .unwrap_or_default();
     let provider = t
         .and_then(|t| t.root_provider_turn.as_ref())
-        .map(|r| format!(" [root provider {}]", format!("{:?}", r.phase).to_lowercase()))
+        .map(|r| {
+            format!(
+                " [root provider {}]",
+                format!("{:?}", r.phase).to_lowercase()
+            )
+        })
         .unwrap_or_default();
     let kind = if s.is_child() { "child" } else { "root" };
-    out.push_str(&format!("{indent}{kind} {} {title:?}{via}: {state}{provider}\n", s.id));
+    out.push_str(&format!(
+        "{indent}{kind} {} {title:?}{via}: {state}{provider}\n",
+        s.id
+    ));
 }

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use tutti_core::adapters::{parse_line, Adapter, AdapterOutput};
 use tutti_core::model::Id;
-use tutti_core::{Input, ProviderRequest, RuntimeAnswer};
+use tutti_core::{Input, NormalizedEvent, ProviderRequest, RuntimeAnswer};
 
 /// What comes out of a provider transport.
 #[derive(Debug)]
@@ -129,16 +129,30 @@ pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
     })
 }
 
+/// What the daemon sends a runtime.
+#[derive(Debug, Clone)]
+pub enum RuntimeMsg {
+    /// A request the engine decided.
+    Request(ProviderRequest),
+    /// An event of this runtime's adapter that the engine did not accept.
+    Dropped(NormalizedEvent),
+}
+
 /// The daemon's side of a runtime.
 #[derive(Debug, Clone)]
 pub struct RuntimeHandle {
-    requests: mpsc::UnboundedSender<ProviderRequest>,
+    requests: mpsc::UnboundedSender<RuntimeMsg>,
 }
 
 impl RuntimeHandle {
     /// Queues a request; false if the runtime is gone.
     pub fn send(&self, request: ProviderRequest) -> bool {
-        self.requests.send(request).is_ok()
+        self.requests.send(RuntimeMsg::Request(request)).is_ok()
+    }
+
+    /// Tells the adapter that the engine dropped one of its events.
+    pub fn dropped(&self, event: NormalizedEvent) -> bool {
+        self.requests.send(RuntimeMsg::Dropped(event)).is_ok()
     }
 
     /// Whether the runtime task is still running.
@@ -154,7 +168,7 @@ pub fn start_runtime(
     mut transport: Transport,
     to_daemon: mpsc::UnboundedSender<Input>,
 ) -> RuntimeHandle {
-    let (tx, mut requests) = mpsc::unbounded_channel::<ProviderRequest>();
+    let (tx, mut requests) = mpsc::unbounded_channel::<RuntimeMsg>();
     tokio::spawn(async move {
         let mut timers: BTreeMap<(i64, String), ()> = BTreeMap::new();
         let mut garbage = 0u64;
@@ -195,7 +209,13 @@ pub fn start_runtime(
                     None => exit_reason = Some("transport closed".into()),
                 },
                 req = requests.recv() => match req {
-                    Some(req) => {
+                    Some(RuntimeMsg::Dropped(event)) => {
+                        let out = adapter.on_dropped(now_ms(), &event);
+                        if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
+                            exit_reason = Some(format!("write failed: {e}"));
+                        }
+                    }
+                    Some(RuntimeMsg::Request(req)) => {
                         debug!(root = %root, kind = request_kind(&req), "provider request");
                         let failed_op = match &req {
                             ProviderRequest::Cancel { operation_id, .. } => Some(operation_id.clone()),

@@ -9,17 +9,20 @@
 //! - `tuttid demo-agent` / `tuttid plain-agent`: the bundled ACP agents (the `demo` and `plain`
 //!   providers run these).
 
+use crate::config::{data_dir, ConfigFile};
+use crate::daemon::{Daemon, DaemonOptions};
+use crate::providers::Registry;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tutti_core::EngineConfig;
-use crate::config::{data_dir, ConfigFile};
-use crate::daemon::{Daemon, DaemonOptions};
-use crate::providers::Registry;
 
 #[derive(Parser)]
-#[command(name = "tuttid", about = "tutti reference daemon: provider-native subagents as durable sessions")]
+#[command(
+    name = "tuttid",
+    about = "tutti reference daemon: provider-native subagents as durable sessions"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -84,7 +87,10 @@ fn init_logs(demo: bool) {
 
 fn run(args: ServeArgs, demo: bool) {
     init_logs(demo);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => fail(&format!("cannot start the async runtime: {e}")),
     };
@@ -106,7 +112,8 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
         (None, true) => dir.join("demo.db"),
     };
     if let Some(parent) = db.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     }
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
     let token = crate::auth::load_or_create_token(&token_file)
@@ -137,7 +144,11 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
             })
             .await
     });
-    eprintln!("tuttid: listening on http://{addr} (db {}, token in {})", db.display(), token_file.display());
+    eprintln!(
+        "tuttid: listening on http://{addr} (db {}, token in {})",
+        db.display(),
+        token_file.display()
+    );
     if demo {
         crate::demo::run(&daemon).await?;
         eprintln!(

@@ -43,7 +43,10 @@ impl TestDaemon {
             token: String::new(),
             dir,
             exe: PathBuf::from(exe),
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             config,
         };
         d.spawn();
@@ -84,7 +87,10 @@ impl TestDaemon {
                     break;
                 }
             }
-            assert!(start.elapsed() < Duration::from_secs(20), "tuttid did not come up");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "tuttid did not come up"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         self.token = std::fs::read_to_string(&token_file)
@@ -165,13 +171,24 @@ impl TestDaemon {
 
     /// The session detail.
     pub fn detail(&self, ws: &str, id: &str) -> Value {
-        let (st, v) = self.call("GET", &format!("/v1/workspaces/{ws}/agent-sessions/{id}"), None);
+        let (st, v) = self.call(
+            "GET",
+            &format!("/v1/workspaces/{ws}/agent-sessions/{id}"),
+            None,
+        );
         assert_eq!(st, 200, "detail: {v}");
         v
     }
 
     /// Polls the detail until `pred` holds (panics with the last detail after `secs`).
-    pub fn wait_for(&self, ws: &str, id: &str, secs: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub fn wait_for(
+        &self,
+        ws: &str,
+        id: &str,
+        secs: u64,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let start = Instant::now();
         loop {
             let d = self.detail(ws, id);
@@ -186,7 +203,13 @@ impl TestDaemon {
     }
 
     /// Reads SSE events from `after` until `n` events arrived or `secs` passed.
-    pub fn events(&self, after: Option<u64>, last_event_id: Option<u64>, n: usize, secs: u64) -> Vec<Value> {
+    pub fn events(
+        &self,
+        after: Option<u64>,
+        last_event_id: Option<u64>,
+        n: usize,
+        secs: u64,
+    ) -> Vec<Value> {
         let mut url = format!("http://{}/v1/events", self.addr);
         if let Some(a) = after {
             url.push_str(&format!("?after={a}"));
@@ -237,5 +260,8 @@ pub fn turn_of<'a>(detail: &'a Value, session: &str) -> Option<&'a Value> {
 
 /// Every child session in a detail response.
 pub fn children(detail: &Value) -> Vec<Value> {
-    detail["childSessions"].as_array().cloned().unwrap_or_default()
+    detail["childSessions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }

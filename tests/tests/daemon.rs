@@ -27,12 +27,24 @@ fn malformed_and_unauthorized_requests_get_typed_errors_and_change_nothing() {
     assert!(st == 413 || st == 400, "oversized body refused: {st}");
     let (st, v) = d.call("GET", &format!("{base}/nope"), None);
     assert_eq!(st, 404, "{v}");
-    let (st, v) = d.call("GET", &format!("/v1/workspaces/other/agent-sessions/{id}"), None);
+    let (st, v) = d.call(
+        "GET",
+        &format!("/v1/workspaces/other/agent-sessions/{id}"),
+        None,
+    );
     assert_eq!(st, 404, "another workspace does not see it: {v}");
-    let (st, v) = d.call("POST", &format!("{base}/{id}/turns/t_nope/cancel"), Some(json!({})));
+    let (st, v) = d.call(
+        "POST",
+        &format!("{base}/{id}/turns/t_nope/cancel"),
+        Some(json!({})),
+    );
     assert_eq!(st, 404, "{v}");
     let (_, list) = d.call("GET", &base, None);
-    assert_eq!(list["sessions"].as_array().unwrap().len(), 1, "nothing else was created");
+    assert_eq!(
+        list["sessions"].as_array().unwrap().len(),
+        1,
+        "nothing else was created"
+    );
 }
 
 #[test]
@@ -40,16 +52,34 @@ fn lists_are_roots_only_and_delete_removes_the_tree() {
     let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "8")]);
     let id = d.create(WS, "demo");
     d.submit(WS, &id, "children=2 permission=0 fail=0 late=0");
-    let (st, _) = d.call("DELETE", &format!("/v1/workspaces/{WS}/agent-sessions/{id}"), None);
+    let (st, _) = d.call(
+        "DELETE",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}"),
+        None,
+    );
     assert_eq!(st, 409, "deleting an active tree is refused");
-    let end = d.wait_for(WS, &id, 30, "root settled", |v| turn_of(v, &id).is_some_and(|t| t["outcome"].is_string()));
+    let end = d.wait_for(WS, &id, 30, "root settled", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"].is_string())
+    });
     assert_eq!(end["childSessions"].as_array().unwrap().len(), 2);
     let (_, list) = d.call("GET", &format!("/v1/workspaces/{WS}/agent-sessions"), None);
-    assert_eq!(list["sessions"].as_array().unwrap().len(), 1, "children are not listed");
+    assert_eq!(
+        list["sessions"].as_array().unwrap().len(),
+        1,
+        "children are not listed"
+    );
     let child = end["childSessions"][0]["id"].as_str().unwrap().to_string();
-    let (st, _) = d.call("DELETE", &format!("/v1/workspaces/{WS}/agent-sessions/{id}"), None);
+    let (st, _) = d.call(
+        "DELETE",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}"),
+        None,
+    );
     assert_eq!(st, 200);
-    let (st, _) = d.call("GET", &format!("/v1/workspaces/{WS}/agent-sessions/{child}"), None);
+    let (st, _) = d.call(
+        "GET",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{child}"),
+        None,
+    );
     assert_eq!(st, 404, "no orphan remains");
 }
 
@@ -58,16 +88,26 @@ fn sse_resume_after_disconnect_loses_nothing() {
     let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "8")]);
     let id = d.create(WS, "demo");
     d.submit(WS, &id, "children=2 permission=0 fail=0 late=0");
-    d.wait_for(WS, &id, 30, "root settled", |v| turn_of(v, &id).is_some_and(|t| t["outcome"].is_string()));
+    d.wait_for(WS, &id, 30, "root settled", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"].is_string())
+    });
     let all = d.events(Some(0), None, usize::MAX, 2);
     assert!(all.len() > 10, "a run publishes many rows: {}", all.len());
     let seqs: Vec<u64> = all.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gap-free from 1");
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "gap-free from 1"
+    );
     // Read a few, disconnect, resume with Last-Event-ID: the union is everything, once.
     let first = d.events(None, Some(0), 5, 5);
     let last = first.last().unwrap()["seq"].as_u64().unwrap();
     let rest = d.events(None, Some(last), all.len() - 5, 5);
-    let mut got: Vec<u64> = first.iter().chain(rest.iter()).map(|e| e["seq"].as_u64().unwrap()).collect();
+    let mut got: Vec<u64> = first
+        .iter()
+        .chain(rest.iter())
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     got.dedup();
     assert_eq!(got, seqs);
 }
@@ -77,11 +117,16 @@ fn kill_9_mid_turn_then_restart_leaves_no_turn_active_and_no_event_lost() {
     let mut d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "2")]);
     let id = d.create(WS, "demo");
     d.submit(WS, &id, "children=3 hang=1,2,3 permission=0 fail=0 late=0");
-    d.wait_for(WS, &id, 30, "children running", |v| v["childSessions"].as_array().is_some_and(|a| a.len() == 3));
+    d.wait_for(WS, &id, 30, "children running", |v| {
+        v["childSessions"].as_array().is_some_and(|a| a.len() == 3)
+    });
     let before = d.events(Some(0), None, usize::MAX, 1);
     d.restart();
     let end = d.detail(WS, &id);
-    assert!(end["session"].get("activeTurnId").is_none(), "no turn stays active");
+    assert!(
+        end["session"].get("activeTurnId").is_none(),
+        "no turn stays active"
+    );
     let t = turn_of(&end, &id).unwrap();
     assert_eq!(t["outcome"], "interrupted");
     for c in end["childSessions"].as_array().unwrap() {
@@ -98,6 +143,8 @@ fn kill_9_mid_turn_then_restart_leaves_no_turn_active_and_no_event_lost() {
     // The daemon works after the restart: a new turn on the same session.
     let (reply, _) = d.submit(WS, &id, "children=1 permission=0 fail=0 late=0");
     assert_eq!(reply, "started");
-    let end = d.wait_for(WS, &id, 30, "new turn settled", |v| turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed"));
+    let end = d.wait_for(WS, &id, 30, "new turn settled", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed")
+    });
     assert!(end["session"].get("activeTurnId").is_none());
 }

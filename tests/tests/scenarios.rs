@@ -26,7 +26,11 @@ fn main() {
     assert!(!files.is_empty(), "no scenario files found");
     let mut failed = 0;
     for f in &files {
-        let name = f.file_stem().unwrap_or_default().to_string_lossy().to_string();
+        let name = f
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         let text = std::fs::read_to_string(f).expect("readable scenario file");
         let mut engine = Engine::new();
         let mut store = MemoryStore::new();

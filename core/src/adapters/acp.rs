@@ -788,6 +788,20 @@ impl Adapter for AcpAdapter {
         Ok(out)
     }
 
+    fn on_dropped(&mut self, _now: Millis, event: &NormalizedEvent) -> AdapterOutput {
+        let mut out = AdapterOutput::default();
+        if let NormalizedEvent::InteractionRequested { request_id, .. } = event {
+            if self.permissions.remove(&**request_id).is_some() {
+                let id: Value = request_id
+                    .parse::<u64>()
+                    .map(Value::from)
+                    .unwrap_or_else(|_| Value::String(request_id.to_string()));
+                out.native.push(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}}));
+            }
+        }
+        out
+    }
+
     fn on_timer(&mut self, _now: Millis, id: &str) -> AdapterOutput {
         let mut out = AdapterOutput::default();
         if let Some(op) = id.strip_prefix("cancel:") {

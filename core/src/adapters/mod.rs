@@ -98,6 +98,12 @@ pub trait Adapter: Send {
     fn on_native(&mut self, now: Millis, message: &Value) -> Result<AdapterOutput, AdapterError>;
     /// A timer the adapter asked for fired.
     fn on_timer(&mut self, now: Millis, id: &str) -> AdapterOutput;
+    /// The engine did not accept an event this adapter emitted (late, closed, or unknown). For
+    /// an `interactionRequested` the provider is still waiting for an answer: the adapter answers
+    /// it natively (refuse / cancel) so the provider never hangs. Default: nothing.
+    fn on_dropped(&mut self, _now: Millis, _event: &NormalizedEvent) -> AdapterOutput {
+        AdapterOutput::default()
+    }
     /// Whether root-turn guidance is supported while only child agents run.
     fn guide_while_children_only(&self) -> bool {
         true

@@ -5,8 +5,13 @@
 pub mod demo;
 pub mod plain;
 
-fn block_on(f: impl std::future::Future<Output = std::process::ExitCode>) -> std::process::ExitCode {
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+fn block_on(
+    f: impl std::future::Future<Output = std::process::ExitCode>,
+) -> std::process::ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt.block_on(f),
         Err(e) => {
             eprintln!("cannot start the async runtime: {e}");

@@ -15,7 +15,10 @@ use tutti_tokio::config::data_dir;
 use tutti_tokio::render::render;
 
 #[derive(Parser)]
-#[command(name = "tutti", about = "tutti client: sessions, trees, submit, cancel, replay")]
+#[command(
+    name = "tutti",
+    about = "tutti client: sessions, trees, submit, cancel, replay"
+)]
 struct Cli {
     /// Daemon address.
     #[arg(long, default_value = "127.0.0.1:7420", global = true)]
@@ -85,7 +88,10 @@ struct Client {
 
 impl Client {
     fn new(cli: &Cli) -> Result<Client, String> {
-        let path = cli.token_file.clone().unwrap_or_else(|| data_dir().join("token"));
+        let path = cli
+            .token_file
+            .clone()
+            .unwrap_or_else(|| data_dir().join("token"));
         let token = std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
         Ok(Client {
@@ -95,10 +101,14 @@ impl Client {
         })
     }
     fn url(&self, rest: &str) -> String {
-        format!("{}/v1/workspaces/{}/agent-sessions{rest}", self.base, self.ws)
+        format!(
+            "{}/v1/workspaces/{}/agent-sessions{rest}",
+            self.base, self.ws
+        )
     }
     fn call(&self, method: &str, url: &str, body: Option<Value>) -> Result<Value, String> {
-        let req = ureq::request(method, url).set("authorization", &format!("Bearer {}", self.token));
+        let req =
+            ureq::request(method, url).set("authorization", &format!("Bearer {}", self.token));
         let resp = match body {
             Some(b) => req.send_json(b),
             None => req.call(),
@@ -107,14 +117,18 @@ impl Client {
             Ok(r) => r.into_json::<Value>().map_err(|e| e.to_string()),
             Err(ureq::Error::Status(code, r)) => {
                 let v: Value = r.into_json().unwrap_or(Value::Null);
-                Err(format!("HTTP {code}: {}", v["error"]["message"].as_str().unwrap_or("error")))
+                Err(format!(
+                    "HTTP {code}: {}",
+                    v["error"]["message"].as_str().unwrap_or("error")
+                ))
             }
             Err(e) => Err(e.to_string()),
         }
     }
     fn show(&self, id: &str) -> Result<String, String> {
         let d = self.call("GET", &self.url(&format!("/{id}")), None)?;
-        let root: Session = serde_json::from_value(d["session"].clone()).map_err(|e| e.to_string())?;
+        let root: Session =
+            serde_json::from_value(d["session"].clone()).map_err(|e| e.to_string())?;
         let kids: Vec<Session> =
             serde_json::from_value(d["childSessions"].clone()).map_err(|e| e.to_string())?;
         let turns: Vec<Turn> = serde_json::from_value(d["turns"].clone()).unwrap_or_default();
@@ -130,7 +144,11 @@ fn run(cli: &Cli) -> Result<(), String> {
     match &cli.cmd {
         Cmd::New { provider, title } => {
             let c = Client::new(cli)?;
-            print(&c.call("POST", &c.url(""), Some(json!({"provider": provider, "title": title})))?);
+            print(&c.call(
+                "POST",
+                &c.url(""),
+                Some(json!({"provider": provider, "title": title})),
+            )?);
         }
         Cmd::Sessions => {
             let c = Client::new(cli)?;
@@ -140,7 +158,9 @@ fn run(cli: &Cli) -> Result<(), String> {
                     "{}  {}  {}  {}",
                     s["id"].as_str().unwrap_or(""),
                     s["provider"].as_str().unwrap_or(""),
-                    s["activeTurnId"].as_str().map_or("idle".to_string(), |t| format!("active {t}")),
+                    s["activeTurnId"]
+                        .as_str()
+                        .map_or("idle".to_string(), |t| format!("active {t}")),
                     s["title"].as_str().unwrap_or("")
                 );
             }
@@ -163,7 +183,11 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Cmd::Submit { id, text } => {
             let c = Client::new(cli)?;
-            print(&c.call("POST", &c.url(&format!("/{id}/submit")), Some(json!({"text": text})))?);
+            print(&c.call(
+                "POST",
+                &c.url(&format!("/{id}/submit")),
+                Some(json!({"text": text})),
+            )?);
         }
         Cmd::Cancel { id, turn } => {
             let c = Client::new(cli)?;
@@ -177,20 +201,30 @@ fn run(cli: &Cli) -> Result<(), String> {
                         .to_string()
                 }
             };
-            print(&c.call("POST", &c.url(&format!("/{id}/turns/{turn}/cancel")), Some(json!({})))?);
+            print(&c.call(
+                "POST",
+                &c.url(&format!("/{id}/turns/{turn}/cancel")),
+                Some(json!({})),
+            )?);
         }
         Cmd::Replay { db, file } => {
-            let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let text =
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
             let mut engine = Engine::new();
             let checks = match db {
                 Some(path) => {
-                    let mut store = tutti_sqlite::SqliteStore::open(path).map_err(|e| e.to_string())?;
+                    let mut store =
+                        tutti_sqlite::SqliteStore::open(path).map_err(|e| e.to_string())?;
                     scenario::run(&text, &mut engine, &mut store)?
                 }
                 None => scenario::run(&text, &mut engine, &mut MemoryStore::new())?,
             };
             eprintln!("{checks} checks passed");
-            let snaps: Vec<_> = engine.roots().iter().filter_map(|r| engine.snapshot(r)).collect();
+            let snaps: Vec<_> = engine
+                .roots()
+                .iter()
+                .filter_map(|r| engine.snapshot(r))
+                .collect();
             print(&serde_json::to_value(snaps).map_err(|e| e.to_string())?);
         }
         Cmd::Snapshot { db } => {
@@ -203,10 +237,15 @@ fn run(cli: &Cli) -> Result<(), String> {
             print(&serde_json::to_value(snaps).map_err(|e| e.to_string())?);
         }
         Cmd::ReplayNative { provider, file } => {
-            let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let text =
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
             let out = match provider.as_str() {
-                "codex" => serde_json::to_value(tutti_core::adapters::codex::replay_transcript(&text)?),
-                "claude" => serde_json::to_value(tutti_core::adapters::claude::replay_transcript(&text)?),
+                "codex" => {
+                    serde_json::to_value(tutti_core::adapters::codex::replay_transcript(&text)?)
+                }
+                "claude" => {
+                    serde_json::to_value(tutti_core::adapters::claude::replay_transcript(&text)?)
+                }
                 other => return Err(format!("unknown provider {other} (codex, claude)")),
             };
             print(&out.map_err(|e| e.to_string())?);

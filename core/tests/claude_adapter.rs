@@ -28,6 +28,8 @@ struct Rig {
     answers: Vec<RuntimeAnswer>,
     timers: Vec<AdapterTimer>,
     rejections: Vec<String>,
+    /// `interactionRequested` events the engine did not take (given to `on_dropped`).
+    dropped: Vec<NormalizedEvent>,
     uuid: u64,
 }
 
@@ -46,22 +48,29 @@ impl Rig {
             answers: Vec::new(),
             timers: Vec::new(),
             rejections: Vec::new(),
+            dropped: Vec::new(),
             uuid: 0,
         };
         rig.cmd(json!({"type":"createSession","agentSessionId":R,"workspaceId":"W","provider":"claude"}));
         rig
     }
 
-    /// One engine input; its provider requests go to the adapter, whose output is applied.
+    /// One engine input; its provider requests go to the adapter, whose output is applied. Like
+    /// the daemon (`tell_dropped`), an `interactionRequested` the engine did not take (rejected
+    /// or ignored) goes back to the adapter's `on_dropped`.
     fn input(&mut self, input: Input) -> Option<Step> {
         let label = input.kind();
         let step = match self.engine.handle(self.now, &input) {
             Ok(step) => step,
             Err(e) => {
                 self.rejections.push(format!("{label}: {e}"));
+                self.tell_dropped(&input);
                 return None;
             }
         };
+        if step.ignored.is_some() {
+            self.tell_dropped(&input);
+        }
         let v = self.engine.check_invariants();
         assert!(v.is_empty(), "invariants after {label}: {v:?}");
         for r in &step.provider {
@@ -69,6 +78,14 @@ impl Rig {
             self.apply(out);
         }
         Some(step)
+    }
+
+    fn tell_dropped(&mut self, input: &Input) {
+        if let Input::Event(e @ NormalizedEvent::InteractionRequested { .. }) = input {
+            self.dropped.push(e.clone());
+            let out = self.adapter.on_dropped(self.now, e);
+            self.apply(out);
+        }
     }
 
     fn cmd(&mut self, v: Value) -> Step {
@@ -614,6 +631,150 @@ fn permission_with_agent_id_becomes_an_interaction_on_that_child_keeping_the_pro
     let snap = rig.engine.snapshot(R).unwrap();
     assert_eq!(snap.interactions[0].status, InteractionStatus::Resolved);
     assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
+    rig.assert_clean();
+}
+
+/// "A permission callback ... whose owner is closed or settled is denied at once": the root
+/// permission callback of a timed-out continuation arrives after the canonical root turn settled.
+/// The adapter cannot tell that from its own state (the root is not canceled), so it emits the
+/// interaction; the engine does not take it (late after settled), and `on_dropped` answers the
+/// SDK callback with deny so the SDK never waits forever.
+#[test]
+fn a_root_permission_the_engine_did_not_take_is_denied_so_the_sdk_never_waits() {
+    let mut rig = Rig::with(ClaudeConfig {
+        continuation_timeout_ms: 50,
+        ..ClaudeConfig::default()
+    });
+    rig.waiting_on_background_child();
+    let out = rig.notification("task-1", "tu-1", "completed");
+    let timer = out.timers[0].clone();
+    rig.timer(&timer.id, timer.at);
+    assert!(!rig.root().phase.is_active(), "the root settled");
+    // The late continuation runs a tool that needs permission.
+    rig.tool_use(None, "w-late", "Write", json!({"file_path":"/late"}));
+    let before = rig.native.len();
+    let out = rig.line(json!({"kind":"canUseTool","requestId":"req-late","toolName":"Write",
+        "input":{"file_path":"/late"},"toolUseID":"w-late","agentID":null,"options":{"toolUseID":"w-late"}}));
+    assert_eq!(count(&out.events, "interactionRequested"), 1);
+    assert_eq!(rig.dropped.len(), 1, "the engine did not take it");
+    assert!(
+        matches!(&rig.dropped[0], NormalizedEvent::InteractionRequested { agent_session_id, turn_id, .. }
+            if agent_session_id.as_ref() == R && turn_id.as_ref() == T1)
+    );
+    let sent: Vec<&Value> = rig.native[before..].iter().collect();
+    assert_eq!(sent.len(), 1, "exactly one answer: {sent:?}");
+    assert_eq!(sent[0]["op"], "permission");
+    assert_eq!(sent[0]["requestId"], "req-late");
+    assert_eq!(sent[0]["behavior"], "deny");
+    assert!(sent[0]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(rig.engine.pending_interactions(R).is_empty());
+    // The sidecar's ack of the deny and the denied tool's result change nothing.
+    let out = rig.ack("permission", true);
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    rig.tool_result(None, "w-late", true, json!("denied"));
+    assert!(!rig.root().phase.is_active(), "nothing reopens the root");
+    assert_eq!(rig.root().outcome, Some(Outcome::Interrupted));
+    // The same drop again (or the SDK repeating the request) answers nothing twice.
+    let again = rig.dropped[0].clone();
+    let out = rig.adapter.on_dropped(rig.now, &again);
+    assert!(out.native.is_empty() && out.events.is_empty(), "{out:?}");
+    rig.assert_clean();
+}
+
+/// `on_dropped` answers only a callback the adapter still holds for exactly that session/turn;
+/// other events, other owners and answered requests are left alone. A child whose permission was
+/// denied this way runs again when the SDK shows the denied tool's result.
+#[test]
+fn on_dropped_denies_only_a_held_callback_of_that_exact_owner() {
+    let mut rig = Rig::new();
+    rig.started();
+    rig.agent(None, "tu-1", false);
+    rig.task_started("task-1", "tu-1", false);
+    rig.tool_use(Some("tu-1"), "w-1", "Write", json!({"file_path":"/x"}));
+    let (cs, ct) = child("tu-1");
+    let out = rig.line(json!({"kind":"canUseTool","requestId":"req-1","toolName":"Write","input":{"file_path":"/x"},
+        "toolUseID":"w-1","agentID":"task-1","options":{"toolUseID":"w-1","agentID":"task-1"}}));
+    let requested = out
+        .events
+        .iter()
+        .find(|e| e.kind() == "interactionRequested")
+        .cloned()
+        .expect("an interaction on the child");
+    assert!(rig.dropped.is_empty(), "the engine took it");
+    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Waiting);
+    let now = rig.now;
+    // Another event kind, another owner (the root turn), an unknown request: nothing.
+    let other_kind = NormalizedEvent::TurnWaiting {
+        agent_session_id: cs.as_str().into(),
+        turn_id: ct.as_str().into(),
+    };
+    assert_eq!(
+        rig.adapter.on_dropped(now, &other_kind),
+        AdapterOutput::default()
+    );
+    let mut wrong_owner = requested.clone();
+    let mut unknown = requested.clone();
+    if let NormalizedEvent::InteractionRequested {
+        agent_session_id,
+        turn_id,
+        ..
+    } = &mut wrong_owner
+    {
+        *agent_session_id = R.into();
+        *turn_id = T1.into();
+    }
+    if let NormalizedEvent::InteractionRequested { request_id, .. } = &mut unknown {
+        *request_id = "req-unknown".into();
+    }
+    assert_eq!(
+        rig.adapter.on_dropped(now, &wrong_owner),
+        AdapterOutput::default()
+    );
+    assert_eq!(
+        rig.adapter.on_dropped(now, &unknown),
+        AdapterOutput::default()
+    );
+    // The exact held callback: denied once.
+    let out = rig.adapter.on_dropped(now, &requested);
+    assert_eq!(out.native.len(), 1, "{out:?}");
+    assert_eq!(out.native[0]["op"], "permission");
+    assert_eq!(out.native[0]["requestId"], "req-1");
+    assert_eq!(out.native[0]["behavior"], "deny");
+    assert!(
+        out.events.is_empty(),
+        "sending the deny is not a resolution fact"
+    );
+    assert_eq!(
+        rig.adapter.on_dropped(now, &requested),
+        AdapterOutput::default()
+    );
+    // The SDK shows the denied tool's result inside the child: the child runs again.
+    let out = rig.tool_result(Some("tu-1"), "w-1", true, json!("denied"));
+    assert!(
+        out.events.iter().any(
+            |e| matches!(e, NormalizedEvent::TurnStarted { agent_session_id, turn_id, .. }
+            if agent_session_id.as_ref() == cs && turn_id.as_ref() == ct)
+        ),
+        "{:?}",
+        out.events
+    );
+    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
+    // A callback answered through the engine is no longer held: a late drop denies nothing.
+    rig.tool_use(Some("tu-1"), "w-2", "Write", json!({"file_path":"/y"}));
+    let out = rig.line(json!({"kind":"canUseTool","requestId":"req-2","toolName":"Write","input":{"file_path":"/y"},
+        "toolUseID":"w-2","agentID":"task-1","options":{"toolUseID":"w-2","agentID":"task-1"}}));
+    let second = out
+        .events
+        .iter()
+        .find(|e| e.kind() == "interactionRequested")
+        .cloned()
+        .expect("a second interaction");
+    rig.cmd(json!({"type":"respondInteraction","agentSessionId":cs,"turnId":ct,"requestId":"req-2","response":"allow"}));
+    rig.ack("permission", true);
+    assert_eq!(
+        rig.adapter.on_dropped(rig.now, &second),
+        AdapterOutput::default()
+    );
     rig.assert_clean();
 }
 

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 use tutti_core::adapters::codex::{
     replay_transcript, replay_transcript_with, CodexAdapter, CodexConfig, CodexReplay,
-    ReplayOptions, UNOWNED_REQUEST,
+    ReplayOptions, DROPPED_REQUEST, UNOWNED_REQUEST,
 };
 use tutti_core::adapters::{
     child_ids, parse_line, Adapter, AdapterError, AdapterOutput, AdapterTimer,
@@ -112,6 +112,8 @@ struct Rig {
     timers: Vec<AdapterTimer>,
     diagnostics: Vec<String>,
     rejected: Vec<String>,
+    /// Events the engine did not take that went back through `on_dropped`.
+    dropped: Vec<NormalizedEvent>,
 }
 
 impl Rig {
@@ -128,6 +130,7 @@ impl Rig {
             timers: Vec::new(),
             diagnostics: Vec::new(),
             rejected: Vec::new(),
+            dropped: Vec::new(),
         };
         r.command(json!({"type":"createSession","agentSessionId":ROOT,"workspaceId":"W","provider":"codex"}));
         r.now += 1;
@@ -193,7 +196,15 @@ impl Rig {
         self.diagnostics.extend(out.diagnostics);
         for e in out.events {
             self.events.push(e.clone());
-            self.engine_input(Input::Event(e));
+            let step = self.engine_input(Input::Event(e.clone()));
+            // Like the daemon: an interaction request the engine did not take (rejected or
+            // ignored) goes back to the adapter, which answers it natively.
+            let taken = step.is_some_and(|s| s.ignored.is_none());
+            if !taken && matches!(e, NormalizedEvent::InteractionRequested { .. }) {
+                self.dropped.push(e.clone());
+                let out = self.adapter.on_dropped(self.now, &e);
+                self.route(out);
+            }
         }
         for a in out.answers {
             self.answers.push(a.clone());
@@ -331,6 +342,7 @@ fn root_thread_is_the_sessions_provider_session_id() {
         timers: Vec::new(),
         diagnostics: Vec::new(),
         rejected: Vec::new(),
+        dropped: Vec::new(),
     };
     r.command(
         json!({"type":"createSession","agentSessionId":ROOT,"workspaceId":"W","provider":"codex"}),
@@ -1386,6 +1398,191 @@ fn child_only_cancel_closes_exactly_that_child_turn() {
     let out = r.feed(agent_message("c2", "ct2", "my", "sibling"));
     assert_eq!(kinds(&out), ["messageAppended"]);
     assert_eq!(r.phase(ROOT, T1), Phase::Running);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+// ---- rule: a dropped interaction request is answered natively ---------------------------------
+
+/// A server request with a `questions` list (`item/tool/requestUserInput`).
+fn user_input_request(id: Value, thread: &str, turn: &str) -> Value {
+    json!({"id":id,"method":"item/tool/requestUserInput","params":{"threadId":thread,"turnId":turn,
+        "itemId":"call-q","questions":[{"id":"q1","header":"Pick","question":"Which?","options":null}]}})
+}
+
+/// The answer the adapter wrote to server request `id`, if any.
+fn answer_to(r: &Rig, id: Value) -> Option<Value> {
+    r.native
+        .iter()
+        .find(|n| n["id"] == id && n.get("method").is_none())
+        .cloned()
+}
+
+#[test]
+fn root_approval_after_the_canonical_root_settled_is_declined_natively_so_codex_never_waits() {
+    let mut r = Rig::running();
+    r.feed(turn_completed(ROOT_THREAD, N1, "completed", None));
+    assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Completed));
+    // Codex runs another root turn on its own (no canonical turn owns it) and asks to approve.
+    r.feed(turn_started(ROOT_THREAD, "native-2"));
+    let out = r.feed(server_request(
+        json!(9),
+        "item/commandExecution/requestApproval",
+        ROOT_THREAD,
+        "native-2",
+    ));
+    // The adapter reported it on the settled canonical root turn; the engine did not take it.
+    assert_eq!(kinds(&out), ["interactionRequested"]);
+    assert_eq!(r.dropped.len(), 1);
+    assert!(r.engine.pending_interactions(ROOT).is_empty());
+    assert_eq!(
+        answer_to(&r, json!(9)),
+        Some(json!({"id": 9, "result": {"decision": "decline"}}))
+    );
+    // Exactly once: the same drop again, or codex's resolution of it, sends and emits nothing.
+    let again = r.dropped[0].clone();
+    let out = r.adapter.on_dropped(r.now, &again);
+    assert!(out.native.is_empty() && out.events.is_empty());
+    assert_eq!(out.diagnostics.len(), 1);
+    let out = r.feed(resolved(ROOT_THREAD, json!(9)));
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    // Nothing reopened the canonical root turn.
+    assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Completed));
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+#[test]
+fn late_requests_on_a_settled_child_turn_get_their_methods_refusal_or_an_error() {
+    let mut r = Rig::with_child("c1", "ct1");
+    r.feed(turn_completed("c1", "ct1", "completed", None));
+    assert_eq!(
+        r.outcome(&child("c1"), &child_turn("c1", 1)),
+        Some(Outcome::Completed)
+    );
+    let cases = [
+        (
+            server_request(json!(20), "item/fileChange/requestApproval", "c1", "ct1"),
+            json!({"decision": "decline"}),
+        ),
+        (
+            user_input_request(json!(21), "c1", "ct1"),
+            json!({"answers": {}}),
+        ),
+        (
+            server_request(json!(22), "execCommandApproval", "c1", "ct1"),
+            json!({"decision": "denied"}),
+        ),
+        (
+            server_request(json!(23), "applyPatchApproval", "c1", "ct1"),
+            json!({"decision": "denied"}),
+        ),
+        (
+            server_request(json!(24), "item/permissions/requestApproval", "c1", "ct1"),
+            json!({"permissions": {}}),
+        ),
+        (
+            server_request(json!(25), "mcpServer/elicitation/request", "c1", "ct1"),
+            json!({"action": "decline", "content": null}),
+        ),
+    ];
+    for (req, result) in cases {
+        let id = req["id"].clone();
+        r.feed(req);
+        assert_eq!(
+            answer_to(&r, id.clone()),
+            Some(json!({"id": id, "result": result}))
+        );
+    }
+    // A method without a refusal shape: a JSON-RPC error.
+    r.feed(server_request(json!("d-1"), "item/tool/call", "c1", "ct1"));
+    let a = answer_to(&r, json!("d-1")).expect("answered");
+    assert_eq!(a["error"]["code"], DROPPED_REQUEST);
+    assert!(a.get("result").is_none());
+    assert_eq!(r.dropped.len(), 7);
+    assert!(r.engine.pending_interactions(ROOT).is_empty());
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+#[test]
+fn on_dropped_answers_only_the_exact_unanswered_request_it_names() {
+    let mut r = Rig::with_child("c1", "ct1");
+    r.feed(server_request(
+        json!(7),
+        "item/commandExecution/requestApproval",
+        "c1",
+        "ct1",
+    ));
+    assert_eq!(r.engine.pending_interactions(ROOT).len(), 1);
+    assert!(r.dropped.is_empty(), "the engine took it");
+    let taken = r
+        .events
+        .iter()
+        .rev()
+        .find(|e| matches!(e, NormalizedEvent::InteractionRequested { .. }))
+        .cloned()
+        .unwrap();
+    // Another owner (the root turn) with the same request id: not this request.
+    let NormalizedEvent::InteractionRequested {
+        request_id,
+        provider_turn_id,
+        kind,
+        payload,
+        ..
+    } = taken.clone()
+    else {
+        unreachable!()
+    };
+    let foreign = NormalizedEvent::InteractionRequested {
+        agent_session_id: ROOT.into(),
+        turn_id: T1.into(),
+        request_id: request_id.clone(),
+        provider_turn_id,
+        kind,
+        payload,
+    };
+    let out = r.adapter.on_dropped(r.now, &foreign);
+    assert!(out.native.is_empty(), "{:?}", out.native);
+    // An unknown request id, and an event that is not an interaction: nothing.
+    let NormalizedEvent::InteractionRequested {
+        agent_session_id,
+        turn_id,
+        provider_turn_id,
+        kind,
+        payload,
+        ..
+    } = taken.clone()
+    else {
+        unreachable!()
+    };
+    let unknown = NormalizedEvent::InteractionRequested {
+        agent_session_id,
+        turn_id,
+        request_id: "404".into(),
+        provider_turn_id,
+        kind,
+        payload,
+    };
+    assert!(r.adapter.on_dropped(r.now, &unknown).native.is_empty());
+    let other = r.events[0].clone();
+    assert!(!matches!(
+        other,
+        NormalizedEvent::InteractionRequested { .. }
+    ));
+    assert_eq!(
+        r.adapter.on_dropped(r.now, &other),
+        AdapterOutput::default()
+    );
+    // Answered through the engine: a later drop notice for it sends nothing either.
+    r.command(
+        json!({"type":"respondInteraction","agentSessionId":child("c1"),
+        "turnId":child_turn("c1", 1),"requestId":"7","response":"allow"}),
+    );
+    let sent = r.native.len();
+    assert!(r.adapter.on_dropped(r.now, &taken).native.is_empty());
+    assert_eq!(r.native.len(), sent);
+    assert_eq!(
+        r.native.last(),
+        Some(&json!({"id": 7, "result": {"decision": "accept"}}))
+    );
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 

@@ -324,15 +324,9 @@ fn timed<E>(f: impl FnOnce() -> Result<(), E>) -> Result<Took, E> {
 
 fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Took> {
     let mut conn = Connection::open(path)?;
-    if let Ok(extra) = std::env::var("TUTTI_SQLITE_PRE") {
-        conn.execute_batch(&extra)?;
-    }
     conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
-    if let Ok(extra) = std::env::var("TUTTI_SQLITE_PRAGMAS") {
-        conn.execute_batch(&extra)?;
-    }
     conn.execute_batch(&tutti_sqlite::schema::ddl())?;
     conn.set_prepared_statement_cache_capacity(64);
     timed(|| {

@@ -255,18 +255,12 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Connection, Sqlite
     conn.set_prepared_statement_cache_capacity(64);
     // Identify before changing anything: someone else's file is left exactly as it was.
     let first = plan(&identify(&conn)?)?;
-    if let Ok(extra) = std::env::var("TUTTI_SQLITE_PRE") {
-        conn.execute_batch(&extra)?;
-    }
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(SqliteError::NoWal(mode));
     }
     conn.pragma_update(None, "synchronous", opts.synchronous.pragma())?;
     conn.pragma_update(None, "foreign_keys", true)?;
-    if let Ok(extra) = std::env::var("TUTTI_SQLITE_PRAGMAS") {
-        conn.execute_batch(&extra)?;
-    }
     if let Plan::Migrate(_) = first {
         migrate(&mut conn)?;
     }

@@ -48,6 +48,7 @@ pub enum DaemonError {
     Stopped,
 }
 
+#[allow(clippy::large_enum_variant)] // one message per input; boxing would add an allocation each
 enum Msg {
     Input(Input, Option<oneshot::Sender<Result<Step, DaemonError>>>),
     SetCwd(Id, String),

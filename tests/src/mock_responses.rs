@@ -449,6 +449,42 @@ pub enum Reply {
     Hang,
     /// Decide at request time.
     Dynamic(DynReply),
+    /// Hold the request until the [`Gate`] opens (or the server stops), then answer with the
+    /// inner reply. Deterministic alternative to [`Reply::Delay`] for a thread that must still be
+    /// running when the test acts.
+    Gated(Gate, Box<Reply>),
+}
+
+/// A latch a test opens to release every request held by [`Reply::until`]. Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<watch::Sender<bool>>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Gate(Arc::new(watch::channel(false).0))
+    }
+
+    /// Opens the gate: held requests are answered now, later ones at once.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether the gate is open.
+    pub fn is_open(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    async fn opened(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|open| *open).await;
+    }
 }
 
 impl fmt::Debug for Reply {
@@ -463,6 +499,7 @@ impl fmt::Debug for Reply {
             Reply::Delay(d, r) => f.debug_tuple("Delay").field(d).field(r).finish(),
             Reply::Hang => f.write_str("Hang"),
             Reply::Dynamic(_) => f.write_str("Dynamic(..)"),
+            Reply::Gated(_, r) => f.debug_tuple("Gated").field(r).finish(),
         }
     }
 }
@@ -596,6 +633,11 @@ impl Reply {
     /// This reply, sent after `delay`.
     pub fn after(self, delay: Duration) -> Self {
         Reply::Delay(delay, Box::new(self))
+    }
+
+    /// This reply, sent once `gate` is open (see [`Gate`]).
+    pub fn until(self, gate: &Gate) -> Self {
+        Reply::Gated(gate.clone(), Box::new(self))
     }
 }
 
@@ -987,13 +1029,18 @@ async fn handle(
         eprintln!("mock_responses: no rule matched {}", request.summary());
     }
 
-    // Resolve dynamic replies and delays (a delay is spent before anything is written).
+    // Resolve dynamic replies, delays and gates (spent before anything is written).
     let mut delay = Duration::ZERO;
+    let mut gates = Vec::new();
     let reply = loop {
         reply = match reply {
             Reply::Dynamic(f) => f(&request),
             Reply::Delay(d, inner) => {
                 delay += d;
+                *inner
+            }
+            Reply::Gated(g, inner) => {
+                gates.push(g);
                 *inner
             }
             other => break other,
@@ -1004,14 +1051,21 @@ async fn handle(
     lock(&shared.requests).push(RecordedRequest {
         request,
         rule,
-        reply: if delay.is_zero() {
-            description
-        } else {
-            format!("{description} after {delay:?}")
+        reply: match (delay.is_zero(), gates.is_empty()) {
+            (true, true) => description,
+            (false, true) => format!("{description} after {delay:?}"),
+            (true, false) => format!("{description} once gated"),
+            (false, false) => format!("{description} once gated, after {delay:?}"),
         },
     });
     shared.arrived.notify_waiters();
 
+    for gate in gates {
+        tokio::select! {
+            _ = gate.opened() => {}
+            _ = shutdown.changed() => return Ok(false),
+        }
+    }
     if !delay.is_zero() {
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -1075,7 +1129,7 @@ async fn handle(
                 }
             }
         }
-        Reply::Delay(..) | Reply::Dynamic(_) => unreachable!("resolved above"),
+        Reply::Delay(..) | Reply::Dynamic(_) | Reply::Gated(..) => unreachable!("resolved above"),
     }
 }
 
@@ -1177,7 +1231,7 @@ fn describe_reply(reply: &Reply, n: usize) -> String {
             .join(" + "),
         Reply::HttpError { status, .. } => format!("http {status}"),
         Reply::Hang => "hang".to_string(),
-        Reply::Delay(..) | Reply::Dynamic(_) => "unresolved".to_string(),
+        Reply::Delay(..) | Reply::Dynamic(_) | Reply::Gated(..) => "unresolved".to_string(),
     }
 }
 
@@ -1433,6 +1487,36 @@ mod tests {
         assert_eq!(reqs[3].depth, 2);
         assert_eq!(mock.unmatched().len(), 1);
         assert_eq!(mock.unmatched()[0].thread_id.as_deref(), Some("grandkid"));
+    }
+
+    #[tokio::test]
+    async fn gated_replies_are_held_until_the_gate_opens() {
+        let gate = Gate::new();
+        let mock = MockResponses::builder()
+            .on(Match::any(), Reply::text("released").until(&gate))
+            .start()
+            .await
+            .unwrap();
+        let mut conn = BufReader::new(TcpStream::connect(mock.addr()).await.unwrap());
+        let pending = tokio::spawn(async move {
+            let r = post(&mut conn, &[], &json!({}), false).await;
+            (r, conn)
+        });
+        let held = mock
+            .wait_for_request(Duration::from_secs(2), |r| r.seq == 0)
+            .await
+            .unwrap();
+        assert!(held.reply.contains("once gated"), "{}", held.reply);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!pending.is_finished(), "answered before the gate opened");
+        assert!(!gate.is_open());
+        gate.open();
+        let ((status, sse), mut conn) = pending.await.unwrap();
+        assert_eq!(status, 200);
+        assert!(sse.contains("released"));
+        // An open gate no longer holds anything.
+        let (status, _) = post(&mut conn, &[], &json!({}), false).await;
+        assert_eq!(status, 200);
     }
 
     #[tokio::test]

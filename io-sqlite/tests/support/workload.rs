@@ -523,7 +523,12 @@ impl Driver {
                         "started"
                     }
                     .to_string(),
-                    kind: n.is_multiple_of(3).then(|| json!("exec")),
+                    kind: match n % 3 {
+                        0 => Some(json!("exec")),
+                        // An explicit `null` kind is stored as Some(Null) and must round-trip.
+                        1 => Some(serde_json::Value::Null),
+                        _ => None,
+                    },
                     payload: Some(json!({ "cmd": "ls", "n": n, "ratio": 0.1 + n as f64 / 7.0 })),
                 }
                 .into()

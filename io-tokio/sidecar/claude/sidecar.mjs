@@ -26,7 +26,9 @@
 //   {"kind":"exited",("error")}             the query ended
 //
 // The sidecar holds no lifecycle policy: it relays. stderr carries diagnostics with ids and lengths
-// only, never prompt or message content.
+// only, never prompt or message content (TUTTI_SIDECAR_TRACE=1 adds one line per relayed SDK
+// message with its type/subtype/status/origin; TUTTI_SIDECAR_CLI_STDERR=1 passes the CLI's own
+// stderr through).
 
 import { createInterface } from 'node:readline';
 import { randomUUID } from 'node:crypto';
@@ -49,6 +51,20 @@ const DEFAULT_HOOKS = [
 ];
 
 const CLI_STDERR = process.env.TUTTI_SIDECAR_CLI_STDERR === '1';
+// TUTTI_SIDECAR_TRACE=1: one stderr line per relayed SDK message with its shape only (type,
+// subtype, status, origin kind, whether it is scoped to a subagent), never its content.
+const TRACE = process.env.TUTTI_SIDECAR_TRACE === '1';
+
+function shape(m) {
+  const parts = [`type=${m?.type ?? '-'}`];
+  if (typeof m?.subtype === 'string') parts.push(`subtype=${m.subtype}`);
+  const status = m?.status ?? m?.patch?.status;
+  if (typeof status === 'string') parts.push(`status=${status}`);
+  if (typeof m?.origin?.kind === 'string') parts.push(`origin=${m.origin.kind}`);
+  if (typeof m?.task_id === 'string') parts.push(`task=${m.task_id}`);
+  parts.push(`scope=${typeof m?.parent_tool_use_id === 'string' ? 'subagent' : 'root'}`);
+  return parts.join(' ');
+}
 
 function sdkVersion() {
   try {
@@ -197,6 +213,7 @@ function startQuery(cmd) {
     let error;
     try {
       for await (const m of q) {
+        if (TRACE) log(`message ${shape(m)}`);
         emit({ kind: 'message', message: m });
       }
     } catch (e) {
@@ -249,6 +266,7 @@ function shutdown(code = 0) {
 }
 
 async function handle(cmd) {
+  if (TRACE) log(`command op=${typeof cmd.op === 'string' ? cmd.op : '-'} id=${typeof cmd.id === 'string' ? cmd.id : '-'}`);
   switch (cmd.op) {
     case 'start':
       startQuery(cmd);

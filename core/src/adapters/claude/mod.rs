@@ -60,7 +60,10 @@
 //!   the answer is acknowledged, the callback is cancelled, or the SDK shows the tool's result.
 //! - A permission callback that cannot be scoped to a known session (an `agentID` bound to no
 //!   child), or whose owner is closed or settled, is denied at once: the SDK would otherwise wait
-//!   forever, and attributing it to the root is forbidden.
+//!   forever, and attributing it to the root is forbidden. When the owner looked open to the
+//!   adapter but the engine did not take the `interactionRequested` (for example a root callback
+//!   of a timed-out continuation after the canonical root settled), [`Adapter::on_dropped`]
+//!   denies that callback the same way.
 //! - A `stopTask` for a child whose task id is not known yet is sent as soon as `task_started`
 //!   reveals it (the cancel waits for that, bounded by [`ClaudeConfig::cancel_timeout_ms`]).
 //! - An `exited` line (the SDK query ended) completes the open root provider turns (`failed` with
@@ -816,6 +819,48 @@ impl Adapter for ClaudeAdapter {
 
     fn on_timer(&mut self, now: Millis, id: &str) -> AdapterOutput {
         self.timer(now, id)
+    }
+
+    /// The engine did not take an `interactionRequested` this adapter emitted (its owner turn
+    /// settled, for example a root permission callback that arrives after the canonical root turn
+    /// settled, or it is a closed cancellation target): nobody can answer that SDK `canUseTool`
+    /// callback any more, so it is denied at once ("the SDK would otherwise wait forever").
+    /// Only a callback the adapter still holds for exactly that session/turn is denied; anything
+    /// else (an answered, cancelled or unknown request, another event kind) changes nothing.
+    fn on_dropped(&mut self, _now: Millis, event: &NormalizedEvent) -> AdapterOutput {
+        let mut out = AdapterOutput::default();
+        let NormalizedEvent::InteractionRequested {
+            agent_session_id,
+            turn_id,
+            request_id,
+            ..
+        } = event
+        else {
+            return out;
+        };
+        let held = self
+            .permissions
+            .get(request_id.as_ref())
+            .is_some_and(|p| p.session == *agent_session_id && p.turn == *turn_id);
+        if !held {
+            return out;
+        }
+        let Some(p) = self.permissions.remove(request_id.as_ref()) else {
+            return out;
+        };
+        if let Some(c) = p.child.as_ref().and_then(|k| self.children.get_mut(k)) {
+            // The child runs again as soon as the SDK shows the (denied) tool's result.
+            c.pending_permissions = c.pending_permissions.saturating_sub(1);
+        }
+        out.diagnostics.push(format!(
+            "claude: the engine did not take permission request {request_id}; denied"
+        ));
+        self.auto_deny(
+            request_id,
+            "tutti: the turn no longer accepts interactions",
+            &mut out,
+        );
+        out
     }
 
     /// "Guidance always targets the root session": while only children run, the adapter opens a

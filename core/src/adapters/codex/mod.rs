@@ -49,7 +49,11 @@
 //!   the native `turnId`, `kind` = the method name and `payload` = the params. A request on an
 //!   unknown non-root thread (or without a thread) is answered at once with a JSON-RPC error
 //!   ([`UNOWNED_REQUEST`]), "never attributed to the root". `serverRequest/resolved` becomes
-//!   `interactionResolved` through the owning session/turn recorded with the request.
+//!   `interactionResolved` through the owning session/turn recorded with the request. An
+//!   `interactionRequested` the engine does not accept (e.g. an approval on the root thread after
+//!   the canonical root turn settled) comes back through `on_dropped` and is refused natively at
+//!   once (a `decline`, or [`DROPPED_REQUEST`] for a method without a refusal shape), so codex
+//!   never waits on it.
 //! - **Guidance**: [`GuideMode::Steer`] sends `turn/steer` with `expectedTurnId` = the running
 //!   native root turn; [`GuideMode::StartOnRoot`] sends `turn/start` on the root thread, whose
 //!   turn then attaches to the same canonical root turn. An error answer becomes
@@ -122,6 +126,10 @@ pub const MAX_EARLY_EVENTS: usize = 256;
 pub const UNOWNED_REQUEST: i64 = -32001;
 /// JSON-RPC error code of the answer to a server request whose user answer has no native shape.
 pub const UNSUPPORTED_ANSWER: i64 = -32002;
+
+/// JSON-RPC error code of the answer to a server request the engine did not accept (see
+/// [`CodexAdapter`]'s `on_dropped`) when its method has no native refusal shape.
+pub const DROPPED_REQUEST: i64 = -32003;
 
 const TIMER_CANCEL: &str = "cancel:";
 
@@ -1667,6 +1675,63 @@ impl Adapter for CodexAdapter {
                 }
             }
             None => out.diagnostics.push(format!("unknown timer {id}")),
+        }
+        out
+    }
+
+    /// An `interactionRequested` the engine did not take (the canonical turn already settled, a
+    /// closed cancellation target, a duplicate, an unknown session): codex still waits on that
+    /// JSON-RPC server request, so it is refused natively at once. Approvals get `decline` (legacy
+    /// ones `denied`), a permission request an empty grant, user input no answers, an MCP
+    /// elicitation `decline`; a method without a refusal shape gets a JSON-RPC error
+    /// ([`DROPPED_REQUEST`]). Only the exact pending request recorded for that session/turn is
+    /// answered, and only once: a request that was already answered or resolved, or whose key
+    /// now belongs to another owner, is left alone (a diagnostic).
+    fn on_dropped(&mut self, _now: Millis, event: &NormalizedEvent) -> AdapterOutput {
+        let mut out = AdapterOutput::default();
+        let NormalizedEvent::InteractionRequested {
+            agent_session_id,
+            turn_id,
+            request_id,
+            ..
+        } = event
+        else {
+            return out;
+        };
+        let owned = self
+            .requests
+            .get(&**request_id)
+            .is_some_and(|p| !p.answered && p.session == *agent_session_id && p.turn == *turn_id);
+        let pending = if owned {
+            self.requests.remove(&**request_id)
+        } else {
+            None
+        };
+        let Some(p) = pending else {
+            out.diagnostics.push(format!(
+                "dropped interaction {request_id} of {agent_session_id}/{turn_id}: no such pending server request; nothing sent"
+            ));
+            return out;
+        };
+        match protocol::decline(&p.method, &p.params) {
+            Some(result) => {
+                out.diagnostics.push(format!(
+                    "server request {request_id} ({}): not accepted for {agent_session_id}/{turn_id}; declined",
+                    p.method
+                ));
+                out.native.push(protocol::result(&p.id, result));
+            }
+            None => {
+                out.diagnostics.push(format!(
+                    "server request {request_id} ({}): not accepted for {agent_session_id}/{turn_id}; answered with an error",
+                    p.method
+                ));
+                out.native.push(protocol::error(
+                    &p.id,
+                    DROPPED_REQUEST,
+                    "the session did not accept this request (its turn is over or canceled)",
+                ));
+            }
         }
         out
     }

@@ -495,6 +495,30 @@ fn word(v: &Value) -> Option<Word> {
     }
 }
 
+/// Server request methods whose native answer has a refusal shape (see [`decline`]).
+pub(crate) const DECLINABLE: &[&str] = &[
+    "item/commandExecution/requestApproval",
+    "item/fileChange/requestApproval",
+    "item/permissions/requestApproval",
+    "item/tool/requestUserInput",
+    "mcpServer/elicitation/request",
+    "execCommandApproval",
+    "applyPatchApproval",
+];
+
+/// The native refusal of a server request nobody will answer: `decline` for the v2 approvals,
+/// `denied` for the legacy ones, an empty grant for permissions, no answers for user input, and
+/// `decline` for MCP elicitations. `None` for a method without a known refusal shape (the caller
+/// answers it with a JSON-RPC error instead).
+pub(crate) fn decline(method: &str, params: &Value) -> Option<Value> {
+    if !DECLINABLE.contains(&method) {
+        return None;
+    }
+    // `false` is the plain "decline" word; unlike the string it is never taken as the text
+    // answer of a single user-input question.
+    answer(method, params, &Value::Bool(false)).ok()
+}
+
 /// The native `result` for the engine's opaque `response` to a server request of `method`.
 ///
 /// An object is already the native shape and passes through unchanged. Otherwise the words

@@ -175,7 +175,8 @@ impl CodexReplay {
         self.out.diagnostics.push(format!("line {line}: {text}"));
     }
 
-    fn engine_input(&mut self, input: Input) {
+    /// Feeds the engine; true if it took the input (accepted and not ignored).
+    fn engine_input(&mut self, input: Input) -> bool {
         self.now += 1;
         match self.engine.handle(self.now, &input) {
             Ok(step) => {
@@ -185,6 +186,7 @@ impl CodexReplay {
                         .violations
                         .push(format!("line {line}: after {}: {v}", input.kind()));
                 }
+                let taken = step.ignored.is_none();
                 if let Some(why) = step.ignored {
                     self.diag(format!("engine ignored {}: {why:?}", input.kind()));
                 }
@@ -192,8 +194,12 @@ impl CodexReplay {
                     let out = self.adapter.on_request(self.now, &req);
                     self.absorb(out);
                 }
+                taken
             }
-            Err(e) => self.diag(format!("engine rejected {}: {e}", input.kind())),
+            Err(e) => {
+                self.diag(format!("engine rejected {}: {e}", input.kind()));
+                false
+            }
         }
     }
 
@@ -217,11 +223,16 @@ impl CodexReplay {
         }
         for e in out.events {
             self.out.events.push(e.clone());
-            self.engine_input(Input::Event(e));
+            let taken = self.engine_input(Input::Event(e.clone()));
+            // As the daemon does: a request the engine did not take is answered by the adapter.
+            if !taken && matches!(e, NormalizedEvent::InteractionRequested { .. }) {
+                let out = self.adapter.on_dropped(self.now, &e);
+                self.absorb(out);
+            }
         }
         for a in out.answers {
             self.out.answers.push(a.clone());
-            self.engine_input(Input::Runtime(a));
+            let _ = self.engine_input(Input::Runtime(a));
         }
     }
 
@@ -345,7 +356,7 @@ impl CodexReplay {
                 match active {
                     Some((agent_session_id, turn_id)) => {
                         self.ops += 1;
-                        self.engine_input(Input::Command(Command::CancelTurn {
+                        let _ = self.engine_input(Input::Command(Command::CancelTurn {
                             operation_id: format!("replay-cancel-{}", self.ops).into(),
                             agent_session_id,
                             turn_id,
@@ -367,7 +378,7 @@ impl CodexReplay {
                     })
                     .unwrap_or_default();
                 self.turns += 1;
-                self.engine_input(Input::Command(Command::Submit {
+                let _ = self.engine_input(Input::Command(Command::Submit {
                     agent_session_id: root,
                     turn_id: format!("turn-{}", self.turns).into(),
                     text,
@@ -394,12 +405,14 @@ impl CodexReplay {
             .into_iter()
             .find(|i| *i.request_id == *key);
         match pending {
-            Some(i) => self.engine_input(Input::Command(Command::RespondInteraction {
-                agent_session_id: i.agent_session_id,
-                turn_id: i.turn_id,
-                request_id: i.request_id,
-                response,
-            })),
+            Some(i) => {
+                let _ = self.engine_input(Input::Command(Command::RespondInteraction {
+                    agent_session_id: i.agent_session_id,
+                    turn_id: i.turn_id,
+                    request_id: i.request_id,
+                    response,
+                }));
+            }
             None => self.diag(format!(
                 "client answered request {key}, which is not a pending interaction"
             )),

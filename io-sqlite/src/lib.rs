@@ -63,6 +63,7 @@
 
 mod apply;
 mod codec;
+mod consistent;
 mod error;
 mod open;
 mod outbox;

@@ -113,9 +113,11 @@ impl SqliteStore {
     /// Loads the trees of these root ids (ids that are not stored roots are skipped), sorted by
     /// root id. Seven indexed queries whatever the number of trees.
     pub(crate) fn load_trees_of(&self, roots: &[&str]) -> Result<Vec<TreeSnapshot>, SqliteError> {
-        let tx = self.conn.unchecked_transaction()?;
+        let tx = self.read_tx()?;
         let out = self.load_trees_in_tx(roots)?;
-        tx.commit()?;
+        if let Some(tx) = tx {
+            tx.commit()?;
+        }
         Ok(out)
     }
 
@@ -193,22 +195,26 @@ impl SqliteStore {
 
     /// Trees with an active root turn or a prepared cancel operation (and only those).
     pub(crate) fn live_trees(&self) -> Result<Vec<TreeSnapshot>, SqliteError> {
-        let tx = self.conn.unchecked_transaction()?;
+        let tx = self.read_tx()?;
         let ids = self.root_ids(LIVE_ROOTS)?;
         let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
         let out = self.load_trees_in_tx(&refs)?;
-        tx.commit()?;
+        if let Some(tx) = tx {
+            tx.commit()?;
+        }
         Ok(out)
     }
 
     /// Every root tree (tombstones included), sorted by root id: the whole database as the
     /// engine sees it (`tutti snapshot --db FILE`).
     pub fn snapshot_all(&self) -> Result<Vec<TreeSnapshot>, SqliteError> {
-        let tx = self.conn.unchecked_transaction()?;
+        let tx = self.read_tx()?;
         let ids = self.root_ids(ALL_ROOTS)?;
         let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
         let out = self.load_trees_in_tx(&refs)?;
-        tx.commit()?;
+        if let Some(tx) = tx {
+            tx.commit()?;
+        }
         Ok(out)
     }
 
@@ -277,7 +283,7 @@ impl SqliteStore {
         &self,
         id: &str,
     ) -> Result<Option<SessionDetail>, SqliteError> {
-        let tx = self.conn.unchecked_transaction()?;
+        let tx = self.read_tx()?;
         let Some(session) = self.read_session(id)? else {
             return Ok(None);
         };
@@ -286,7 +292,9 @@ impl SqliteStore {
             .clone()
             .unwrap_or_else(|| session.id.clone());
         let tree: Vec<Session> = self.query_json("sessions", TREE_CHILDREN, [&*root])?;
-        tx.commit()?;
+        if let Some(tx) = tx {
+            tx.commit()?;
+        }
         Ok(Some(SessionDetail::build(session, tree)))
     }
 

@@ -261,48 +261,48 @@ async fn detail(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    session_in(&s.daemon, &ws, &id).await?;
-    let d = read(&s.daemon, move |r| r.session_detail(&id))
-        .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .ok_or_else(|| ApiError::not_found("session"))?;
-    // Each session's turns ride along so a client can render phases without N more calls.
-    let ids: Vec<String> = std::iter::once(&d.session)
-        .chain(d.child_sessions.iter())
-        .filter_map(|s| s.last_turn_id.as_ref().map(|t| t.to_string()))
-        .collect();
-    let root = d
-        .session
-        .root_agent_session_id
-        .clone()
-        .unwrap_or_else(|| d.session.id.clone());
-    let members: std::collections::BTreeSet<Id> = std::iter::once(&d.session)
-        .chain(d.child_sessions.iter())
-        .map(|s| s.id.clone())
-        .collect();
-    let (turns, interactions) = read(&s.daemon, move |r| {
-        let turns: Vec<_> = ids
-            .iter()
+    // One read transaction: the session, its nested children, their turns and interactions are
+    // one durable snapshot (never half of a step).
+    let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
+        let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        if *d.session.workspace_id != *ws {
+            return Ok(None);
+        }
+        let turns: Vec<_> = std::iter::once(&d.session)
+            .chain(d.child_sessions.iter())
+            .filter_map(|s| s.last_turn_id.as_ref())
             .filter_map(|t| r.turn(t).ok().flatten())
+            .collect();
+        let root = d
+            .session
+            .root_agent_session_id
+            .clone()
+            .unwrap_or_else(|| d.session.id.clone());
+        let members: std::collections::BTreeSet<&Id> = std::iter::once(&d.session)
+            .chain(d.child_sessions.iter())
+            .map(|s| &s.id)
             .collect();
         let interactions: Vec<_> = r
             .load_tree(&root)
-            .ok()
-            .flatten()
+            .map_err(|e| e.to_string())?
             .map(|t| t.interactions)
             .unwrap_or_default()
             .into_iter()
             .filter(|i| members.contains(&i.agent_session_id))
             .collect();
-        (turns, interactions)
+        Ok(Some(json!({
+            "session": d.session,
+            "childSessions": d.child_sessions,
+            "turns": turns,
+            "interactions": interactions,
+        })))
     })
-    .await?;
-    Ok(Json(json!({
-        "session": d.session,
-        "childSessions": d.child_sessions,
-        "turns": turns,
-        "interactions": interactions,
-    })))
+    .await?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
+    .ok_or_else(|| ApiError::not_found("session"))?;
+    Ok(Json(out))
 }
 
 #[derive(Deserialize)]

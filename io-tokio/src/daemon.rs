@@ -165,7 +165,10 @@ impl Daemon {
             .reader
             .lock()
             .map_err(|_| DaemonError::Storage("reader poisoned".into()))?;
-        Ok(f(&guard))
+        // One read transaction per call: the reads inside see one committed state.
+        guard
+            .read_consistent(f)
+            .map_err(|e| DaemonError::Storage(e.to_string()))
     }
 
     /// The newest published outbox sequence number (changes when new rows are committed).

@@ -22,6 +22,7 @@
 pub mod agents;
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod daemon;

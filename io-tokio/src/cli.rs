@@ -1,0 +1,259 @@
+//! The `tutti` command line (the binary is a thin wrapper so test crates can ship the same
+//! program).
+//!
+//! `tutti`: the command-line client of `tuttid`, plus offline tools.
+//!
+//! Live (through the HTTP API): `sessions`, `show ID`, `watch ID`, `submit ID TEXT`,
+//! `cancel ID [TURN]`. Offline: `replay [--db FILE] SCENARIO.jsonl`, `snapshot --db FILE`,
+//! `replay-native --provider codex|claude FILE`.
+
+use crate::config::data_dir;
+use crate::render::render;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+use std::io::BufRead;
+use std::path::PathBuf;
+use tutti_core::model::{Session, Turn};
+use tutti_core::store::MemoryStore;
+use tutti_core::{scenario, Engine};
+
+#[derive(Parser)]
+#[command(
+    name = "tutti",
+    about = "tutti client: sessions, trees, submit, cancel, replay"
+)]
+struct Cli {
+    /// Daemon address.
+    #[arg(long, default_value = "127.0.0.1:7420", global = true)]
+    addr: String,
+    /// Bearer token file (default: the daemon's default).
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+    /// Workspace.
+    #[arg(long, default_value = "default", global = true)]
+    workspace: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create a root session.
+    New {
+        /// Provider name.
+        provider: String,
+        /// Title.
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// List root sessions.
+    Sessions,
+    /// Show a session tree: each child lane under the tool call that spawned it.
+    Show { id: String },
+    /// Follow a session tree live from the event stream.
+    Watch { id: String },
+    /// Send a message to a root session.
+    Submit { id: String, text: String },
+    /// Cancel a turn (default: the session's active turn).
+    Cancel { id: String, turn: Option<String> },
+    /// Run a scenario file through the engine (and SQLite with --db); print the final snapshot.
+    Replay {
+        #[arg(long)]
+        db: Option<PathBuf>,
+        file: PathBuf,
+    },
+    /// Print every tree stored in a database file.
+    Snapshot {
+        #[arg(long)]
+        db: PathBuf,
+    },
+    /// Replay a captured native transcript through the adapter and the engine.
+    ReplayNative {
+        #[arg(long)]
+        provider: String,
+        file: PathBuf,
+    },
+}
+
+/// Runs `tutti` with the process arguments.
+pub fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(&cli) {
+        eprintln!("tutti: {e}");
+        std::process::exit(1);
+    }
+}
+
+struct Client {
+    base: String,
+    token: String,
+    ws: String,
+}
+
+impl Client {
+    fn new(cli: &Cli) -> Result<Client, String> {
+        let path = cli
+            .token_file
+            .clone()
+            .unwrap_or_else(|| data_dir().join("token"));
+        let token = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+        Ok(Client {
+            base: format!("http://{}", cli.addr),
+            token: token.trim().to_string(),
+            ws: cli.workspace.clone(),
+        })
+    }
+    fn url(&self, rest: &str) -> String {
+        format!(
+            "{}/v1/workspaces/{}/agent-sessions{rest}",
+            self.base, self.ws
+        )
+    }
+    fn call(&self, method: &str, url: &str, body: Option<Value>) -> Result<Value, String> {
+        let req =
+            ureq::request(method, url).set("authorization", &format!("Bearer {}", self.token));
+        let resp = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match resp {
+            Ok(r) => r.into_json::<Value>().map_err(|e| e.to_string()),
+            Err(ureq::Error::Status(code, r)) => {
+                let v: Value = r.into_json().unwrap_or(Value::Null);
+                Err(format!(
+                    "HTTP {code}: {}",
+                    v["error"]["message"].as_str().unwrap_or("error")
+                ))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+    fn show(&self, id: &str) -> Result<String, String> {
+        let d = self.call("GET", &self.url(&format!("/{id}")), None)?;
+        let root: Session =
+            serde_json::from_value(d["session"].clone()).map_err(|e| e.to_string())?;
+        let kids: Vec<Session> =
+            serde_json::from_value(d["childSessions"].clone()).map_err(|e| e.to_string())?;
+        let turns: Vec<Turn> = serde_json::from_value(d["turns"].clone()).unwrap_or_default();
+        Ok(render(&root, &kids, &turns))
+    }
+}
+
+fn print(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn run(cli: &Cli) -> Result<(), String> {
+    match &cli.cmd {
+        Cmd::New { provider, title } => {
+            let c = Client::new(cli)?;
+            print(&c.call(
+                "POST",
+                &c.url(""),
+                Some(json!({"provider": provider, "title": title})),
+            )?);
+        }
+        Cmd::Sessions => {
+            let c = Client::new(cli)?;
+            let v = c.call("GET", &c.url(""), None)?;
+            for s in v["sessions"].as_array().into_iter().flatten() {
+                println!(
+                    "{}  {}  {}  {}",
+                    s["id"].as_str().unwrap_or(""),
+                    s["provider"].as_str().unwrap_or(""),
+                    s["activeTurnId"]
+                        .as_str()
+                        .map_or("idle".to_string(), |t| format!("active {t}")),
+                    s["title"].as_str().unwrap_or("")
+                );
+            }
+        }
+        Cmd::Show { id } => print!("{}", Client::new(cli)?.show(id)?),
+        Cmd::Watch { id } => {
+            let c = Client::new(cli)?;
+            print!("{}", c.show(id)?);
+            let resp = ureq::get(&format!("{}/v1/events", c.base))
+                .set("authorization", &format!("Bearer {}", c.token))
+                .call()
+                .map_err(|e| e.to_string())?;
+            for line in std::io::BufReader::new(resp.into_reader()).lines() {
+                let line = line.map_err(|e| e.to_string())?;
+                if line.starts_with("data:") {
+                    println!("----");
+                    print!("{}", c.show(id)?);
+                }
+            }
+        }
+        Cmd::Submit { id, text } => {
+            let c = Client::new(cli)?;
+            print(&c.call(
+                "POST",
+                &c.url(&format!("/{id}/submit")),
+                Some(json!({"text": text})),
+            )?);
+        }
+        Cmd::Cancel { id, turn } => {
+            let c = Client::new(cli)?;
+            let turn = match turn {
+                Some(t) => t.clone(),
+                None => {
+                    let d = c.call("GET", &c.url(&format!("/{id}")), None)?;
+                    d["session"]["activeTurnId"]
+                        .as_str()
+                        .ok_or("the session has no active turn")?
+                        .to_string()
+                }
+            };
+            print(&c.call(
+                "POST",
+                &c.url(&format!("/{id}/turns/{turn}/cancel")),
+                Some(json!({})),
+            )?);
+        }
+        Cmd::Replay { db, file } => {
+            let text =
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let mut engine = Engine::new();
+            let checks = match db {
+                Some(path) => {
+                    let mut store =
+                        tutti_sqlite::SqliteStore::open(path).map_err(|e| e.to_string())?;
+                    scenario::run(&text, &mut engine, &mut store)?
+                }
+                None => scenario::run(&text, &mut engine, &mut MemoryStore::new())?,
+            };
+            eprintln!("{checks} checks passed");
+            let snaps: Vec<_> = engine
+                .roots()
+                .iter()
+                .filter_map(|r| engine.snapshot(r))
+                .collect();
+            print(&serde_json::to_value(snaps).map_err(|e| e.to_string())?);
+        }
+        Cmd::Snapshot { db } => {
+            let store = tutti_sqlite::SqliteStore::open_with(
+                db,
+                &tutti_sqlite::OpenOptions::new().create(false),
+            )
+            .map_err(|e| e.to_string())?;
+            let snaps = store.snapshot_all().map_err(|e| e.to_string())?;
+            print(&serde_json::to_value(snaps).map_err(|e| e.to_string())?);
+        }
+        Cmd::ReplayNative { provider, file } => {
+            let text =
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let out = match provider.as_str() {
+                "codex" => {
+                    serde_json::to_value(tutti_core::adapters::codex::replay_transcript(&text)?)
+                }
+                "claude" => {
+                    serde_json::to_value(tutti_core::adapters::claude::replay_transcript(&text)?)
+                }
+                other => return Err(format!("unknown provider {other} (codex, claude)")),
+            };
+            print(&out.map_err(|e| e.to_string())?);
+        }
+    }
+    Ok(())
+}

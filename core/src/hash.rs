@@ -51,9 +51,17 @@ impl Hasher for FxHasher {
     fn write_usize(&mut self, i: usize) {
         self.add(i as u64);
     }
+    /// A final avalanche (murmur3's fmix64). Plain Fx leaves the low bits (which pick the
+    /// bucket) blind to the high input bytes, so ids that differ only near their ends (`m123`,
+    /// `m124`, ...) would pile into a few buckets and make lookups grow with the map.
     #[inline]
     fn finish(&self) -> u64 {
-        self.hash
+        let mut h = self.hash;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
     }
 }
 

@@ -69,3 +69,23 @@ impl Hasher for FxHasher {
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// A `HashSet` with [`FxHasher`].
 pub type FxSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::FxHasher;
+    use std::hash::{Hash, Hasher};
+
+    /// "Per-event cost must not grow with the size of a tree": ids that differ only in their
+    /// last bytes must spread over the buckets hashbrown picks from the low bits.
+    #[test]
+    fn ids_differing_in_their_last_bytes_spread_over_low_bits() {
+        let mut buckets = std::collections::HashSet::new();
+        for i in 0..4096u32 {
+            let mut h = FxHasher::default();
+            format!("message-{i:08}").as_str().hash(&mut h);
+            buckets.insert(h.finish() & 0xfff);
+        }
+        // A uniform hash fills about 63% of 4096 buckets with 4096 keys.
+        assert!(buckets.len() > 2300, "only {} of 4096 low-bit buckets used", buckets.len());
+    }
+}

@@ -6,6 +6,20 @@
 //! The sidecar is installed on first use (`npm ci` into `<workspace>/.providers/claude-sidecar`);
 //! an install failure FAILS these tests, it never skips them.
 //!
+//! Covered (spec "Claude Code SDK Mapping", "Cancellation", "Root Turn Lifecycle"):
+//! (a) a background child outlives the root result: the root waits, the SDK's automatic
+//!     follow-up is another root provider turn (`synthetic-*`) on the same canonical root turn;
+//! (b) two concurrent background children, each bound to its own SDK task;
+//! (c) a child permission (`canUseTool` with `agentID`) owned by the child session/turn and
+//!     answered through the HTTP API;
+//! (d) a child-only cancel (`stopTask`): the child is canceled, the root settles from its own
+//!     outcome;
+//! (e) a root cancel with running children, while the root waits or while its provider turn
+//!     still runs (the late provider terminal is recorded without reopening anything);
+//! (f) the notification continuation boundary (`continuationTimeoutMs`) expiring;
+//! and `Adapter::on_dropped`: a root permission asked after the root settled is denied, so the
+//! SDK query goes on.
+//!
 //! Every test records the daemon's outbox through `GET /v1/events` (SSE) from sequence 0, so
 //! transient states (a root turn `waiting` on a child, two children running at once) and "nothing
 //! happened later" are asserted on the durable history rather than on lucky polling. Waits poll
@@ -75,12 +89,16 @@ impl Feed {
 }
 
 /// A daemon with a `claude` provider, the mock Messages API it talks to, and the outbox feed.
+/// Fields drop in order: the daemon (and with it the sidecar) goes first.
 struct Rig {
-    mock: MockMessages,
-    dirs: OfflineDirs,
     d: TestDaemon,
     feed: Feed,
+    mock: MockMessages,
+    /// Taken right after the mock started: `RecordedRequest::at` is relative to (about) this.
+    mock_started: Instant,
+    dirs: OfflineDirs,
     log: PathBuf,
+    _log_dir: tempfile::TempDir,
     started: Instant,
 }
 
@@ -116,13 +134,13 @@ impl Rig {
             )
         });
         let mock = MockMessages::start(script).expect("the mock Messages API starts");
+        let mock_started = Instant::now();
         let dirs = OfflineDirs::new().expect("temp HOME and cwd");
         let log_dir = tempfile::Builder::new()
             .prefix("tutti-claude-e2e-")
             .tempdir()
-            .expect("temp dir")
-            .keep();
-        let log = log_dir.join("sidecar.log");
+            .expect("temp dir");
+        let log = log_dir.path().join("sidecar.log");
         // `options.query` is passed to the SDK's query() as given: cwd, model, the offline env
         // (HOME, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY=dummy, the DISABLE_* switches, NO_PROXY,
         // PATH), settingSources [], persistSession false, permissionMode "default".
@@ -150,10 +168,12 @@ impl Rig {
         let feed = Feed::start(&d);
         Rig {
             mock,
+            mock_started,
             dirs,
             d,
             feed,
             log,
+            _log_dir: log_dir,
             started: Instant::now(),
         }
     }
@@ -224,6 +244,30 @@ impl Rig {
                 panic!("timed out waiting for {what}\n{}", self.diagnostics(id));
             }
             std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// Waits until the outbox feed has caught up with `detail`: for every turn in it, the feed's
+    /// latest version of that turn shows the same phase and outcome. Returns the turn rows.
+    fn synced(&self, id: &str, detail: &Value) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let rows = self.turn_rows();
+            let caught_up = detail["turns"].as_array().into_iter().flatten().all(|t| {
+                rows.iter()
+                    .rfind(|r| r["id"] == t["id"])
+                    .is_some_and(|r| r["phase"] == t["phase"] && r["outcome"] == t["outcome"])
+            });
+            if caught_up {
+                return rows;
+            }
+            if start.elapsed() > Duration::from_secs(WAIT) {
+                panic!(
+                    "the event feed never caught up with the detail\n{}",
+                    self.diagnostics(id)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -425,7 +469,7 @@ fn background_child_outlives_the_root_result_and_the_follow_up_stays_in_the_same
         "the follow-up: {pid}\n{}",
         diag()
     );
-    let rows = rig.turn_rows();
+    let rows = rig.synced(&id, &end);
     let root_ids: std::collections::BTreeSet<&str> = rows
         .iter()
         .filter(|t| t["agentSessionId"] == id.as_str())
@@ -503,6 +547,7 @@ fn two_concurrent_background_children_each_keep_their_own_session_and_gate_the_r
     assert_eq!(kids.len(), 2, "{}", diag());
 
     // Both children ran at the same time, under the active root.
+    rig.synced(&id, &end);
     let both = rig.first_state(|s| {
         let running = s
             .values()
@@ -567,7 +612,7 @@ fn two_concurrent_background_children_each_keep_their_own_session_and_gate_the_r
         kids[1]["providerAliases"]["taskId"]
     );
     // One canonical root turn, settled only after the last child, never reopened.
-    let rows = rig.turn_rows();
+    let rows = rig.synced(&id, &end);
     assert!(rows
         .iter()
         .filter(|t| t["agentSessionId"] == id.as_str())
@@ -625,10 +670,14 @@ fn a_child_permission_is_owned_by_the_child_turn_and_answered_through_the_api() 
     );
     let id = rig.create();
     let (_, turn) = rig.submit(&id, "SPAWN_WRITER: delegate a write");
-    let v = rig.wait(&id, "a pending child interaction", |v| {
+    // The adapter emits the interaction, then the child's `waiting` (two engine steps).
+    let v = rig.wait(&id, "a pending child interaction, its child waiting", |v| {
         v["interactions"]
             .as_array()
             .is_some_and(|a| a.iter().any(|i| i["status"] == "pending"))
+            && child_ids(v)
+                .iter()
+                .any(|c| turn_of(v, c).is_some_and(|t| t["phase"] == "waiting"))
     });
     let diag = || rig.diagnostics(&id);
     let i = v["interactions"]
@@ -718,6 +767,7 @@ fn a_child_permission_is_owned_by_the_child_turn_and_answered_through_the_api() 
     // The child's own Write tool call stays on the child turn (without `forwardSubagentText`
     // the SDK forwards only a foreground subagent's tool blocks, not its text); the parent's
     // Agent call stays on the root turn.
+    rig.synced(&id, &end);
     let calls: Vec<Value> = rig
         .feed
         .rows()
@@ -863,7 +913,7 @@ fn child_only_cancel_stops_that_child_and_the_root_settles_from_its_own_outcome(
         diag()
     );
     assert_eq!(later["session"].get("activeTurnId"), None);
-    let rows = rig.turn_rows();
+    let rows = rig.synced(&id, &later);
     let settled_at = rows
         .iter()
         .position(|t| t["id"] == turn.as_str() && !active(t))
@@ -990,7 +1040,7 @@ fn root_cancel_cancels_the_root_and_its_children_and_nothing_resurrects() {
     for c in &kids {
         assert_eq!(outcome(&later, c), outcome(&end, c), "child {c} unchanged");
     }
-    let rows = rig.turn_rows();
+    let rows = rig.synced(&id, &later);
     let settled_at = rows
         .iter()
         .position(|t| t["id"] == turn.as_str() && !active(t))
@@ -1060,6 +1110,7 @@ fn an_expired_continuation_boundary_settles_the_root_and_its_late_output_is_drop
     let id = rig.create();
     let (_, turn) = rig.submit(&id, "SPAWN_BG: delegate in the background");
     let end = rig.wait(&id, "the root settled", |v| settled(v, &id));
+    let settled_seen = Instant::now();
     let diag = || rig.diagnostics(&id);
     let root = turn_of(&end, &id).unwrap().clone();
     let rpt = &root["rootProviderTurn"];
@@ -1080,21 +1131,23 @@ fn an_expired_continuation_boundary_settles_the_root_and_its_late_output_is_drop
         "{root:#}"
     );
     // ... and the root settled from it (the adapter's timeout outcome is `interrupted`, not
-    // canceled), without waiting for the late continuation.
+    // canceled) ...
     assert_eq!(
         outcome(&end, &id).as_deref(),
         Some("interrupted"),
         "{}",
         diag()
     );
-    let late = rig
-        .mock
-        .requests()
-        .into_iter()
-        .find(|r| r.rule.as_deref() == Some("root-late-continuation"))
-        .unwrap_or_else(|| panic!("the SDK never asked for the continuation\n{}", diag()));
     let kid = child_ids(&end)[0].clone();
     assert_eq!(outcome(&end, &kid).as_deref(), Some("completed"));
+    rig.synced(&id, &end);
+    let history = rig.turn_history();
+    assert!(
+        history
+            .iter()
+            .any(|h| h.starts_with(&format!("{turn}:running")) && h.contains("synthetic-")),
+        "the continuation was reserved on the same root turn: {history:?}"
+    );
 
     // A new user turn right away: a new canonical root turn.
     let (reply, next) = rig.submit(&id, "NEXT_TURN: something else");
@@ -1103,8 +1156,31 @@ fn an_expired_continuation_boundary_settles_the_root_and_its_late_output_is_drop
     rig.wait(&id, "the next turn settled", |v| {
         turn_of(v, &id).is_some_and(|t| t["id"] == next.as_str() && !active(t))
     });
-    // Let the late continuation's reply come due (or be abandoned by the interrupt).
-    while rig.started.elapsed() < late.at + Duration::from_secs(5) + Duration::from_millis(500)
+
+    // ... without waiting for the late continuation: its model reply was not even due when the
+    // root settled. (The SDK usually asks for it before the boundary expires and the timeout
+    // interrupt abandons it; if it asks later, the reply comes 5 s after that.)
+    let start = Instant::now();
+    let late = loop {
+        if let Some(r) = rig
+            .mock
+            .requests()
+            .into_iter()
+            .find(|r| r.rule.as_deref() == Some("root-late-continuation"))
+        {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(WAIT),
+            "the SDK never asked for the continuation\n{}",
+            diag()
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    };
+    let due = rig.mock_started + late.at + Duration::from_secs(5);
+    assert!(settled_seen < due, "the root waited for the continuation");
+    // Let that reply come due (unless the interrupt abandoned it) ...
+    while Instant::now() < due + Duration::from_millis(500)
         && !rig
             .mock
             .requests()
@@ -1113,21 +1189,29 @@ fn an_expired_continuation_boundary_settles_the_root_and_its_late_output_is_drop
     {
         std::thread::sleep(Duration::from_millis(50));
     }
-    quiesce(&rig);
-    // The timed-out continuation did produce later output (the SDK's result of the interrupted
-    // continuation, relayed after the timeout interrupt) ...
-    let log = rig.sidecar_log();
-    let interrupt = log
-        .iter()
-        .position(|l| l.contains("command op=interrupt id=tutti:timeout-interrupt"))
-        .unwrap_or_else(|| panic!("no timeout interrupt was sent\n{}", diag()));
-    assert!(
-        log[interrupt..]
+    // ... and the timed-out continuation's own later output reach the adapter (at least its
+    // `result`, relayed after the timeout interrupt).
+    let start = Instant::now();
+    loop {
+        let log = rig.sidecar_log();
+        let interrupt = log
             .iter()
-            .any(|l| l.contains("message type=result") && l.contains("origin=task-notification")),
-        "the late continuation's result was never relayed\n{}",
-        diag()
-    );
+            .position(|l| l.contains("command op=interrupt id=tutti:timeout-interrupt"))
+            .unwrap_or_else(|| panic!("no timeout interrupt was sent\n{}", diag()));
+        if log[interrupt..]
+            .iter()
+            .any(|l| l.contains("message type=result") && l.contains("origin=task-notification"))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(WAIT),
+            "the late continuation's result was never relayed\n{}",
+            diag()
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    quiesce(&rig);
     // ... which reopened nothing and landed nowhere.
     let after = rig.detail(&id);
     assert_eq!(
@@ -1157,7 +1241,7 @@ fn an_expired_continuation_boundary_settles_the_root_and_its_late_output_is_drop
         .unwrap_or_else(|| panic!("no answer to the next turn: {msgs:#?}\n{}", diag()));
     assert_eq!(answer["turnId"], next.as_str());
     // The first root turn never reopened once settled.
-    let rows = rig.turn_rows();
+    let rows = rig.synced(&id, &after);
     let settled_at = rows
         .iter()
         .position(|t| t["id"] == turn.as_str() && !active(t))
@@ -1266,7 +1350,7 @@ fn root_cancel_while_the_root_provider_turn_runs_records_its_late_terminal_witho
     );
     assert_eq!(later["session"]["lastTurnId"], turn.as_str());
     assert_eq!(outcome(&later, &kid), outcome(&end, &kid));
-    let rows = rig.turn_rows();
+    let rows = rig.synced(&id, &later);
     let settled_at = rows
         .iter()
         .position(|t| t["id"] == turn.as_str() && !active(t))
@@ -1447,7 +1531,7 @@ fn a_root_permission_after_the_root_settled_is_denied_and_the_query_keeps_going(
             .any(|t| t.contains("ROOT_LATE_FOLLOWUP_DONE")),
         "the late follow-up's output landed nowhere: {msgs:#?}"
     );
-    let rows = rig.turn_rows();
+    let rows = rig.synced(&id, &fin);
     let settled_at = rows
         .iter()
         .position(|t| t["id"] == turn.as_str() && !active(t))

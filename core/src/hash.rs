@@ -86,6 +86,10 @@ mod tests {
             buckets.insert(h.finish() & 0xfff);
         }
         // A uniform hash fills about 63% of 4096 buckets with 4096 keys.
-        assert!(buckets.len() > 2300, "only {} of 4096 low-bit buckets used", buckets.len());
+        assert!(
+            buckets.len() > 2300,
+            "only {} of 4096 low-bit buckets used",
+            buckets.len()
+        );
     }
 }

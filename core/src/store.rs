@@ -83,9 +83,18 @@ pub struct MemoryStore {
     outbox: Vec<OutboxRow>,
 }
 
-fn version_ok(stored: Option<u64>, version: u64, next: u64) -> bool {
+/// A version guard passes when the stored row is at the version the batch was decided on, or
+/// when this very batch was already applied (stored at `next` with exactly the batch's row): a
+/// replay is a no-op, while a competing batch that reached `next` first (for example a child
+/// creation racing a cancel preparation) fails the guard.
+fn version_ok(
+    stored: Option<u64>,
+    version: u64,
+    next: u64,
+    same_row: impl FnOnce() -> bool,
+) -> bool {
     let v = stored.unwrap_or(0);
-    v == version || v >= next
+    v == version || (v == next && same_row())
 }
 
 impl MemoryStore {
@@ -94,16 +103,34 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
-    fn check(&self, g: &Guard) -> Result<(), StoreError> {
+    fn check(&self, g: &Guard, batch: &PersistBatch) -> Result<(), StoreError> {
         let ok = match g {
             Guard::SessionVersion { id, version, next } => {
-                version_ok(self.sessions.get(id).map(|s| s.version), *version, *next)
+                let stored = self.sessions.get(id);
+                version_ok(stored.map(|s| s.version), *version, *next, || {
+                    batch
+                        .rows
+                        .iter()
+                        .any(|r| matches!(r, Row::Session(s) if Some(s) == stored))
+                })
             }
             Guard::TurnVersion { id, version, next } => {
-                version_ok(self.turns.get(id).map(|t| t.version), *version, *next)
+                let stored = self.turns.get(id);
+                version_ok(stored.map(|t| t.version), *version, *next, || {
+                    batch
+                        .rows
+                        .iter()
+                        .any(|r| matches!(r, Row::Turn(t) if Some(t) == stored))
+                })
             }
             Guard::CancelVersion { id, version, next } => {
-                version_ok(self.ops.get(id).map(|o| o.version), *version, *next)
+                let stored = self.ops.get(id);
+                version_ok(stored.map(|o| o.version), *version, *next, || {
+                    batch
+                        .rows
+                        .iter()
+                        .any(|r| matches!(r, Row::CancelOperation(o) if Some(o) == stored))
+                })
             }
             Guard::ChildCreationOpen {
                 root_turn_id,
@@ -263,7 +290,7 @@ impl Store for MemoryStore {
 
     fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<u64>, StoreError> {
         for g in &batch.guards {
-            self.check(g)?;
+            self.check(g, batch)?;
         }
         let mut written = vec![false; batch.rows.len()];
         for (i, row) in batch.rows.iter().enumerate() {

@@ -6,10 +6,14 @@ impl SqliteStore {
     /// Runs `f` inside one read transaction, so every read it makes sees the same committed
     /// state ("restores its complete child-session tree in one durable snapshot"); a commit by
     /// another connection in between is not half-visible.
+    /// Nested calls join the outer transaction; if `f` panics, the transaction is rolled back
+    /// (nothing stays open on the connection).
     pub fn read_consistent<T>(&self, f: impl FnOnce(&SqliteStore) -> T) -> Result<T, SqliteError> {
-        self.conn.execute_batch("BEGIN DEFERRED")?;
+        let tx = self.read_tx()?;
         let out = f(self);
-        self.conn.execute_batch("COMMIT")?;
+        if let Some(tx) = tx {
+            tx.commit()?;
+        }
         Ok(out)
     }
 

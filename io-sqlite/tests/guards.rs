@@ -221,11 +221,14 @@ fn reference_replay_rule_cannot_see_the_race() {
     let tree = b.load_tree("r").expect("load").expect("tree");
     assert!(!check_tree(&tree).is_empty());
 
-    // The reference store agrees with that rule: the same two batches, same outcome.
+    // The reference store follows the default rule (`SameRowAtNext`): it rejects the stale cancel.
     let mut mem = MemoryStore::new();
     mem.apply(&seed_batch(&snap)).expect("seed");
     mem.apply(&child).expect("child");
-    assert!(mem.apply(&cancel).is_ok());
+    assert!(
+        mem.apply(&cancel).is_err(),
+        "the stale cancel is rejected by the reference store too"
+    );
 }
 
 /// A batch that writes a whole snapshot (to seed a reference store).

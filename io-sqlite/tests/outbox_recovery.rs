@@ -196,3 +196,29 @@ fn a_bad_cursor_is_a_typed_error() {
     }
     assert_eq!(db.roots("w", 10, None).expect("empty"), (Vec::new(), None));
 }
+
+/// `read_consistent` nests, and a panic inside it leaves no transaction open.
+#[test]
+fn consistent_reads_nest_and_survive_a_panic() {
+    let (_dir, path) = support::temp_db();
+    let mut db = SqliteStore::open(&path).expect("open");
+    let mut s = Stream::new(13, Mix::ALL);
+    for _ in 0..20 {
+        db.apply(&s.next_step().persist).expect("apply");
+    }
+    let n = db
+        .read_consistent(|d| {
+            d.read_consistent(|d| d.snapshot_all().map(|t| t.len()))
+                .expect("nested")
+        })
+        .expect("outer")
+        .expect("snapshot");
+    assert!(n > 0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = db.read_consistent(|_| panic!("reader bug"));
+    }));
+    assert!(r.is_err());
+    // A write still works: no read transaction was left open.
+    db.apply(&s.next_step().persist)
+        .expect("apply after a panicking reader");
+}

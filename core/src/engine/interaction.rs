@@ -96,7 +96,7 @@ pub(crate) fn respond(
     let mut tx = Tx::new(now);
     if let Some(i) = tree.interactions.get_mut(&(turn.clone(), request.clone())) {
         i.status = InteractionStatus::Answered;
-        i.response = Some(response.clone());
+        i.response = (!response.is_null()).then(|| response.clone());
     }
     unpend(tree, turn, request);
     tx.interaction(turn, request);
@@ -131,7 +131,7 @@ pub(crate) fn resolved(
     let mut tx = Tx::new(now);
     if let Some(i) = tree.interactions.get_mut(&(turn.clone(), request.clone())) {
         i.status = InteractionStatus::Resolved;
-        i.resolution = Some(resolution.clone());
+        i.resolution = (!resolution.is_null()).then(|| resolution.clone());
     }
     unpend(tree, turn, request);
     tx.interaction(turn, request);

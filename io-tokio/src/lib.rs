@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod acp_transport;
 pub mod agents;
 pub mod api;
 pub mod auth;

@@ -4,6 +4,7 @@
 //! root-only ACP agent). The config file adds or overrides any name (kinds `acp`, `codex`,
 //! `claude`).
 
+use crate::acp_transport::spawn_acp_process;
 use crate::config::{ConfigFile, ProviderConfig, ProviderKind};
 use crate::daemon::ProviderFactory;
 use crate::runtime::{spawn_line_process, ProcessSpec, Transport};
@@ -139,6 +140,10 @@ impl Registry {
                 }
                 if let Some(obj) = cfg.options.as_object_mut() {
                     obj.entry("cwd").or_insert_with(|| serde_json::json!(cwd));
+                    // "Child-session rows are lanes or nested progress sections": without this
+                    // the SDK forwards only a foreground child's tool blocks, not its text.
+                    obj.entry("forwardSubagentText")
+                        .or_insert(serde_json::Value::Bool(true));
                 }
                 Box::new(ClaudeAdapter::new(root.clone(), cfg))
             }
@@ -173,11 +178,15 @@ impl ProviderFactory for Registry {
             })
             .unwrap_or_else(|| "/".into());
         let adapter = self.adapter(p, root, &cwd)?;
-        let transport = spawn_line_process(&ProcessSpec {
+        let spec = ProcessSpec {
             command: p.command.clone(),
             env: p.env.clone(),
             cwd: Some(cwd),
-        })
+        };
+        let transport = match p.kind {
+            ProviderKind::Acp => spawn_acp_process(&spec),
+            ProviderKind::Codex | ProviderKind::Claude => spawn_line_process(&spec),
+        }
         .map_err(|e| format!("cannot start {provider}: {e}"))?;
         Ok((adapter, transport))
     }

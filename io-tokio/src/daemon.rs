@@ -23,12 +23,15 @@ use tutti_sqlite::SqliteStore;
 pub trait ProviderFactory: Send + Sync {
     /// The capabilities of a known provider name, or `None` if the name is unknown.
     fn capabilities(&self, provider: &str) -> Option<Capabilities>;
-    /// Starts the provider process of one root session and its adapter.
+    /// Starts the provider process of one root session and its adapter. `provider_session_id`
+    /// is the provider's own id of the root session from an earlier runtime (for example a Codex
+    /// thread to resume after the previous process died), if any.
     fn launch(
         &self,
         provider: &str,
         root: &Id,
         cwd: Option<&str>,
+        provider_session_id: Option<&str>,
     ) -> Result<(Box<dyn Adapter>, Transport), String>;
     /// Names of the known providers.
     fn names(&self) -> Vec<String>;
@@ -432,13 +435,15 @@ impl Core {
     }
 
     fn launch(&mut self, root: &Id) -> Result<(), String> {
-        let provider = self
+        let (provider, previous) = self
             .engine
             .session(root)
-            .map(|s| s.provider.to_string())
+            .map(|s| (s.provider.to_string(), s.provider_session_id.clone()))
             .ok_or("unknown root session")?;
         let cwd = self.cwd.get(root).cloned();
-        let (adapter, transport) = self.providers.launch(&provider, root, cwd.as_deref())?;
+        let (adapter, transport) =
+            self.providers
+                .launch(&provider, root, cwd.as_deref(), previous.as_deref())?;
         let (to_daemon, mut from_runtime) = mpsc::unbounded_channel::<Input>();
         let tx = self.tx.clone();
         tokio::spawn(async move {

@@ -96,6 +96,7 @@ impl Registry {
         p: &ProviderConfig,
         root: &Id,
         cwd: &str,
+        previous: Option<&str>,
     ) -> Result<Box<dyn Adapter>, String> {
         let options = p.options.clone().unwrap_or(serde_json::Value::Null);
         Ok(match p.kind {
@@ -110,6 +111,8 @@ impl Registry {
                 let mut cfg = CodexConfig {
                     cwd: Some(cwd.to_string()),
                     cancel_timeout_ms: self.cancel_timeout_ms,
+                    // A root whose earlier codex process died continues its thread.
+                    resume_thread_id: previous.map(String::from),
                     ..CodexConfig::default()
                 };
                 if let Some(policy) = options.get("approvalPolicy").and_then(|v| v.as_str()) {
@@ -164,6 +167,7 @@ impl ProviderFactory for Registry {
         provider: &str,
         root: &Id,
         cwd: Option<&str>,
+        previous: Option<&str>,
     ) -> Result<(Box<dyn Adapter>, Transport), String> {
         let p = self
             .providers
@@ -177,7 +181,7 @@ impl ProviderFactory for Registry {
                     .map(|d| d.to_string_lossy().into_owned())
             })
             .unwrap_or_else(|| "/".into());
-        let adapter = self.adapter(p, root, &cwd)?;
+        let adapter = self.adapter(p, root, &cwd, previous)?;
         let spec = ProcessSpec {
             command: p.command.clone(),
             env: p.env.clone(),

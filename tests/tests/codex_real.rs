@@ -950,6 +950,15 @@ fn killing_codex_mid_turn_interrupts_every_active_turn_and_the_daemon_stays_heal
     assert_eq!(outcome(&again, &id).as_deref(), Some("completed"));
     assert!(texts(&r.messages(&id), "assistant").contains(&"still alive".to_string()));
     assert_eq!(outcome(&r.detail(&id), &id).as_deref(), Some("completed"));
+    // The new codex process resumed the session's thread: same thread, history kept.
+    let reqs = r.mock.requests();
+    let first = reqs.first().and_then(|q| q.thread_id.clone());
+    let after = reqs
+        .iter()
+        .find(|q| q.input_contains("AFTER"))
+        .expect("the AFTER request");
+    assert_eq!(after.thread_id, first, "the root thread is resumed");
+    assert!(after.input_contains("PARENT"), "the earlier history is kept");
     r.mock.assert_all_matched();
 }
 

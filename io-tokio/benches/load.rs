@@ -42,6 +42,7 @@ impl ProviderFactory for Sim {
         _: &str,
         root: &Id,
         _: Option<&str>,
+        _: Option<&str>,
     ) -> Result<(Box<dyn Adapter>, Transport), String> {
         let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
         let (to_runtime, incoming) = mpsc::channel::<Native>(4096);

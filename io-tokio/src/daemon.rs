@@ -115,10 +115,7 @@ impl Daemon {
             }
         }
         info!(trees = recovered.len(), "recovered live trees");
-        let last_seq = store
-            .outbox_after(0, usize::MAX)
-            .map(|v| v.last().map_or(0, |r| r.seq))
-            .unwrap_or(0);
+        let last_seq = store.last_outbox_seq().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
         let rt = tokio::runtime::Handle::current();

@@ -82,10 +82,8 @@ use futures::future::BoxFuture;
 use futures::Stream;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 use tutti_core::adapters::parse_line;
@@ -96,29 +94,7 @@ const PERMISSION: &str = "session/request_permission";
 /// Spawns an ACP agent process and connects to it over its stdio with the client side of the
 /// `agent-client-protocol` crate.
 pub fn spawn_acp_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
-    let (program, args) = spec
-        .command
-        .split_first()
-        .ok_or_else(|| std::io::Error::other("empty provider command"))?;
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .envs(&spec.env)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    if let Some(cwd) = &spec.cwd {
-        cmd.current_dir(cwd);
-    }
-    let mut child = cmd.spawn()?;
-    let stdin = child
-        .stdin
-        .take()
-        .ok_or_else(|| std::io::Error::other("no stdin"))?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| std::io::Error::other("no stdout"))?;
+    let (child, stdin, stdout) = crate::runtime::spawn_piped(spec)?;
     let (incoming, sink) = connect(stdout, stdin);
     Ok(Transport {
         incoming,

@@ -11,7 +11,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use tutti_core::adapters::{parse_line, Adapter, AdapterOutput};
@@ -69,8 +69,8 @@ pub struct ProcessSpec {
     pub cwd: Option<String>,
 }
 
-/// Spawns a process that speaks one JSON object per line on stdio.
-pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
+/// Spawns a provider process with piped stdin/stdout (stderr inherited; killed on drop).
+pub fn spawn_piped(spec: &ProcessSpec) -> std::io::Result<(Child, ChildStdin, ChildStdout)> {
     let (program, args) = spec
         .command
         .split_first()
@@ -94,6 +94,12 @@ pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
         .stdout
         .take()
         .ok_or_else(|| std::io::Error::other("no stdout"))?;
+    Ok((child, stdin, stdout))
+}
+
+/// Spawns a process that speaks one JSON object per line on stdio.
+pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
+    let (child, stdin, stdout) = spawn_piped(spec)?;
     let (tx, rx) = mpsc::channel(1024);
     tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();

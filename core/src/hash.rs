@@ -65,9 +65,9 @@ impl Hasher for FxHasher {
     }
 }
 
-/// A `HashMap` with [`FxHasher`].
+/// A `HashMap` with the deterministic Fx hasher.
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-/// A `HashSet` with [`FxHasher`].
+/// A `HashSet` with the deterministic Fx hasher.
 pub type FxSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
 
 #[cfg(test)]

@@ -42,7 +42,11 @@ use tutti_tests::mock_messages::{Block, Match, MockMessages, Reply, Role, Script
 const EXE: &str = env!("CARGO_BIN_EXE_tuttid-test");
 const WS: &str = "w1";
 /// Deadline of one wait (each test stays well under ~40 s).
-const WAIT: u64 = 25;
+const WAIT: u64 = 45;
+
+/// The real SDK is heavy (a Node process and the native CLI per test): on a 2-core machine the
+/// tests run one at a time so each one's timings stay realistic.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 // ----- harness ---------------------------------------------------------------------------------
 
@@ -100,6 +104,8 @@ struct Rig {
     log: PathBuf,
     _log_dir: tempfile::TempDir,
     started: Instant,
+    /// Held for the test's whole life (dropped last).
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 /// A JSON value as a TOML value (inline tables and arrays; JSON strings are valid TOML basic
@@ -127,6 +133,7 @@ impl Rig {
     /// and a daemon whose provider `claude` runs `node sidecar.mjs` with the offline query
     /// options; `continuation_timeout_ms` overrides the 30 s notification boundary.
     fn start(script: Script, continuation_timeout_ms: Option<u64>) -> Rig {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let sidecar = ensure_claude_sidecar().unwrap_or_else(|e| {
             panic!(
                 "the Claude sidecar (the pinned @anthropic-ai/claude-agent-sdk) must be installable \
@@ -175,6 +182,7 @@ impl Rig {
             log,
             _log_dir: log_dir,
             started: Instant::now(),
+            _serial: serial,
         }
     }
 

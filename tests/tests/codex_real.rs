@@ -958,7 +958,10 @@ fn killing_codex_mid_turn_interrupts_every_active_turn_and_the_daemon_stays_heal
         .find(|q| q.input_contains("AFTER"))
         .expect("the AFTER request");
     assert_eq!(after.thread_id, first, "the root thread is resumed");
-    assert!(after.input_contains("PARENT"), "the earlier history is kept");
+    assert!(
+        after.input_contains("PARENT"),
+        "the earlier history is kept"
+    );
     r.mock.assert_all_matched();
 }
 

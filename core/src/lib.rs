@@ -49,6 +49,8 @@
 pub mod adapters;
 mod engine;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod hash;
 pub mod input;
 pub mod invariants;

@@ -7,3 +7,4 @@ pub mod daemon;
 pub mod mock_messages;
 pub mod mock_responses;
 pub mod providers;
+pub mod sim;

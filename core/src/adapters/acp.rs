@@ -82,6 +82,7 @@ struct CancelOp {
 #[derive(Debug, Clone)]
 struct Permission {
     options: Vec<Value>,
+    native: String,
 }
 
 /// The ACP adapter of one root session.
@@ -111,6 +112,10 @@ pub struct AcpAdapter {
     chunks: BTreeMap<(String, &'static str), String>,
     message_no: u64,
     now: Millis,
+    announced: Option<String>,
+    closed: std::collections::BTreeSet<String>,
+    prompt_turn: Option<Id>,
+    pending_start: Option<(Id, String)>,
 }
 
 impl AcpAdapter {
@@ -135,6 +140,10 @@ impl AcpAdapter {
             chunks: BTreeMap::new(),
             message_no: 0,
             now: 0,
+            announced: None,
+            closed: Default::default(),
+            prompt_turn: None,
+            pending_start: None,
         }
     }
 
@@ -170,6 +179,8 @@ impl AcpAdapter {
         );
         self.prompt = Some(id);
         if announce {
+            self.prompt_turn = self.root_turn.clone();
+            self.announced = Some(format!("prompt-{id}"));
             out.events.push(NormalizedEvent::RootProviderTurnStarted {
                 agent_session_id: self.root.clone(),
                 turn_id: self.root_turn.clone(),
@@ -326,11 +337,16 @@ impl AcpAdapter {
                 };
                 out.events.push(NormalizedEvent::RootProviderTurnCompleted {
                     agent_session_id: self.root.clone(),
-                    turn_id: self.root_turn.clone(),
-                    provider_turn_id: Some(format!("prompt-{id}")),
+                    turn_id: self.prompt_turn.clone().or(self.root_turn.clone()),
+                    provider_turn_id: self.announced.clone().or(Some(format!("prompt-{id}"))),
                     outcome,
                     error: err,
                 });
+                if let Some((turn, text)) = self.pending_start.take() {
+                    self.boundary = false;
+                    self.root_turn = Some(turn);
+                    self.send_prompt(out, text, true);
+                }
             }
         }
     }
@@ -570,7 +586,10 @@ impl AcpAdapter {
             .get("sessionId")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let owner = self.owner(native).filter(|(_, _, accepting)| *accepting);
+        let owner = self
+            .owner(native)
+            .filter(|(_, _, accepting)| *accepting)
+            .filter(|_| !self.closed.contains(native));
         let Some((session, turn, _)) = owner else {
             // Never attributed to the root: the request is refused.
             out.native.push(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}}));
@@ -585,8 +604,13 @@ impl AcpAdapter {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        self.permissions
-            .insert(request_id.clone(), Permission { options });
+        self.permissions.insert(
+            request_id.clone(),
+            Permission {
+                options,
+                native: native.to_string(),
+            },
+        );
         out.events.push(NormalizedEvent::InteractionRequested {
             agent_session_id: session,
             turn_id: turn,
@@ -650,6 +674,12 @@ impl Adapter for AcpAdapter {
             return out;
         }
         match request {
+            ProviderRequest::Start { turn_id, text, .. }
+                if self.prompt.is_some() && self.prompt_turn.as_ref() != Some(turn_id) =>
+            {
+                self.guidance.clear();
+                self.pending_start = Some((turn_id.clone(), text.clone()));
+            }
             ProviderRequest::Start { turn_id, text, .. } => {
                 // A new explicit root turn clears the cancellation boundary.
                 self.boundary = false;
@@ -660,6 +690,18 @@ impl Adapter for AcpAdapter {
                 } else {
                     self.send_prompt(&mut out, text.clone(), true);
                 }
+            }
+            ProviderRequest::Guide {
+                mode: GuideMode::Steer,
+                turn_id,
+                agent_session_id,
+                ..
+            } if self.prompt.is_none() => {
+                out.answers.push(RuntimeAnswer::GuideFailed {
+                    agent_session_id: agent_session_id.clone(),
+                    turn_id: turn_id.clone(),
+                    error: "the steered prompt already answered".into(),
+                });
             }
             ProviderRequest::Guide {
                 mode,
@@ -709,6 +751,23 @@ impl Adapter for AcpAdapter {
                 } else {
                     for t in targets {
                         let native = self.native_of.get(&t.agent_session_id).cloned();
+                        if let Some(n) = native.clone() {
+                            self.closed.insert(n.clone());
+                            let reqs: Vec<String> = self
+                                .permissions
+                                .iter()
+                                .filter(|(_, p)| p.native == n)
+                                .map(|(k, _)| k.clone())
+                                .collect();
+                            for req in reqs {
+                                self.permissions.remove(&req);
+                                let id: Value = req
+                                    .parse::<u64>()
+                                    .map(Value::from)
+                                    .unwrap_or(Value::String(req));
+                                out.native.push(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}}));
+                            }
+                        }
                         if let Some(n) = native {
                             if self
                                 .children

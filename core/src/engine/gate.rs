@@ -177,6 +177,13 @@ pub(crate) fn provider_started(
         // A repeat of the provider turn that completed before the guidance reservation.
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
+    if rpt.phase == ProviderPhase::Completed
+        && provider_turn_id.is_some()
+        && provider_turn_id == rpt.provider_turn_id
+    {
+        // A repeat of the start of the provider turn that already completed.
+        return Ok(Tx::ignore(now, Ignored::Duplicate));
+    }
     if rpt.phase == ProviderPhase::Running
         && !rpt.reserved
         && (provider_turn_id.is_none() || rpt.provider_turn_id == provider_turn_id)

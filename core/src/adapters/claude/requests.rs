@@ -22,8 +22,23 @@ impl ClaudeAdapter {
                 turn_id,
                 mode,
                 text,
+                provider_turn_id,
                 ..
-            } => self.guide(agent_session_id, turn_id, *mode, text, &mut out),
+            } => {
+                if *mode == GuideMode::Steer
+                    && provider_turn_id
+                        .as_ref()
+                        .is_some_and(|p| !self.turns.iter().any(|t| &t.id == p && t.is_live()))
+                {
+                    out.answers.push(RuntimeAnswer::GuideFailed {
+                        agent_session_id: agent_session_id.clone(),
+                        turn_id: turn_id.clone(),
+                        error: "the steered provider turn already ended".into(),
+                    });
+                    return out;
+                }
+                self.guide(agent_session_id, turn_id, *mode, text, &mut out)
+            }
             ProviderRequest::Cancel {
                 operation_id,
                 targets,
@@ -104,8 +119,10 @@ impl ClaudeAdapter {
             });
             return;
         }
+        let live = self.turns.iter().any(|t| t.announced && t.is_live());
         let entry = match mode {
             GuideMode::Steer => None,
+            GuideMode::StartOnRoot if live => None,
             GuideMode::StartOnRoot => {
                 let id = self.provider_turn_id(true);
                 self.turns.push_back(ProviderTurn::new(
@@ -118,6 +135,7 @@ impl ClaudeAdapter {
             }
         };
         let cmd = self.command_id("input");
+        let steer = entry.is_none();
         self.native_ops.insert(
             cmd.clone(),
             NativeOp::Input {
@@ -126,7 +144,7 @@ impl ClaudeAdapter {
             },
         );
         out.native
-            .push(json!({"op": "input", "id": cmd, "text": text}));
+            .push(json!({"op": "input", "id": cmd, "text": text, "steer": steer}));
     }
 
     /// `Cancel`: records every supplied target as a closed projection boundary first, then maps

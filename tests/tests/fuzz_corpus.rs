@@ -1,0 +1,110 @@
+//! The cargo-fuzz targets on stable: every file of the checked-in seed corpus
+//! (`fuzz/seeds/<target>/*`) goes through the same function the `fuzz_target!` wraps, plus a
+//! few hundred deterministic pseudo-random inputs per target. Adding a crash that libFuzzer
+//! found (`fuzz/artifacts/<target>/crash-*`) to `fuzz/seeds/<target>/` makes it a regression
+//! test here.
+//!
+//! The pure targets live in `tutti_core::fuzzing` (behind the `fuzzing` feature). This crate
+//! includes that module's source with `#[path]` instead of turning the feature on, so the
+//! workspace build does not depend on it; the module only names `super::` items, which the glob
+//! import below provides. `store_roundtrip` needs SQLite and lives in `tests/src/sim/store.rs`.
+
+#[allow(unused_imports)]
+use tutti_core::*;
+
+#[allow(dead_code)]
+#[path = "../../core/src/fuzzing.rs"]
+mod fuzzing;
+
+use std::path::{Path, PathBuf};
+
+fn seeds(target: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/seeds")
+        .join(target);
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// splitmix64.
+fn random_inputs(seed: u64, n: usize, max_len: usize) -> Vec<Vec<u8>> {
+    let mut s = seed;
+    let mut next = move || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    (0..n)
+        .map(|_| {
+            let len = (next() as usize) % max_len;
+            (0..len).map(|_| next() as u8).collect()
+        })
+        .collect()
+}
+
+fn replay(target: &str, f: fn(&[u8]) -> Result<(), String>, randoms: usize) {
+    let mut failures = Vec::new();
+    let files = seeds(target);
+    for p in &files {
+        let data = std::fs::read(p).expect("seed file is readable");
+        if let Err(e) = f(&data) {
+            failures.push(format!("{}: {e}", p.display()));
+        }
+    }
+    for (i, data) in random_inputs(target.len() as u64, randoms, 512)
+        .iter()
+        .enumerate()
+    {
+        if let Err(e) = f(data) {
+            failures.push(format!("random input {i} ({:02x?}): {e}", data));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{target}: {} failing inputs:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "{target}: {} seeds and {randoms} random inputs passed",
+        files.len()
+    );
+}
+
+#[test]
+fn engine_orderings_corpus() {
+    replay("engine_orderings", fuzzing::try_engine_orderings, 400);
+}
+
+#[test]
+fn acp_native_corpus() {
+    replay("acp_native", fuzzing::try_acp_native, 100);
+}
+
+#[test]
+fn codex_native_corpus() {
+    replay("codex_native", fuzzing::try_codex_native, 100);
+}
+
+#[test]
+fn claude_native_corpus() {
+    replay("claude_native", fuzzing::try_claude_native, 100);
+}
+
+#[test]
+fn store_roundtrip_corpus() {
+    replay(
+        "store_roundtrip",
+        tutti_tests::sim::roundtrip::store_roundtrip,
+        60,
+    );
+}

@@ -349,7 +349,7 @@ fn store_run(
     let mut store = SqliteStore::open_with(path, &OpenOptions::new().synchronous(sync))?;
     timed(|| {
         for g in groups {
-            store.apply_many(g)?;
+            store.apply_many(*g)?;
         }
         Ok(())
     })

@@ -143,6 +143,20 @@ pub(crate) struct Writer<'c> {
     /// Per row of the current batch: its JSON in `arena` if it was written.
     written: Vec<Option<Range<usize>>>,
     next_seq: Option<u64>,
+    /// Whether [`Writer::apply`] also hands back each outbox row's payload.
+    capture: bool,
+}
+
+/// One outbox row written by a batch: its sequence number, the index of the published row in
+/// the batch, and (when asked for) the payload exactly as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Outbox sequence number.
+    pub seq: u64,
+    /// Index into the batch's `rows`.
+    pub row: u32,
+    /// The stored payload (the entity's wire JSON); empty unless captured.
+    pub payload: String,
 }
 
 impl<'c> Writer<'c> {
@@ -154,7 +168,14 @@ impl<'c> Writer<'c> {
             arena,
             written: Vec::new(),
             next_seq: None,
+            capture: false,
         }
+    }
+
+    /// Also return each outbox row's payload from [`Writer::apply`].
+    pub(crate) fn capture(mut self) -> Self {
+        self.capture = true;
+        self
     }
 
     fn stmt(&mut self, sql: Sql) -> Result<&mut CachedStatement<'c>, SqliteError> {
@@ -404,7 +425,7 @@ impl<'c> Writer<'c> {
 
     /// Applies one batch: every guard first (nothing is written if one fails), then the rows in
     /// order, then one outbox row per published row that was actually written.
-    pub(crate) fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<u64>, SqliteError> {
+    pub(crate) fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<Published>, SqliteError> {
         for g in &batch.guards {
             if !self.check(batch, g)? {
                 return Err(SqliteError::GuardFailed(g.clone()));
@@ -434,10 +455,19 @@ impl<'c> Writer<'c> {
                 row.kind(),
                 &**root,
                 &**ws,
-                Text(&arena[span])
+                Text(&arena[span.clone()])
             ])?;
             self.next_seq = Some(seq + 1);
-            seqs.push(seq);
+            let payload = if self.capture {
+                String::from_utf8_lossy(&self.arena[span]).into_owned()
+            } else {
+                String::new()
+            };
+            seqs.push(Published {
+                seq,
+                row: i as u32,
+                payload,
+            });
         }
         Ok(seqs)
     }

@@ -70,6 +70,7 @@ mod outbox;
 mod read;
 pub mod schema;
 
+pub use apply::Published;
 pub use error::SqliteError;
 pub use open::{OpenOptions, ReplayRule, Synchronous};
 
@@ -134,7 +135,33 @@ impl SqliteStore {
     /// of the same tree, decided on top of the failed one, normally fails its version guard; drop
     /// and reload that tree as for any failed batch). Errors outside any batch (beginning or
     /// committing the transaction) are returned as they are; nothing was written then either.
-    pub fn apply_many(&mut self, batches: &[PersistBatch]) -> Result<Vec<Vec<u64>>, SqliteError> {
+    pub fn apply_many<'a>(
+        &mut self,
+        batches: impl IntoIterator<Item = &'a PersistBatch>,
+    ) -> Result<Vec<Vec<u64>>, SqliteError> {
+        let out = self.group(batches, false)?;
+        Ok(out
+            .into_iter()
+            .map(|p| p.into_iter().map(|p| p.seq).collect())
+            .collect())
+    }
+
+    /// [`SqliteStore::apply_many`], returning for each batch the outbox rows it wrote with the
+    /// index of their row and their payload exactly as stored (for a live event stream that
+    /// does not read them back from the file).
+    pub fn apply_many_published<'a>(
+        &mut self,
+        batches: impl IntoIterator<Item = &'a PersistBatch>,
+    ) -> Result<Vec<Vec<Published>>, SqliteError> {
+        self.group(batches, true)
+    }
+
+    fn group<'a>(
+        &mut self,
+        batches: impl IntoIterator<Item = &'a PersistBatch>,
+        capture: bool,
+    ) -> Result<Vec<Vec<Published>>, SqliteError> {
+        let batches: Vec<&PersistBatch> = batches.into_iter().collect();
         if batches
             .iter()
             .all(|b| b.rows.is_empty() && b.guards.is_empty())
@@ -147,6 +174,9 @@ impl SqliteStore {
         let mut out = Vec::with_capacity(batches.len());
         {
             let mut w = apply::Writer::new(&tx, self.replay_rule, &mut self.arena);
+            if capture {
+                w = w.capture();
+            }
             for (index, b) in batches.iter().enumerate() {
                 match w.apply(b) {
                     Ok(seqs) => out.push(seqs),
@@ -175,7 +205,35 @@ impl SqliteStore {
             w.apply(batch)?
         };
         tx.commit()?;
-        Ok(seqs)
+        Ok(seqs.into_iter().map(|p| p.seq).collect())
+    }
+
+    /// A WAL checkpoint: copies committed WAL frames into the main file, then syncs it (with
+    /// `synchronous=NORMAL`, the only sync of a WAL database). Returns the WAL's size in frames
+    /// and how many of them are now in the main file. Meant for a connection of its own on a
+    /// thread of its own, beside a writer opened with `auto_checkpoint(false)`.
+    ///
+    /// [`CheckpointMode::Passive`] never waits for (or blocks) the writer or readers.
+    /// [`CheckpointMode::Restart`] also makes the next commit write the WAL from its start (so
+    /// the file stops growing); it waits for the writer and readers up to this connection's busy
+    /// timeout, and reports `busy` if it could not finish.
+    pub fn checkpoint(&self, mode: CheckpointMode) -> Result<Checkpoint, SqliteError> {
+        let sql = match mode {
+            CheckpointMode::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
+            CheckpointMode::Restart => "PRAGMA wal_checkpoint(RESTART)",
+        };
+        let (busy, log, done) = self.conn.query_row(sql, [], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        Ok(Checkpoint {
+            busy: busy != 0,
+            wal_frames: u64::try_from(log).unwrap_or(0),
+            checkpointed_frames: u64::try_from(done).unwrap_or(0),
+        })
     }
 
     /// `PRAGMA integrity_check`: the problems found (empty when the file is sound).
@@ -191,6 +249,26 @@ impl SqliteStore {
         }
         Ok(out)
     }
+}
+
+/// How [`SqliteStore::checkpoint`] goes about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointMode {
+    /// Copy what can be copied without waiting for anyone.
+    Passive,
+    /// Copy everything and make the next writer start the WAL over (bounded by the busy timeout).
+    Restart,
+}
+
+/// What one [`SqliteStore::checkpoint`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Another checkpoint was running; this one did nothing.
+    pub busy: bool,
+    /// Frames in the WAL.
+    pub wal_frames: u64,
+    /// Frames of the WAL now in the main file.
+    pub checkpointed_frames: u64,
 }
 
 impl Store for SqliteStore {

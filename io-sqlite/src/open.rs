@@ -52,6 +52,7 @@ pub struct OpenOptions {
     pub(crate) busy_timeout: Duration,
     pub(crate) create: bool,
     pub(crate) replay_rule: ReplayRule,
+    pub(crate) auto_checkpoint: bool,
 }
 
 impl Default for OpenOptions {
@@ -61,6 +62,7 @@ impl Default for OpenOptions {
             busy_timeout: Duration::from_secs(5),
             create: true,
             replay_rule: ReplayRule::default(),
+            auto_checkpoint: true,
         }
     }
 }
@@ -83,6 +85,14 @@ impl OpenOptions {
     /// Whether a missing file is created (mode 0600). With `false` a missing file is an error.
     pub fn create(mut self, yes: bool) -> OpenOptions {
         self.create = yes;
+        self
+    }
+    /// Whether commits on this connection checkpoint the WAL into the main file when it grows
+    /// past SQLite's default 1000 pages (the default). A daemon that wants no checkpoint (and no
+    /// checkpoint fsync) on its commit path turns this off and calls
+    /// [`SqliteStore::checkpoint`](crate::SqliteStore::checkpoint) from another connection.
+    pub fn auto_checkpoint(mut self, yes: bool) -> OpenOptions {
+        self.auto_checkpoint = yes;
         self
     }
     /// The version guards' replay rule.
@@ -261,6 +271,9 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Connection, Sqlite
     }
     conn.pragma_update(None, "synchronous", opts.synchronous.pragma())?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    if !opts.auto_checkpoint {
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    }
     if let Plan::Migrate(_) = first {
         migrate(&mut conn)?;
     }

@@ -222,3 +222,97 @@ fn consistent_reads_nest_and_survive_a_panic() {
     db.apply(&s.next_step().persist)
         .expect("apply after a panicking reader");
 }
+
+/// `apply_many_published` hands back exactly what the outbox stored: the same numbers, the row
+/// each came from, and the payload text a reader of the file gets.
+#[test]
+fn published_rows_are_the_stored_outbox_rows() {
+    let (_dir, path) = support::temp_db();
+    let mut db = SqliteStore::open(&path).expect("open");
+    let mut s = Stream::new(23, Mix::ALL);
+    let steps: Vec<_> = (0..60).map(|_| s.next_step()).collect();
+    let published = db
+        .apply_many_published(steps.iter().map(|st| &st.persist))
+        .expect("group commit");
+    assert_eq!(published.len(), steps.len());
+    let stored = db.outbox_after(0, 10_000).expect("read");
+    let flat: Vec<_> = published.iter().flatten().collect();
+    assert!(!flat.is_empty());
+    assert_eq!(flat.len(), stored.len(), "one published row per outbox row");
+    for ((batch, pubs), _) in steps.iter().zip(&published).zip(0..) {
+        for p in pubs {
+            let row = &batch.persist.rows[p.row as usize];
+            let file = stored.iter().find(|o| o.seq == p.seq).expect("stored");
+            assert_eq!(file.kind, row.kind());
+            let payload: serde_json::Value = serde_json::from_str(&p.payload).expect("json");
+            assert_eq!(file.payload, payload);
+        }
+    }
+    // The plain group commit numbers the same way and captures nothing.
+    let more: Vec<_> = (0..5).map(|_| s.next_step()).collect();
+    let seqs = db
+        .apply_many(more.iter().map(|st| &st.persist))
+        .expect("group commit");
+    let last = flat.last().map(|p| p.seq).unwrap_or(0);
+    let next: Vec<u64> = seqs.into_iter().flatten().collect();
+    assert_eq!(
+        next,
+        (last + 1..=last + next.len() as u64).collect::<Vec<_>>()
+    );
+}
+
+/// With automatic checkpoints off, commits only grow the WAL (nothing is copied or synced on the
+/// commit path); a checkpoint from another connection copies it into the main file, and a
+/// restarting one lets the next commit write the WAL from its start.
+#[test]
+fn checkpoints_run_apart_from_commits() {
+    use tutti_sqlite::{CheckpointMode, OpenOptions};
+    let wal_after_commits = |auto: bool| {
+        let (dir, path) = support::temp_db();
+        let mut db =
+            SqliteStore::open_with(&path, &OpenOptions::new().auto_checkpoint(auto)).expect("open");
+        let mut s = Stream::new(5, Mix::ALL);
+        for _ in 0..150 {
+            let steps: Vec<_> = (0..20).map(|_| s.next_step()).collect();
+            db.apply_many(steps.iter().map(|st| &st.persist))
+                .expect("commit");
+        }
+        (dir, path, db, s)
+    };
+    // SQLite's automatic checkpoint keeps the WAL near its 1000-frame threshold.
+    let (_d, path, _db, _) = wal_after_commits(true);
+    let other = SqliteStore::open(&path).expect("second connection");
+    let auto = other.checkpoint(CheckpointMode::Passive).expect("passive");
+    // Without it, everything stays in the WAL until someone checkpoints.
+    let (_dir, path, mut db, mut s) = wal_after_commits(false);
+    let other = SqliteStore::open(&path).expect("second connection");
+    let c = other.checkpoint(CheckpointMode::Passive).expect("passive");
+    assert!(!c.busy);
+    assert!(
+        c.wal_frames > 2000 && c.wal_frames > 2 * auto.wal_frames,
+        "commits did not checkpoint: {} frames (automatic: {})",
+        c.wal_frames,
+        auto.wal_frames
+    );
+    assert_eq!(c.checkpointed_frames, c.wal_frames, "all of it copied");
+    // More commits, then a restarting checkpoint: the next commit starts the WAL over.
+    let steps: Vec<_> = (0..20).map(|_| s.next_step()).collect();
+    db.apply_many(steps.iter().map(|st| &st.persist))
+        .expect("commit");
+    let r = db.checkpoint(CheckpointMode::Restart).expect("restart");
+    assert!(!r.busy);
+    assert_eq!(r.checkpointed_frames, r.wal_frames);
+    db.apply(&s.next_step().persist).expect("commit");
+    let after = other.checkpoint(CheckpointMode::Passive).expect("passive");
+    assert!(
+        after.wal_frames < 100,
+        "the commit after a restart writes the WAL from its start ({} frames)",
+        after.wal_frames
+    );
+    assert!(db.integrity_check().expect("check").is_empty());
+    assert_eq!(
+        db.outbox_after(0, 1_000_000).expect("read").len() as u64,
+        db.last_outbox_seq().expect("last"),
+        "nothing lost across checkpoints"
+    );
+}

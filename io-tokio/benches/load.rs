@@ -14,6 +14,7 @@ use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::{Command, EngineConfig, Input};
 use tutti_tokio::daemon::{Daemon, DaemonOptions, ProviderFactory};
+use tutti_tokio::follow::Follower;
 use tutti_tokio::runtime::{Native, NativeSink, Transport};
 
 struct ChannelSink(mpsc::UnboundedSender<Value>);
@@ -73,6 +74,7 @@ impl ProviderFactory for Sim {
                             for i in 0..n {
                                 tick.tick().await;
                                 let sent = epoch.elapsed().as_micros();
+
                                 let line = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "sim",
                                     "update": {"sessionUpdate": "tool_call", "toolCallId": format!("c{i}"), "title": format!("t={sent}"), "status": "in_progress"}}});
                                 if tx.send(Native::Message(line)).await.is_err() {
@@ -113,31 +115,22 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
         engine: EngineConfig::default(),
     })
     .expect("daemon starts");
-    // The stream consumer: reads outbox rows as the SSE endpoint does (from the file, by seq).
+    // The stream consumer: follows the outbox exactly as the SSE endpoint does (`Follower`: from
+    // the file while behind, from each commit's rows once caught up).
     let expected = agents * per_agent_events;
-    let d2 = daemon.clone();
+    let mut follower = Follower::new(&daemon, 0);
     let consumer = tokio::spawn(async move {
-        let mut watch = d2.outbox_watch();
-        let mut cursor = 0u64;
         let mut lat = Vec::with_capacity(expected);
         let start = Instant::now();
-        while lat.len() < expected && start.elapsed() < Duration::from_secs_f64(secs * 4.0 + 10.0) {
-            let d3 = d2.clone();
-            let after = cursor;
-            let rows = tokio::task::spawn_blocking(move || {
-                d3.read(|r| tutti_core::store::Store::outbox_after(r, after, 1024))
-            })
-            .await
-            .expect("join")
-            .expect("read")
-            .expect("rows");
-            if rows.is_empty() {
-                let _ = tokio::time::timeout(Duration::from_millis(50), watch.changed()).await;
-                continue;
-            }
+        let deadline = Duration::from_secs_f64(secs * 4.0 + 10.0);
+        while lat.len() < expected && start.elapsed() < deadline {
+            let rows = match tokio::time::timeout(Duration::from_millis(200), follower.next()).await
+            {
+                Ok(r) => r.expect("outbox rows"),
+                Err(_) => continue,
+            };
             let now = epoch.elapsed().as_micros();
             for row in rows {
-                cursor = row.seq;
                 if row.kind == "toolCall" {
                     if let Some(t) = row.payload["name"]
                         .as_str()
@@ -204,6 +197,10 @@ fn main() {
         .expect("runtime");
     println!(
         "tutti-tokio load benchmark: 100 concurrent agents, provider line -> committed -> streamed"
+    );
+    println!(
+        "  database under {} (set TMPDIR to measure another file system)",
+        std::env::temp_dir().display()
     );
     for (label, rate) in [
         ("baseline 1k events/s", 1_000.0),

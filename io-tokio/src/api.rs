@@ -6,6 +6,7 @@
 
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
+use crate::follow::Follower;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -438,8 +439,9 @@ struct EventsQuery {
 }
 
 /// `GET /v1/events`: outbox rows as SSE; `id:` is the outbox sequence; resume with
-/// `Last-Event-ID` or `?after=`. Each client reads the outbox at its own pace from the database,
-/// so a slow client never blocks the engine.
+/// `Last-Event-ID` or `?after=`. Each client follows the outbox at its own pace (see
+/// [`Follower`]: from the file while behind, from each commit's rows once caught up), so a slow
+/// client never blocks the engine.
 async fn events(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -449,25 +451,11 @@ async fn events(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let mut cursor = header_after.or(q.after).unwrap_or(0);
-    let daemon = s.daemon.clone();
-    let mut watch = daemon.outbox_watch();
+    let cursor = header_after.or(q.after).unwrap_or(0);
+    let mut follower = Follower::new(&s.daemon, cursor);
     let stream = async_stream(move |tx| async move {
-        loop {
-            let d = daemon.clone();
-            let after = cursor;
-            let rows = match read(&d, move |r| r.outbox_after(after, 256)).await {
-                Ok(Ok(rows)) => rows,
-                _ => return,
-            };
-            if rows.is_empty() {
-                if watch.changed().await.is_err() {
-                    return;
-                }
-                continue;
-            }
+        while let Ok(rows) = follower.next().await {
             for row in rows {
-                cursor = row.seq;
                 let data = serde_json::to_string(&row).unwrap_or_default();
                 let ev = Event::default()
                     .id(row.seq.to_string())

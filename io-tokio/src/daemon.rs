@@ -7,17 +7,20 @@
 //! (crash-only), and the inputs whose steps did not land get an error.
 
 use crate::clock::now_ms;
-use crate::runtime::{start_runtime, RuntimeHandle, Transport};
+use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::runtime::{start_runtime, RuntimeHandle, ToDaemon, Transport};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
+use tutti_core::step::PersistBatch;
 use tutti_core::store::Store;
 use tutti_core::{Engine, EngineConfig, Input, ProviderRequest, Rejected, RuntimeAnswer, Step};
-use tutti_sqlite::SqliteStore;
+use tutti_sqlite::{CheckpointMode, OpenOptions, Published, SqliteStore};
 
 /// Starts provider runtimes for root sessions.
 pub trait ProviderFactory: Send + Sync {
@@ -64,6 +67,7 @@ pub struct Daemon {
     tx: mpsc::UnboundedSender<Msg>,
     reader: Arc<Mutex<SqliteStore>>,
     outbox: watch::Receiver<u64>,
+    live: broadcast::WeakSender<LiveBatch>,
     providers: Arc<dyn ProviderFactory>,
     db: PathBuf,
 }
@@ -82,8 +86,13 @@ impl Daemon {
     /// Opens the database, restores live trees, settles the turns whose provider process no
     /// longer exists (they cannot survive a daemon restart), and starts the engine thread.
     pub fn start(opts: DaemonOptions) -> Result<Daemon, String> {
-        let mut store = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
+        // Commits never checkpoint: the checkpoint (and its fsync) runs on a thread of its own so
+        // that it never holds up the engine thread (see `checkpointer`).
+        let mut store =
+            SqliteStore::open_with(&opts.db, &OpenOptions::new().auto_checkpoint(false))
+                .map_err(|e| e.to_string())?;
         let reader = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
+        let checkpoints = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
         let mut engine = Engine::with_config(opts.engine);
         let live = store.load_live_trees().map_err(|e| e.to_string())?;
         let mut recovered = Vec::new();
@@ -118,8 +127,19 @@ impl Daemon {
         let last_seq = store.last_outbox_seq().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
+        let watch_commits = seq_rx.clone();
+        let restart = Arc::new(AtomicBool::new(false));
+        let wanted = restart.clone();
+        std::thread::Builder::new()
+            .name("tutti-checkpoint".into())
+            .spawn(move || checkpointer(checkpoints, watch_commits, wanted))
+            .map_err(|e| e.to_string())?;
+        let (live, _) = broadcast::channel(LIVE_CAPACITY);
+        let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
         let core = Core {
+            restart,
+            live,
             engine,
             store,
             rx,
@@ -140,6 +160,7 @@ impl Daemon {
             tx,
             reader: Arc::new(Mutex::new(reader)),
             outbox: seq_rx,
+            live: weak_live,
             providers: opts.providers,
             db: opts.db,
         })
@@ -176,6 +197,15 @@ impl Daemon {
         self.outbox.clone()
     }
 
+    /// A receiver of every commit's outbox rows from now on (closed once the daemon stops).
+    /// [`crate::follow::Follower`] combines it with the file.
+    pub fn live(&self) -> broadcast::Receiver<LiveBatch> {
+        match self.live.upgrade() {
+            Some(tx) => tx.subscribe(),
+            None => broadcast::channel(1).1,
+        }
+    }
+
     /// Provider runtimes.
     pub fn providers(&self) -> &Arc<dyn ProviderFactory> {
         &self.providers
@@ -195,7 +225,57 @@ impl Daemon {
     }
 }
 
+/// How often the checkpoint thread looks for new commits.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// WAL size (in 4 KiB frames) past which the engine thread makes the WAL start over.
+const RESTART_FRAMES: u64 = 8192;
+
+/// The checkpoint thread: while the daemon runs, copies committed WAL frames into the main file
+/// (a passive checkpoint, which never blocks the writer) whenever something was committed since
+/// the last look. Under a steady stream of commits the WAL never catches up at the moment a
+/// commit begins, so it never starts over by itself: once it is past [`RESTART_FRAMES`], this
+/// thread asks the engine thread (`restart`) to run a restarting checkpoint between two group
+/// commits, which has only the last few frames left to copy. Ends when the engine thread ends.
+fn checkpointer(store: SqliteStore, mut commits: watch::Receiver<u64>, restart: Arc<AtomicBool>) {
+    loop {
+        std::thread::sleep(CHECKPOINT_EVERY);
+        match commits.has_changed() {
+            Err(_) => break,
+            Ok(false) => continue,
+            Ok(true) => {}
+        }
+        if restart.load(Ordering::Acquire) {
+            // The engine thread has not restarted the WAL yet: two checkpoints at once would
+            // make its restart wait.
+            continue;
+        }
+        commits.borrow_and_update();
+        match store.checkpoint(CheckpointMode::Passive) {
+            Ok(c) => {
+                debug!(
+                    wal_frames = c.wal_frames,
+                    checkpointed = c.checkpointed_frames,
+                    busy = c.busy,
+                    "checkpoint"
+                );
+                if c.wal_frames > RESTART_FRAMES {
+                    restart.store(true, Ordering::Release);
+                }
+            }
+            Err(e) => warn!(error = %e, "checkpoint failed"),
+        }
+    }
+    // The engine thread is gone: one last checkpoint so the WAL is small for the next start.
+    if let Err(e) = store.checkpoint(CheckpointMode::Restart) {
+        warn!(error = %e, "final checkpoint failed");
+    }
+}
+
 struct Core {
+    /// Set by the checkpoint thread when the WAL should start over.
+    restart: Arc<AtomicBool>,
+    live: broadcast::Sender<LiveBatch>,
     engine: Engine,
     store: SqliteStore,
     rx: mpsc::UnboundedReceiver<Msg>,
@@ -252,6 +332,13 @@ impl Core {
                 if let Some(r) = reply {
                     let _ = r.send(Ok(step));
                 }
+            }
+            if self.restart.load(Ordering::Acquire) {
+                match self.store.checkpoint(CheckpointMode::Restart) {
+                    Ok(c) => debug!(wal_frames = c.wal_frames, busy = c.busy, "WAL restart"),
+                    Err(e) => warn!(error = %e, "WAL restart failed"),
+                }
+                self.restart.store(false, Ordering::Release);
             }
             if let Some(done) = shutdown {
                 self.runtimes.clear();
@@ -317,19 +404,17 @@ impl Core {
     }
 
     fn commit(&mut self, decided: Vec<(Step, Reply)>) -> Vec<(Step, Reply)> {
-        let batches: Vec<_> = decided
+        let batches: Vec<&PersistBatch> = decided
             .iter()
             .filter(|(s, _)| !s.persist.is_empty())
-            .map(|(s, _)| s.persist.clone())
+            .map(|(s, _)| &s.persist)
             .collect();
         if batches.is_empty() {
             return decided;
         }
-        match self.store.apply_many(&batches) {
-            Ok(seqs) => {
-                if let Some(max) = seqs.iter().flatten().max() {
-                    self.seq.send_replace(*max);
-                }
+        match self.store.apply_many_published(batches.iter().copied()) {
+            Ok(published) => {
+                self.publish(&batches, published);
                 decided
             }
             Err(e) => {
@@ -340,11 +425,12 @@ impl Core {
                         ok.push((step, reply));
                         continue;
                     }
-                    match self.store.apply(&step.persist) {
-                        Ok(seqs) => {
-                            if let Some(max) = seqs.iter().max() {
-                                self.seq.send_replace(*max);
-                            }
+                    match self
+                        .store
+                        .apply_many_published(std::iter::once(&step.persist))
+                    {
+                        Ok(published) => {
+                            self.publish(&[&step.persist], published);
                             ok.push((step, reply));
                         }
                         Err(e) => {
@@ -364,6 +450,36 @@ impl Core {
                 ok
             }
         }
+    }
+
+    /// Announces a commit: the newest sequence number, and its rows to live followers.
+    fn publish(&mut self, batches: &[&PersistBatch], published: Vec<Vec<Published>>) {
+        let Some(max) = published.iter().flatten().map(|p| p.seq).max() else {
+            return;
+        };
+        if self.live.receiver_count() > 0 {
+            let mut rows = Vec::with_capacity(published.iter().map(Vec::len).sum());
+            for (batch, published) in batches.iter().zip(published) {
+                let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id)
+                else {
+                    continue;
+                };
+                for p in published {
+                    let Some(row) = batch.rows.get(p.row as usize) else {
+                        continue;
+                    };
+                    rows.push(LiveRow {
+                        seq: p.seq,
+                        kind: row.kind(),
+                        root_agent_session_id: root.clone(),
+                        workspace_id: ws.clone(),
+                        payload: p.payload,
+                    });
+                }
+            }
+            let _ = self.live.send(Arc::new(rows));
+        }
+        self.seq.send_replace(max);
     }
 
     fn effects(&mut self, now: i64, step: &Step) {
@@ -441,15 +557,8 @@ impl Core {
         let (adapter, transport) =
             self.providers
                 .launch(&provider, root, cwd.as_deref(), previous.as_deref())?;
-        let (to_daemon, mut from_runtime) = mpsc::unbounded_channel::<Input>();
         let tx = self.tx.clone();
-        tokio::spawn(async move {
-            while let Some(i) = from_runtime.recv().await {
-                if tx.send(Msg::Input(i, None)).is_err() {
-                    return;
-                }
-            }
-        });
+        let to_daemon = ToDaemon::new(move |i| tx.send(Msg::Input(i, None)).is_ok());
         info!(root = %root, provider = %provider, "provider runtime started");
         let handle = start_runtime(root.clone(), adapter, transport, to_daemon);
         self.runtimes.insert(root.clone(), handle);

@@ -28,6 +28,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod demo;
+pub mod follow;
 pub mod providers;
 pub mod render;
 pub mod runtime;

@@ -167,12 +167,35 @@ impl RuntimeHandle {
     }
 }
 
+/// Where a runtime sends what its provider said (normalized inputs and runtime answers): straight
+/// into the daemon's engine queue, without a task in between.
+#[derive(Clone)]
+pub struct ToDaemon(std::sync::Arc<dyn Fn(Input) -> bool + Send + Sync>);
+
+impl ToDaemon {
+    /// Wraps the function that enqueues one input (returns false once the daemon is gone).
+    pub fn new(f: impl Fn(Input) -> bool + Send + Sync + 'static) -> ToDaemon {
+        ToDaemon(std::sync::Arc::new(f))
+    }
+
+    /// Enqueues one input; `false` if the daemon is gone.
+    pub fn send(&self, input: Input) -> bool {
+        (self.0)(input)
+    }
+}
+
+impl std::fmt::Debug for ToDaemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ToDaemon")
+    }
+}
+
 /// Starts the runtime task of one root session.
 pub fn start_runtime(
     root: Id,
     mut adapter: Box<dyn Adapter>,
     mut transport: Transport,
-    to_daemon: mpsc::UnboundedSender<Input>,
+    to_daemon: ToDaemon,
 ) -> RuntimeHandle {
     let (tx, mut requests) = mpsc::unbounded_channel::<RuntimeMsg>();
     tokio::spawn(async move {
@@ -294,7 +317,7 @@ async fn deliver(
     out: AdapterOutput,
     cancel_op: Option<Id>,
     transport: &mut Transport,
-    to_daemon: &mpsc::UnboundedSender<Input>,
+    to_daemon: &ToDaemon,
     timers: &mut BTreeMap<(i64, String), ()>,
 ) -> Result<(), String> {
     for d in &out.diagnostics {

@@ -114,7 +114,19 @@ fn measure(children: usize, events: usize) -> f64 {
 }
 
 fn main() {
-    let events = 400_000;
+    // `TUTTI_BENCH_EVENTS` and `TUTTI_BENCH_ONLY=<children>` narrow a run (for profilers).
+    let events: usize = std::env::var("TUTTI_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400_000);
+    if let Some(children) = std::env::var("TUTTI_BENCH_ONLY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        let ns = measure(children, events);
+        println!("  {children} active children: {ns:>8.1} ns/event");
+        return;
+    }
     // Warm-up run (not reported).
     measure(10, events / 4);
     let mut small = f64::MAX;

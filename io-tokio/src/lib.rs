@@ -10,10 +10,15 @@
 //! `Engine::handle`, group-commits the steps of inputs that arrived together in one SQLite
 //! transaction, and only then carries out each step: provider requests go to the root session's
 //! [`runtime`] (one provider process per root tree, driven by a pure adapter from
-//! `tutti_core::adapters`), timers are armed, the outbox watch is bumped for the event stream,
-//! and the command's reply is sent. A failed commit evicts the tree and reloads it from the file.
+//! `tutti_core::adapters`), timers are armed, the commit's outbox rows go to live followers of
+//! the event stream, and the command's reply is sent. A failed commit evicts the tree and reloads
+//! it from the file. Commits never checkpoint the WAL: a checkpoint thread of its own does, and
+//! asks the engine thread for a quick WAL restart between two group commits when the WAL grows
+//! past a bound under a load that never pauses.
 //!
 //! - [`api`]: axum routes and the Server-Sent Events stream.
+//! - [`follow`]: a position in the event stream, read from the file while behind and from each
+//!   commit's rows once caught up.
 //! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).
 //! - [`config`]: the TOML config.
 

@@ -45,11 +45,16 @@ impl Default for EngineConfig {
 #[derive(Debug, Default)]
 pub struct Engine {
     config: EngineConfig,
-    trees: FxMap<Id, Tree>,
-    /// Session id -> root session id, for every loaded session.
-    session_root: FxMap<Id, Id>,
-    /// Cancel operation id -> root session id.
-    op_root: FxMap<Id, Id>,
+    /// Loaded trees; a session or operation finds its tree with one lookup of its own id.
+    slots: Vec<Option<Tree>>,
+    /// Free indexes of `slots`.
+    free: Vec<u32>,
+    /// Root session id -> slot.
+    by_root: FxMap<Id, u32>,
+    /// Session id -> slot of its tree, for every loaded session.
+    session_root: FxMap<Id, u32>,
+    /// Cancel operation id -> slot of its tree.
+    op_root: FxMap<Id, u32>,
 }
 
 impl Engine {
@@ -95,9 +100,8 @@ impl Engine {
                     *capabilities,
                 );
                 let step = tx.finish(&mut tree);
-                self.session_root
-                    .insert(agent_session_id.clone(), agent_session_id.clone());
-                self.trees.insert(agent_session_id.clone(), tree);
+                let slot = self.insert_tree(tree);
+                self.session_root.insert(agent_session_id.clone(), slot);
                 Ok(step)
             }
             Input::Command(c) => self.command(now, c),
@@ -106,17 +110,47 @@ impl Engine {
         }
     }
 
-    fn tree_of_session(&mut self, session: &Id) -> Result<(Id, &mut Tree), Rejected> {
-        let root = self
+    fn tree_of_session(&mut self, session: &Id) -> Result<(u32, &mut Tree), Rejected> {
+        let slot = *self
             .session_root
             .get(session)
-            .ok_or_else(|| Rejected::UnknownSession(session.clone()))?
-            .clone();
-        let tree = self
-            .trees
-            .get_mut(&root)
             .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
-        Ok((root, tree))
+        let tree = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
+        Ok((slot, tree))
+    }
+
+    /// Puts a tree into a free slot.
+    fn insert_tree(&mut self, tree: Tree) -> u32 {
+        let root = tree.root_id.clone();
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(tree);
+                i
+            }
+            None => {
+                self.slots.push(Some(tree));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.by_root.insert(root, slot);
+        slot
+    }
+
+    fn tree(&self, root: &str) -> Option<&Tree> {
+        let slot = *self.by_root.get(root)?;
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    fn tree_in(&self, slot: u32) -> Option<&Tree> {
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    fn tree_in_mut(&mut self, slot: u32) -> Option<&mut Tree> {
+        self.slots.get_mut(slot as usize)?.as_mut()
     }
 
     fn command(&mut self, now: Millis, c: &Command) -> Result<Step, Rejected> {
@@ -177,7 +211,7 @@ impl Engine {
 
     fn event(&mut self, now: Millis, e: &NormalizedEvent) -> Result<Step, Rejected> {
         use NormalizedEvent::*;
-        let (_, tree) = self.tree_of_session(e.agent_session_id())?;
+        let (slot, tree) = self.tree_of_session(e.agent_session_id())?;
         let tx = match e {
             RootProviderTurnStarted {
                 agent_session_id,
@@ -230,9 +264,8 @@ impl Engine {
                     provider_aliases: provider_aliases.as_ref(),
                 };
                 let tx = child::create(tree, now, child)?;
-                let root = tree.root_id.clone();
                 let step = tx.finish(tree);
-                self.session_root.insert(agent_session_id.clone(), root);
+                self.session_root.insert(agent_session_id.clone(), slot);
                 return Ok(step);
             }
             ChildSessionUpdated {
@@ -345,11 +378,11 @@ impl Engine {
     }
 
     fn runtime(&mut self, now: Millis, a: &RuntimeAnswer) -> Result<Step, Rejected> {
-        let op_tree = |engine: &mut Engine, op: &Id| -> Result<Id, Rejected> {
+        let op_tree = |engine: &mut Engine, op: &Id| -> Result<u32, Rejected> {
             engine
                 .op_root
                 .get(op)
-                .cloned()
+                .copied()
                 .ok_or_else(|| Rejected::UnknownOperation(op.clone()))
         };
         match a {
@@ -358,7 +391,7 @@ impl Engine {
                 acked,
             } => {
                 let root = op_tree(self, operation_id)?;
-                let tree = self.tree_mut(&root, operation_id)?;
+                let tree = self.tree_mut(root, operation_id)?;
                 let tx =
                     cancel::resolve(tree, now, operation_id, cancel::Resolution::Acked(acked))?;
                 Ok(tx.finish(tree))
@@ -368,7 +401,7 @@ impl Engine {
                 error,
             } => {
                 let root = op_tree(self, operation_id)?;
-                let tree = self.tree_mut(&root, operation_id)?;
+                let tree = self.tree_mut(root, operation_id)?;
                 let tx = cancel::resolve(
                     tree,
                     now,
@@ -381,7 +414,7 @@ impl Engine {
                 timer: TimerId::CancelDeadline { operation_id },
             } => {
                 let root = op_tree(self, operation_id)?;
-                let tree = self.tree_mut(&root, operation_id)?;
+                let tree = self.tree_mut(root, operation_id)?;
                 let tx = cancel::deadline(tree, now, operation_id)?;
                 Ok(tx.finish(tree))
             }
@@ -398,9 +431,13 @@ impl Engine {
                 root_agent_session_id,
                 error,
             } => {
+                let slot = self
+                    .by_root
+                    .get(root_agent_session_id)
+                    .copied()
+                    .ok_or_else(|| Rejected::UnknownSession(root_agent_session_id.clone()))?;
                 let tree = self
-                    .trees
-                    .get_mut(root_agent_session_id)
+                    .tree_in_mut(slot)
                     .ok_or_else(|| Rejected::UnknownSession(root_agent_session_id.clone()))?;
                 let tx = exit::provider_exited(tree, now, error)?;
                 Ok(tx.finish(tree))
@@ -408,9 +445,8 @@ impl Engine {
         }
     }
 
-    fn tree_mut(&mut self, root: &Id, op: &Id) -> Result<&mut Tree, Rejected> {
-        self.trees
-            .get_mut(root)
+    fn tree_mut(&mut self, slot: u32, op: &Id) -> Result<&mut Tree, Rejected> {
+        self.tree_in_mut(slot)
             .ok_or_else(|| Rejected::UnknownOperation(op.clone()))
     }
 
@@ -419,24 +455,30 @@ impl Engine {
         let tree = snapshot.into_tree()?;
         let root = tree.root_id.clone();
         self.evict(&root);
-        for id in tree.sessions.keys() {
-            self.session_root.insert(id.clone(), root.clone());
+        let sessions: Vec<Id> = tree.sessions.keys().cloned().collect();
+        let ops: Vec<Id> = tree.ops.keys().cloned().collect();
+        let slot = self.insert_tree(tree);
+        for id in sessions {
+            self.session_root.insert(id, slot);
         }
-        for id in tree.ops.keys() {
-            self.op_root.insert(id.clone(), root.clone());
+        for id in ops {
+            self.op_root.insert(id, slot);
         }
-        self.trees.insert(root, tree);
         Ok(())
     }
 
     /// The current state of one root tree, in the canonical order storage returns it.
     pub fn snapshot(&self, root: &str) -> Option<TreeSnapshot> {
-        self.trees.get(root).map(TreeSnapshot::from_tree)
+        self.tree(root).map(TreeSnapshot::from_tree)
     }
 
     /// Drops one tree from memory (after a failed commit, or when quiescent).
     pub fn evict(&mut self, root: &str) {
-        if let Some(tree) = self.trees.remove(root) {
+        let Some(slot) = self.by_root.remove(root) else {
+            return;
+        };
+        if let Some(tree) = self.slots.get_mut(slot as usize).and_then(Option::take) {
+            self.free.push(slot);
             for id in tree.sessions.keys() {
                 self.session_root.remove(id);
             }
@@ -448,7 +490,7 @@ impl Engine {
 
     /// Whether a tree can be evicted without losing work: no active turn and no prepared cancel.
     pub fn is_quiescent(&self, root: &str) -> bool {
-        self.trees.get(root).is_none_or(|t| {
+        self.tree(root).is_none_or(|t| {
             t.root().is_none_or(|s| s.active_turn_id.is_none())
                 && t.ops.values().all(|o| o.state != CancelState::Prepared)
         })
@@ -456,39 +498,39 @@ impl Engine {
 
     /// Root session ids of every loaded tree, sorted.
     pub fn roots(&self) -> Vec<Id> {
-        let mut v: Vec<Id> = self.trees.keys().cloned().collect();
+        let mut v: Vec<Id> = self.by_root.keys().cloned().collect();
         v.sort();
         v
     }
 
     /// The root session id of a loaded session.
     pub fn root_of(&self, session: &str) -> Option<&Id> {
-        self.session_root.get(session)
+        let slot = *self.session_root.get(session)?;
+        self.tree_in(slot).map(|t| &t.root_id)
     }
 
     /// A loaded session (tombstones included).
     pub fn session(&self, id: &str) -> Option<&Session> {
-        let root = self.session_root.get(id)?;
-        self.trees.get(root)?.sessions.get(id)
+        let slot = *self.session_root.get(id)?;
+        self.tree_in(slot)?.sessions.get(id)
     }
 
     /// A loaded turn of a loaded session.
     pub fn turn(&self, session: &str, turn: &str) -> Option<&Turn> {
-        let root = self.session_root.get(session)?;
-        self.trees.get(root)?.turns.get(turn)
+        let slot = *self.session_root.get(session)?;
+        self.tree_in(slot)?.turns.get(turn)
     }
 
     /// A loaded cancel operation.
     pub fn cancel_operation(&self, id: &str) -> Option<&CancelOperation> {
-        let root = self.op_root.get(id)?;
-        self.trees.get(root)?.ops.get(id)
+        let slot = *self.op_root.get(id)?;
+        self.tree_in(slot)?.ops.get(id)
     }
 
     /// Cancel operations still prepared (to replay after a restart), sorted by id.
     pub fn prepared_cancels(&self) -> Vec<CancelOperation> {
         let mut v: Vec<CancelOperation> = self
-            .trees
-            .values()
+            .trees()
             .flat_map(|t| t.ops.values())
             .filter(|o| o.state == CancelState::Prepared)
             .cloned()
@@ -499,7 +541,7 @@ impl Engine {
 
     /// Pending interactions of one tree.
     pub fn pending_interactions(&self, root: &str) -> Vec<Interaction> {
-        let Some(tree) = self.trees.get(root) else {
+        let Some(tree) = self.tree(root) else {
             return Vec::new();
         };
         let mut v: Vec<Interaction> = tree
@@ -514,19 +556,18 @@ impl Engine {
 
     /// A tool call of one session.
     pub fn tool_call(&self, session: &str, call: &str) -> Option<&ToolCall> {
-        let root = self.session_root.get(session)?;
-        let tree = self.trees.get(root)?;
+        let slot = *self.session_root.get(session)?;
+        let tree = self.tree_in(slot)?;
         tree.tool_calls.get(&(Id::from(session), Id::from(call)))
     }
 
     /// Number of active nested child turns under a root turn (the gate's count).
     pub fn active_child_turns(&self, root_session: &str, root_turn: &str) -> usize {
-        self.trees
-            .get(root_session)
+        self.tree(root_session)
             .map_or(0, |t| t.active_child_count(&Id::from(root_turn)))
     }
 
     pub(crate) fn trees(&self) -> impl Iterator<Item = &Tree> {
-        self.trees.values()
+        self.slots.iter().flatten()
     }
 }

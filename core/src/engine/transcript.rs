@@ -37,18 +37,19 @@ pub(crate) fn message(
     text: &str,
 ) -> Result<Tx, Rejected> {
     let t = turn_of(tree, session, turn)?;
-    if tree
-        .message_ids
-        .get(session)
-        .is_some_and(|ids| ids.contains(message_id))
-    {
+    let dropped = drop_reason(tree, t);
+    // One lookup of the session's message ids serves the duplicate check and the insert.
+    let ids = match tree.message_ids.get_mut(session) {
+        Some(ids) => ids,
+        None => tree.message_ids.entry(session.clone()).or_default(),
+    };
+    if ids.contains(message_id) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
-    if let Some(why) = drop_reason(tree, t) {
+    if let Some(why) = dropped {
         return Ok(Tx::ignore(now, why));
     }
     // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
-    let ids = tree.message_ids.entry(session.clone()).or_default();
     let seq = ids.len() as u64;
     ids.insert(message_id.clone());
     let mut tx = Tx::new(now);
@@ -82,7 +83,7 @@ pub(crate) fn tool_call(
         return Ok(Tx::ignore(now, why));
     }
     let key = (session.clone(), call.clone());
-    match tree.tool_calls.get_mut(&key) {
+    let c = match tree.tool_calls.get_mut(&key) {
         Some(c) => {
             if c.turn_id != *turn {
                 return Err(Rejected::Invalid("tool call id reused on another turn"));
@@ -107,27 +108,26 @@ pub(crate) fn tool_call(
             if !changed {
                 return Ok(Tx::ignore(now, Ignored::Duplicate));
             }
+            c
         }
-        None => {
-            tree.tool_calls.insert(
-                key,
-                ToolCall {
-                    agent_session_id: session.clone(),
-                    turn_id: turn.clone(),
-                    tool_call_id: call.clone(),
-                    name: name.cloned(),
-                    status: status.to_string(),
-                    kind: kind.cloned(),
-                    payload: payload.cloned(),
-                    created_at: now,
-                    updated_at: now,
-                    version: 0,
-                },
-            );
-        }
-    }
+        None => tree.tool_calls.entry(key).or_insert(ToolCall {
+            agent_session_id: session.clone(),
+            turn_id: turn.clone(),
+            tool_call_id: call.clone(),
+            name: name.cloned(),
+            status: status.to_string(),
+            kind: kind.cloned(),
+            payload: payload.cloned(),
+            created_at: now,
+            updated_at: now,
+            version: 0,
+        }),
+    };
+    // The row is built here, where the entry is at hand, instead of being looked up again.
+    c.version += 1;
+    c.updated_at = now;
     let mut tx = Tx::new(now);
-    tx.tool_call(session, call);
+    tx.tool_call_row(c.clone());
     Ok(tx)
 }
 

@@ -57,7 +57,6 @@ enum Key {
     Session(Id),
     Turn(Id),
     Interaction(Id, Id),
-    ToolCall(Id, Id),
     Op(Id),
 }
 
@@ -65,6 +64,8 @@ enum Key {
 enum Touch {
     Entity(Key, bool),
     Message(Message),
+    /// A tool call row its handler built (and versioned) itself; always published.
+    ToolCall(ToolCall),
     Purge(Id),
 }
 
@@ -139,6 +140,7 @@ impl Tx {
         if let Some(set) = &mut self.seen {
             set.insert(key.clone());
         }
+        self.first_touch();
         self.touches.push(Touch::Entity(key, publish));
     }
 
@@ -167,14 +169,25 @@ impl Tx {
     pub fn interaction(&mut self, turn: &Id, request: &Id) {
         self.touch(Key::Interaction(turn.clone(), request.clone()), true);
     }
-    pub fn tool_call(&mut self, session: &Id, call: &Id) {
-        self.touch(Key::ToolCall(session.clone(), call.clone()), true);
-    }
     pub fn op(&mut self, id: &Id) {
         self.touch(Key::Op(id.clone()), true);
     }
     pub fn message(&mut self, m: Message) {
+        self.first_touch();
         self.touches.push(Touch::Message(m));
+    }
+
+    /// Most steps touch one or two entities: start small rather than at `Vec`'s default of four.
+    fn first_touch(&mut self) {
+        if self.touches.capacity() == 0 {
+            self.touches.reserve_exact(2);
+        }
+    }
+    /// A finished tool call row (its version already bumped by the caller), touched once in
+    /// this step. (Kept apart from [`Row`] so that a [`Touch`] stays small.)
+    pub fn tool_call_row(&mut self, call: ToolCall) {
+        self.first_touch();
+        self.touches.push(Touch::ToolCall(call));
     }
     pub fn purge(&mut self, session: &Id) {
         self.touches.push(Touch::Purge(session.clone()));
@@ -188,7 +201,7 @@ impl Tx {
         let now = self.now;
         let mut guards = self.guards;
         let mut rows = Vec::with_capacity(self.touches.len());
-        let mut outbox = Vec::new();
+        let mut outbox = Vec::with_capacity(self.touches.len());
         for t in self.touches {
             let (row, publish) = match t {
                 Touch::Entity(Key::Session(id), p) => match tree.sessions.get_mut(&id) {
@@ -227,14 +240,6 @@ impl Tx {
                         None => continue,
                     }
                 }
-                Touch::Entity(Key::ToolCall(s, c), p) => match tree.tool_calls.get_mut(&(s, c)) {
-                    Some(c) => {
-                        c.version += 1;
-                        c.updated_at = now;
-                        (Row::ToolCall(c.clone()), p)
-                    }
-                    None => continue,
-                },
                 Touch::Entity(Key::Op(id), p) => match tree.ops.get_mut(&id) {
                     Some(o) => {
                         guards.push(Guard::CancelVersion {
@@ -249,6 +254,7 @@ impl Tx {
                     None => continue,
                 },
                 Touch::Message(m) => (Row::Message(m), true),
+                Touch::ToolCall(c) => (Row::ToolCall(c), true),
                 Touch::Purge(id) => (
                     Row::PurgeSession {
                         agent_session_id: id,

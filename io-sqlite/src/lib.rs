@@ -90,6 +90,7 @@ pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
     replay_rule: ReplayRule,
+    busy_timeout: std::time::Duration,
     /// Reused buffer for serialized rows.
     arena: Vec<u8>,
 }
@@ -111,6 +112,7 @@ impl SqliteStore {
             conn,
             path: path.to_path_buf(),
             replay_rule: options.replay_rule,
+            busy_timeout: options.busy_timeout,
             arena: Vec::with_capacity(4096),
         })
     }
@@ -216,12 +218,26 @@ impl SqliteStore {
     /// [`CheckpointMode::Passive`] never waits for (or blocks) the writer or readers.
     /// [`CheckpointMode::Restart`] also makes the next commit write the WAL from its start (so
     /// the file stops growing); it waits for the writer and readers up to this connection's busy
-    /// timeout, and reports `busy` if it could not finish.
+    /// timeout, and reports `busy` if it could not finish. [`CheckpointMode::RestartNoWait`] is
+    /// the same without any waiting: if another connection is reading or checkpointing, it
+    /// reports `busy` at once (for a writer that must not stall).
     pub fn checkpoint(&self, mode: CheckpointMode) -> Result<Checkpoint, SqliteError> {
         let sql = match mode {
             CheckpointMode::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
-            CheckpointMode::Restart => "PRAGMA wal_checkpoint(RESTART)",
+            CheckpointMode::Restart | CheckpointMode::RestartNoWait => {
+                "PRAGMA wal_checkpoint(RESTART)"
+            }
         };
+        if mode == CheckpointMode::RestartNoWait {
+            self.conn.busy_timeout(std::time::Duration::ZERO)?;
+            let r = self.run_checkpoint(sql);
+            self.conn.busy_timeout(self.busy_timeout)?;
+            return r;
+        }
+        self.run_checkpoint(sql)
+    }
+
+    fn run_checkpoint(&self, sql: &str) -> Result<Checkpoint, SqliteError> {
         let (busy, log, done) = self.conn.query_row(sql, [], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
@@ -258,6 +274,8 @@ pub enum CheckpointMode {
     Passive,
     /// Copy everything and make the next writer start the WAL over (bounded by the busy timeout).
     Restart,
+    /// [`CheckpointMode::Restart`], but give up at once rather than wait for anyone.
+    RestartNoWait,
 }
 
 /// What one [`SqliteStore::checkpoint`] did.

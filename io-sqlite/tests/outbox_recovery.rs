@@ -316,3 +316,42 @@ fn checkpoints_run_apart_from_commits() {
         "nothing lost across checkpoints"
     );
 }
+
+/// A writer that must not stall asks for a restart that gives up at once when a reader still
+/// uses the WAL, and gets it once the reader is gone.
+#[test]
+fn a_no_wait_restart_gives_up_while_a_reader_uses_the_wal() {
+    use tutti_sqlite::{CheckpointMode, OpenOptions};
+    let (_dir, path) = support::temp_db();
+    let mut db =
+        SqliteStore::open_with(&path, &OpenOptions::new().auto_checkpoint(false)).expect("open");
+    let reader = SqliteStore::open(&path).expect("reader");
+    let mut s = Stream::new(9, Mix::ALL);
+    for _ in 0..20 {
+        db.apply(&s.next_step().persist).expect("commit");
+    }
+    let during = reader
+        .read_consistent(|r| {
+            // The first read takes the snapshot (a read mark in the WAL).
+            assert!(!r.outbox_after(0, 5).expect("read").is_empty());
+            db.checkpoint(CheckpointMode::RestartNoWait)
+                .expect("checkpoint")
+        })
+        .expect("read");
+    assert!(
+        during.busy,
+        "a reader on the WAL keeps it from starting over"
+    );
+    let after = db
+        .checkpoint(CheckpointMode::RestartNoWait)
+        .expect("checkpoint");
+    assert!(!after.busy, "nobody in the way: {after:?}");
+    assert_eq!(after.checkpointed_frames, after.wal_frames);
+    db.apply(&s.next_step().persist).expect("commit");
+    let next = reader.checkpoint(CheckpointMode::Passive).expect("passive");
+    assert!(
+        next.wal_frames < 50,
+        "the WAL started over ({})",
+        next.wal_frames
+    );
+}

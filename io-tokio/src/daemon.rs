@@ -351,7 +351,9 @@ impl Core {
             }
             if self.restart.load(Ordering::Acquire) {
                 let t = std::time::Instant::now();
-                match self.store.checkpoint(CheckpointMode::Restart) {
+                // Never wait here: a reader in the way makes it `busy`, and the checkpoint
+                // thread asks again after its next pass.
+                match self.store.checkpoint(CheckpointMode::RestartNoWait) {
                     Ok(c) => debug!(
                         wal_frames = c.wal_frames,
                         busy = c.busy,

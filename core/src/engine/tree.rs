@@ -1,7 +1,7 @@
 //! One root tree's in-memory state (a cache of the database) and the per-step transaction
 //! builder that turns its mutations into one [`PersistBatch`].
 
-use crate::hash::{FxMap, FxSet};
+use crate::hash::{FxMap, FxSet, IdSet};
 use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
 use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Step, TimerRequest};
 
@@ -22,7 +22,7 @@ pub(crate) struct Tree {
     /// Pending interaction request ids per turn.
     pub pending: FxMap<Id, Vec<Id>>,
     /// Message ids seen per session (a repeat is a no-op).
-    pub message_ids: FxMap<Id, FxSet<Id>>,
+    pub message_ids: FxMap<Id, IdSet>,
     /// Tool calls keyed by (session id, tool call id).
     pub tool_calls: FxMap<(Id, Id), ToolCall>,
     /// Cancel operations.

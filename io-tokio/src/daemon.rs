@@ -226,7 +226,7 @@ impl Daemon {
 }
 
 /// How often the checkpoint thread looks for new commits.
-const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// WAL size (in 4 KiB frames) past which the engine thread makes the WAL start over.
 const RESTART_FRAMES: u64 = 8192;

@@ -4,7 +4,7 @@ use crate::engine::Tree;
 use crate::error::RestoreError;
 use crate::model::{
     CancelOperation, CancelState, Id, Interaction, InteractionStatus, Session, SessionKind,
-    ToolCall, Turn,
+    ToolCall, Trigger, Turn,
 };
 use serde::{Deserialize, Serialize};
 
@@ -96,6 +96,13 @@ impl TreeSnapshot {
                 .sessions
                 .get(&t.agent_session_id)
                 .ok_or(RestoreError::Inconsistent("turn of an unknown session"))?;
+            // Only root turns come from a user submission; the engine relies on it to tell a
+            // child turn from a root turn without looking up the session.
+            if session.is_child() == (t.trigger == Trigger::User) {
+                return Err(RestoreError::Inconsistent(
+                    "turn trigger does not match its session kind",
+                ));
+            }
             if session.is_child() && t.is_active() {
                 let rt = session
                     .root_turn_id

@@ -348,3 +348,29 @@ fn restore_from_snapshot_continues_identically() {
     assert_eq!(h.outcome("T").as_deref(), Some("completed"));
     h.check();
 }
+
+#[test]
+fn restore_refuses_a_turn_whose_trigger_contradicts_its_session_kind() {
+    use tutti_core::model::Trigger;
+    let h = tree_with_children(1);
+    let good = h.store.load_tree("R").unwrap().unwrap();
+    // A child turn claiming a user submission, and a root turn claiming delegation: the engine
+    // tells root from child turns by their trigger, so either would mislead it.
+    for (turn, trigger) in [("CT1", Trigger::User), ("T", Trigger::Delegation)] {
+        let mut bad = good.clone();
+        bad.turns
+            .iter_mut()
+            .find(|t| &*t.id == turn)
+            .expect("turn")
+            .trigger = trigger;
+        let mut fresh = tutti_core::Engine::new();
+        let err = fresh.restore(bad).expect_err("inconsistent snapshot");
+        assert!(
+            matches!(err, tutti_core::RestoreError::Inconsistent(_)),
+            "{err}"
+        );
+        assert!(fresh.snapshot("R").is_none(), "nothing was loaded");
+    }
+    let mut fresh = tutti_core::Engine::new();
+    fresh.restore(good).expect("the real snapshot restores");
+}

@@ -7,19 +7,17 @@
 use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::model::{Id, Message, ToolCall, Turn};
+use crate::model::{Id, Message, ToolCall, Trigger, Turn};
 use crate::step::Ignored;
 use serde_json::Value;
 
 /// Whether late facts for this turn are dropped, and why.
-fn drop_reason(tree: &Tree, t: &Turn) -> Option<Ignored> {
+fn drop_reason(t: &Turn) -> Option<Ignored> {
     if t.cancel_operation_id.is_some() {
         return Some(Ignored::ClosedCancelTarget);
     }
-    let is_child = tree
-        .sessions
-        .get(&t.agent_session_id)
-        .is_some_and(|s| s.is_child());
+    // Only root turns are triggered by the user (checked on restore): no session lookup.
+    let is_child = t.trigger != Trigger::User;
     if !t.is_active() && !is_child {
         return Some(Ignored::LateAfterSettled);
     }
@@ -37,7 +35,7 @@ pub(crate) fn message(
     text: &str,
 ) -> Result<Tx, Rejected> {
     let t = turn_of(tree, session, turn)?;
-    let dropped = drop_reason(tree, t);
+    let dropped = drop_reason(t);
     // One lookup of the session's message ids serves the duplicate check and the insert.
     let ids = match tree.message_ids.get_mut(session) {
         Some(ids) => ids,
@@ -79,7 +77,7 @@ pub(crate) fn tool_call(
     payload: Option<&Value>,
 ) -> Result<Tx, Rejected> {
     let t = turn_of(tree, session, turn)?;
-    if let Some(why) = drop_reason(tree, t) {
+    if let Some(why) = drop_reason(t) {
         return Ok(Tx::ignore(now, why));
     }
     let key = (session.clone(), call.clone());

@@ -21,7 +21,7 @@
 //! turn the `fuzzing` feature on may include it with `#[path]` under a module that glob-imports
 //! `tutti_core::*` (see `tests/tests/fuzz_corpus.rs`).
 
-use super::adapters::{parse_line, Adapter, AdapterOutput, AdapterTimer};
+use super::adapters::{parse_line, take_due, Adapter, AdapterOutput, AdapterTimer};
 use super::input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
 use super::model::{CancelState, Id, InteractionStatus, Millis, Outcome, Phase, SessionKind};
 use super::snapshot::TreeSnapshot;
@@ -1202,17 +1202,9 @@ impl<A: Adapter> LineDriver<A> {
     fn fire_due(&mut self) -> Result<(), String> {
         loop {
             let now = self.h.now;
-            let Some(i) = self
-                .timers
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| t.at <= now)
-                .min_by_key(|(_, t)| t.at)
-                .map(|(i, _)| i)
-            else {
+            let Some(t) = take_due(&mut self.timers, now, |t| t.at) else {
                 break;
             };
-            let t = self.timers.remove(i);
             let out = self.adapter.on_timer(now, &t.id);
             self.absorb(out)?;
         }

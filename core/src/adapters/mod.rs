@@ -110,6 +110,18 @@ pub trait Adapter: Send {
     }
 }
 
+/// Removes and returns the earliest timer due at `now` (`at(timer) <= now`), for drivers and
+/// replays that keep their armed timers in a list.
+pub fn take_due<T>(timers: &mut Vec<T>, now: Millis, at: impl Fn(&T) -> Millis) -> Option<T> {
+    let i = timers
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| at(t) <= now)
+        .min_by_key(|(_, t)| at(t))
+        .map(|(i, _)| i)?;
+    Some(timers.remove(i))
+}
+
 /// Parses one native line; a typed error for garbage.
 pub fn parse_line(line: &str) -> Result<Value, AdapterError> {
     let v: Value = serde_json::from_str(line.trim())
@@ -146,4 +158,20 @@ pub fn child_ids(root: &Id, kind: &str, native: &str, turn_no: u32) -> (Id, Id) 
     let session: Id = format!("{root}~{kind}-{native}").into();
     let turn: Id = format!("{session}~turn-{turn_no}").into();
     (session, turn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_due;
+
+    #[test]
+    fn take_due_returns_due_timers_earliest_first_and_leaves_the_rest() {
+        let mut timers = vec![("c", 30), ("a", 10), ("late", 99), ("b", 20)];
+        let mut fired = Vec::new();
+        while let Some((name, _)) = take_due(&mut timers, 30, |t| t.1) {
+            fired.push(name);
+        }
+        assert_eq!(fired, ["a", "b", "c"]);
+        assert_eq!(timers, [("late", 99)]);
+    }
 }

@@ -64,7 +64,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
-use tutti_core::adapters::{Adapter, AdapterOutput, AdapterTimer};
+use tutti_core::adapters::{take_due, Adapter, AdapterOutput, AdapterTimer};
 use tutti_core::input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
 use tutti_core::model::{
     CancelOperation, Id, Interaction, Message, Millis, Session, SessionKind, Turn,
@@ -1011,17 +1011,9 @@ impl World {
                 let Some(l) = &mut self.trees[t].link else {
                     return Ok(());
                 };
-                let Some(i) = l
-                    .timers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, x)| x.at <= now)
-                    .min_by_key(|(_, x)| x.at)
-                    .map(|(i, _)| i)
-                else {
+                let Some(timer) = take_due(&mut l.timers, now, |x| x.at) else {
                     return Ok(());
                 };
-                let timer = l.timers.remove(i);
                 let Some(a) = &mut l.adapter else {
                     return Ok(());
                 };
@@ -1029,17 +1021,9 @@ impl World {
                 self.absorb(t, out)
             }
             Action::EngineTimer => {
-                let Some(i) = self
-                    .timers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, x)| x.at <= now)
-                    .min_by_key(|(_, x)| x.at)
-                    .map(|(i, _)| i)
-                else {
+                let Some(timer) = take_due(&mut self.timers, now, |x| x.at) else {
                     return Ok(());
                 };
-                let timer = self.timers.remove(i);
                 let TimerId::CancelDeadline { operation_id } = &timer.timer;
                 let root = self
                     .store

@@ -130,17 +130,9 @@ impl Driver {
     /// Fires the adapter timers due at `now`, earliest first.
     fn fire_due(&mut self, now: Millis) {
         loop {
-            let Some(i) = self
-                .timers
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| t.at <= now)
-                .min_by_key(|(_, t)| t.at)
-                .map(|(i, _)| i)
-            else {
+            let Some(t) = crate::adapters::take_due(&mut self.timers, now, |t| t.at) else {
                 return;
             };
-            let t = self.timers.remove(i);
             let out = self.adapter.on_timer(t.at, &t.id);
             self.apply(t.at, out);
         }

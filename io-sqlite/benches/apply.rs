@@ -75,21 +75,29 @@ enum RawOp {
         seq: i64,
         id: String,
         json: String,
+        outbox_seq: Option<i64>,
     },
     Purge(String),
+    /// An outbox row; a message's references the message just inserted (payload empty).
     Outbox {
         seq: i64,
         kind: &'static str,
         root: String,
         ws: String,
         json: String,
+        message: bool,
     },
 }
 
+/// The rows the store writes for one batch: each row, followed by its outbox row if published
+/// (the engine publishes in row order), a message's outbox row referencing the message.
 fn raw_ops(batch: &PersistBatch, seq: &mut i64) -> Vec<RawOp> {
     let mut out = Vec::new();
-    let mut jsons = Vec::new();
-    for row in &batch.rows {
+    let target = batch
+        .root_agent_session_id
+        .as_ref()
+        .zip(batch.workspace_id.as_ref());
+    for (i, row) in batch.rows.iter().enumerate() {
         let json = match row {
             Row::PurgeSession { agent_session_id } => {
                 serde_json::json!({ "agentSessionId": agent_session_id }).to_string()
@@ -101,7 +109,9 @@ fn raw_ops(batch: &PersistBatch, seq: &mut i64) -> Vec<RawOp> {
             Row::CancelOperation(x) => serde_json::to_string(x).unwrap_or_default(),
             Row::Message(x) => serde_json::to_string(x).unwrap_or_default(),
         };
-        jsons.push(json.clone());
+        let published = target.is_some() && batch.outbox.contains(&(i as u32));
+        let message = published && matches!(row, Row::Message(_));
+        let outbox_json = if message { String::new() } else { json.clone() };
         out.push(match row {
             Row::Session(s) => RawOp::Session {
                 id: s.id.to_string(),
@@ -151,23 +161,20 @@ fn raw_ops(batch: &PersistBatch, seq: &mut i64) -> Vec<RawOp> {
                 seq: m.seq as i64,
                 id: m.message_id.to_string(),
                 json,
+                outbox_seq: message.then_some(*seq + 1),
             },
             Row::PurgeSession { agent_session_id } => RawOp::Purge(agent_session_id.to_string()),
         });
-    }
-    if let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) {
-        for &i in &batch.outbox {
-            let i = i as usize;
-            if let (Some(row), Some(json)) = (batch.rows.get(i), jsons.get(i)) {
-                *seq += 1;
-                out.push(RawOp::Outbox {
-                    seq: *seq,
-                    kind: row.kind(),
-                    root: root.to_string(),
-                    ws: ws.to_string(),
-                    json: json.clone(),
-                });
-            }
+        if let (Some((root, ws)), true) = (target, published) {
+            *seq += 1;
+            out.push(RawOp::Outbox {
+                seq: *seq,
+                kind: row.kind(),
+                root: root.to_string(),
+                ws: ws.to_string(),
+                json: outbox_json,
+                message,
+            });
         }
     }
     out
@@ -190,9 +197,7 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
                 "INSERT INTO sessions (id, workspace_id, kind, root_agent_session_id, \
                  active_turn_id, created_at, deleted_at, version, json) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO UPDATE SET \
-                 workspace_id = excluded.workspace_id, kind = excluded.kind, \
-                 root_agent_session_id = excluded.root_agent_session_id, \
-                 active_turn_id = excluded.active_turn_id, created_at = excluded.created_at, \
+                 active_turn_id = excluded.active_turn_id, \
                  deleted_at = excluded.deleted_at, version = excluded.version, json = excluded.json",
             )?
             .execute(params![id, ws, kind, root, active, created, deleted, version, json])?;
@@ -208,9 +213,8 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
             conn.prepare_cached(
                 "INSERT INTO turns (id, agent_session_id, child_creation_closed, created_at, \
                  version, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO UPDATE SET \
-                 agent_session_id = excluded.agent_session_id, \
                  child_creation_closed = excluded.child_creation_closed, \
-                 created_at = excluded.created_at, version = excluded.version, json = excluded.json",
+                 version = excluded.version, json = excluded.json",
             )?
             .execute(params![id, session, closed, created, version, json])?;
         }
@@ -224,8 +228,7 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
             conn.prepare_cached(
                 "INSERT INTO interactions (turn_id, request_id, agent_session_id, version, json) \
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (turn_id, request_id) DO UPDATE SET \
-                 agent_session_id = excluded.agent_session_id, version = excluded.version, \
-                 json = excluded.json",
+                 version = excluded.version, json = excluded.json",
             )?
             .execute(params![turn, request, session, version, json])?;
         }
@@ -252,8 +255,7 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
             conn.prepare_cached(
                 "INSERT INTO cancel_operations (id, root_agent_session_id, state, version, json) \
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO UPDATE SET \
-                 root_agent_session_id = excluded.root_agent_session_id, state = excluded.state, \
-                 version = excluded.version, json = excluded.json",
+                 state = excluded.state, version = excluded.version, json = excluded.json",
             )?
             .execute(params![id, root, state, version, json])?;
         }
@@ -262,15 +264,20 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
             seq,
             id,
             json,
+            outbox_seq,
         } => {
             conn.prepare_cached(
-                "INSERT INTO messages (agent_session_id, seq, message_id, json) \
-                 VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO messages (agent_session_id, seq, message_id, json, outbox_seq) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![session, seq, id, json])?;
+            .execute(params![session, seq, id, json, outbox_seq])?;
         }
         RawOp::Purge(s) => {
             for sql in [
+                "UPDATE outbox SET payload = (SELECT json FROM messages AS m \
+                 WHERE m.rowid = outbox.message_rowid), message_rowid = NULL \
+                 WHERE seq IN (SELECT outbox_seq FROM messages WHERE agent_session_id = ?1 \
+                 AND outbox_seq IS NOT NULL) AND message_rowid IS NOT NULL",
                 "DELETE FROM turns WHERE agent_session_id = ?1",
                 "DELETE FROM interactions WHERE agent_session_id = ?1",
                 "DELETE FROM messages WHERE agent_session_id = ?1",
@@ -285,12 +292,14 @@ fn raw_apply(conn: &Connection, op: &RawOp) -> rusqlite::Result<()> {
             root,
             ws,
             json,
+            message,
         } => {
+            let message = message.then(|| conn.last_insert_rowid());
             conn.prepare_cached(
-                "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload, \
+                 message_rowid) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![seq, kind, root, ws, json])?;
+            .execute(params![seq, kind, root, ws, json, message])?;
         }
     }
     Ok(())
@@ -324,6 +333,7 @@ fn timed<E>(f: impl FnOnce() -> Result<(), E>) -> Result<Took, E> {
 
 fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Took> {
     let mut conn = Connection::open(path)?;
+    conn.pragma_update(None, "page_size", tutti_sqlite::schema::PAGE_SIZE)?;
     conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;

@@ -10,6 +10,36 @@ use std::ops::Range;
 use tutti_core::model::{CancelState, SessionKind};
 use tutti_core::step::{Guard, PersistBatch, Row};
 
+// The upserts of versioned entities, without their `WHERE` clause. An update sets only the
+// columns that can change (an entity's id, owner, kind and creation time never do), so SQLite
+// leaves the index entries on the others alone.
+macro_rules! upsert_session {
+    () => {
+        "INSERT INTO sessions (id, workspace_id, kind, root_agent_session_id, \
+         active_turn_id, created_at, deleted_at, version, json) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+         ON CONFLICT (id) DO UPDATE SET active_turn_id = excluded.active_turn_id, \
+         deleted_at = excluded.deleted_at, version = excluded.version, json = excluded.json "
+    };
+}
+macro_rules! upsert_turn {
+    () => {
+        "INSERT INTO turns (id, agent_session_id, child_creation_closed, created_at, \
+         version, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT (id) DO UPDATE SET \
+         child_creation_closed = excluded.child_creation_closed, \
+         version = excluded.version, json = excluded.json "
+    };
+}
+macro_rules! upsert_op {
+    () => {
+        "INSERT INTO cancel_operations (id, root_agent_session_id, state, version, json) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (id) DO UPDATE SET \
+         state = excluded.state, version = excluded.version, json = excluded.json "
+    };
+}
+
 /// The statements a writer uses (prepared once per connection, fetched once per transaction).
 #[derive(Clone, Copy)]
 enum Sql {
@@ -22,11 +52,15 @@ enum Sql {
     SessionExists,
     TurnClosed,
     UpsertSession,
+    UpsertSessionAt,
     UpsertTurn,
+    UpsertTurnAt,
     UpsertInteraction,
     UpsertToolCall,
     UpsertOp,
+    UpsertOpAt,
     InsertMessage,
+    UnlinkOutbox,
     PurgeTurns,
     PurgeInteractions,
     PurgeMessages,
@@ -40,6 +74,9 @@ const N_SQL: usize = Sql::NextSeq as usize + 1;
 impl Sql {
     fn text(self) -> &'static str {
         match self {
+            Sql::UpsertSessionAt => UPSERT_SESSION_AT,
+            Sql::UpsertTurnAt => UPSERT_TURN_AT,
+            Sql::UpsertOpAt => UPSERT_OP_AT,
             Sql::SessionVersion => "SELECT version FROM sessions WHERE id = ?1",
             Sql::TurnVersion => "SELECT version FROM turns WHERE id = ?1",
             Sql::OpVersion => "SELECT version FROM cancel_operations WHERE id = ?1",
@@ -48,29 +85,15 @@ impl Sql {
             Sql::OpJson => "SELECT json FROM cancel_operations WHERE id = ?1",
             Sql::SessionExists => "SELECT 1 FROM sessions WHERE id = ?1",
             Sql::TurnClosed => "SELECT child_creation_closed FROM turns WHERE id = ?1",
-            Sql::UpsertSession => {
-                "INSERT INTO sessions (id, workspace_id, kind, root_agent_session_id, \
-                 active_turn_id, created_at, deleted_at, version, json) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
-                 ON CONFLICT (id) DO UPDATE SET workspace_id = excluded.workspace_id, \
-                 kind = excluded.kind, root_agent_session_id = excluded.root_agent_session_id, \
-                 active_turn_id = excluded.active_turn_id, created_at = excluded.created_at, \
-                 deleted_at = excluded.deleted_at, version = excluded.version, json = excluded.json \
-                 WHERE excluded.version > sessions.version"
-            }
-            Sql::UpsertTurn => {
-                "INSERT INTO turns (id, agent_session_id, child_creation_closed, created_at, \
-                 version, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
-                 ON CONFLICT (id) DO UPDATE SET agent_session_id = excluded.agent_session_id, \
-                 child_creation_closed = excluded.child_creation_closed, \
-                 created_at = excluded.created_at, version = excluded.version, json = excluded.json \
-                 WHERE excluded.version > turns.version"
-            }
+            Sql::UpsertSession => concat!(
+                upsert_session!(),
+                "WHERE excluded.version > sessions.version"
+            ),
+            Sql::UpsertTurn => concat!(upsert_turn!(), "WHERE excluded.version > turns.version"),
             Sql::UpsertInteraction => {
                 "INSERT INTO interactions (turn_id, request_id, agent_session_id, version, json) \
                  VALUES (?1, ?2, ?3, ?4, ?5) \
-                 ON CONFLICT (turn_id, request_id) DO UPDATE SET \
-                 agent_session_id = excluded.agent_session_id, version = excluded.version, \
+                 ON CONFLICT (turn_id, request_id) DO UPDATE SET version = excluded.version, \
                  json = excluded.json WHERE excluded.version > interactions.version"
             }
             Sql::UpsertToolCall => {
@@ -80,34 +103,93 @@ impl Sql {
                  version = excluded.version, json = excluded.json \
                  WHERE excluded.version > tool_calls.version"
             }
-            Sql::UpsertOp => {
-                "INSERT INTO cancel_operations (id, root_agent_session_id, state, version, json) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) \
-                 ON CONFLICT (id) DO UPDATE SET root_agent_session_id = excluded.root_agent_session_id, \
-                 state = excluded.state, version = excluded.version, json = excluded.json \
-                 WHERE excluded.version > cancel_operations.version"
-            }
+            Sql::UpsertOp => concat!(
+                upsert_op!(),
+                "WHERE excluded.version > cancel_operations.version"
+            ),
             Sql::InsertMessage => {
-                "INSERT INTO messages (agent_session_id, seq, message_id, json) \
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (agent_session_id, seq) DO NOTHING"
+                "INSERT INTO messages (agent_session_id, seq, message_id, json, outbox_seq) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (agent_session_id, seq) DO NOTHING"
             }
+            Sql::UnlinkOutbox => UNLINK_OUTBOX,
             Sql::PurgeTurns => "DELETE FROM turns WHERE agent_session_id = ?1",
             Sql::PurgeInteractions => "DELETE FROM interactions WHERE agent_session_id = ?1",
             Sql::PurgeMessages => "DELETE FROM messages WHERE agent_session_id = ?1",
             Sql::PurgeToolCalls => "DELETE FROM tool_calls WHERE agent_session_id = ?1",
             Sql::InsertOutbox => {
-                "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)"
+                "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload, \
+                 message_rowid) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
             }
             Sql::NextSeq => NEXT_SEQ,
         }
     }
 }
 
+// A version guard folded into its row's write: the row is written only if it is stored at
+// exactly the guard's `version` (or absent, for version 0). The last parameter is `version`.
+const UPSERT_SESSION_AT: &str = concat!(upsert_session!(), "WHERE sessions.version = ?10");
+const UPSERT_TURN_AT: &str = concat!(upsert_turn!(), "WHERE turns.version = ?7");
+const UPSERT_OP_AT: &str = concat!(upsert_op!(), "WHERE cancel_operations.version = ?6");
+
+/// Before a session's messages are purged: the outbox rows that reference them get a copy of
+/// their payload (schema version 2), so no outbox row points at a missing message.
+pub(crate) const UNLINK_OUTBOX: &str =
+    "UPDATE outbox SET payload = (SELECT json FROM messages AS m \
+     WHERE m.rowid = outbox.message_rowid), message_rowid = NULL \
+     WHERE seq IN (SELECT outbox_seq FROM messages WHERE agent_session_id = ?1 \
+     AND outbox_seq IS NOT NULL) AND message_rowid IS NOT NULL";
+
 /// The next outbox seq: one past the highest ever assigned. `outbox_pruned_through` remembers the
 /// highest pruned seq, so pruning every row never makes a number come back.
 pub(crate) const NEXT_SEQ: &str = "SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), \
      coalesce((SELECT value FROM meta WHERE key = 'outbox_pruned_through'), 0)) + 1";
+
+/// Runs an upsert, with the folded guard's version as its last parameter when there is one.
+fn execute_at(
+    stmt: &mut CachedStatement<'_>,
+    at: Option<&i64>,
+    base: &[&dyn ToSql],
+) -> rusqlite::Result<usize> {
+    let Some(v) = at else {
+        return stmt.execute(base);
+    };
+    const MAX: usize = 10;
+    let mut all: [&dyn ToSql; MAX] = [&rusqlite::types::Null; MAX];
+    let n = base.len().min(MAX - 1);
+    all[..n].copy_from_slice(&base[..n]);
+    all[n] = v;
+    stmt.execute(&all[..=n])
+}
+
+/// The index in `rows` of the first row a version guard can be folded into: the same entity at
+/// the guard's `next` version, one past its `version`.
+fn guarded_row(rows: &[Row], g: &Guard) -> Option<usize> {
+    let (id, version, next) = match g {
+        Guard::SessionVersion { id, version, next }
+        | Guard::TurnVersion { id, version, next }
+        | Guard::CancelVersion { id, version, next } => (id, *version, *next),
+        Guard::ChildCreationOpen { .. } => return None,
+    };
+    if version.checked_add(1) != Some(next) {
+        return None;
+    }
+    rows.iter().position(|r| match (g, r) {
+        (Guard::SessionVersion { .. }, Row::Session(s)) => s.id == *id && s.version == next,
+        (Guard::TurnVersion { .. }, Row::Turn(t)) => t.id == *id && t.version == next,
+        (Guard::CancelVersion { .. }, Row::CancelOperation(o)) => o.id == *id && o.version == next,
+        _ => false,
+    })
+}
+
+/// The stored version a version guard expects.
+fn guarded_version(g: &Guard) -> u64 {
+    match g {
+        Guard::SessionVersion { version, .. }
+        | Guard::TurnVersion { version, .. }
+        | Guard::CancelVersion { version, .. } => *version,
+        Guard::ChildCreationOpen { .. } => 0,
+    }
+}
 
 /// JSON text bound without a second UTF-8 check (serde_json only writes UTF-8).
 struct Text<'a>(&'a [u8]);
@@ -145,6 +227,13 @@ pub(crate) struct Writer<'c> {
     next_seq: Option<u64>,
     /// Whether [`Writer::apply`] also hands back each outbox row's payload.
     capture: bool,
+    /// While writing a published message: the seq its outbox row will get (the message row
+    /// records it, the outbox row references the message instead of copying its JSON).
+    by_reference: Option<u64>,
+    /// While writing a row whose version guard is folded into the write: the guard's version.
+    at_version: Option<i64>,
+    /// Per row of the current batch: the index of its folded version guard.
+    folded: Vec<Option<usize>>,
 }
 
 /// One outbox row written by a batch: its sequence number, the index of the published row in
@@ -169,6 +258,9 @@ impl<'c> Writer<'c> {
             written: Vec::new(),
             next_seq: None,
             capture: false,
+            by_reference: None,
+            at_version: None,
+            folded: Vec::new(),
         }
     }
 
@@ -298,38 +390,55 @@ impl<'c> Writer<'c> {
 
     /// Writes one row; returns its JSON span when something was written.
     fn write(&mut self, row: &Row) -> Result<Option<Range<usize>>, SqliteError> {
+        let at = self.at_version;
         let (span, changed) = match row {
             Row::Session(s) => {
                 let span = self.encode(s)?;
                 let version = to_i64("version", s.version)?;
                 let json = span.clone();
-                let (conn_arena, stmt) = self.split(Sql::UpsertSession)?;
-                let n = stmt.execute(params![
-                    &*s.id,
-                    &*s.workspace_id,
-                    kind_str(s.kind),
-                    s.root_agent_session_id.as_deref(),
-                    s.active_turn_id.as_deref(),
-                    s.created_at,
-                    s.deleted_at,
-                    version,
-                    Text(&conn_arena[json]),
-                ])?;
+                let (conn_arena, stmt) = self.split(if at.is_some() {
+                    Sql::UpsertSessionAt
+                } else {
+                    Sql::UpsertSession
+                })?;
+                let n = execute_at(
+                    stmt,
+                    at.as_ref(),
+                    params![
+                        &*s.id,
+                        &*s.workspace_id,
+                        kind_str(s.kind),
+                        s.root_agent_session_id.as_deref(),
+                        s.active_turn_id.as_deref(),
+                        s.created_at,
+                        s.deleted_at,
+                        version,
+                        Text(&conn_arena[json]),
+                    ],
+                )?;
                 (span, n > 0)
             }
             Row::Turn(t) => {
                 let span = self.encode(t)?;
                 let version = to_i64("version", t.version)?;
                 let json = span.clone();
-                let (arena, stmt) = self.split(Sql::UpsertTurn)?;
-                let n = stmt.execute(params![
-                    &*t.id,
-                    &*t.agent_session_id,
-                    t.child_creation_closed,
-                    t.created_at,
-                    version,
-                    Text(&arena[json]),
-                ])?;
+                let (arena, stmt) = self.split(if at.is_some() {
+                    Sql::UpsertTurnAt
+                } else {
+                    Sql::UpsertTurn
+                })?;
+                let n = execute_at(
+                    stmt,
+                    at.as_ref(),
+                    params![
+                        &*t.id,
+                        &*t.agent_session_id,
+                        t.child_creation_closed,
+                        t.created_at,
+                        version,
+                        Text(&arena[json]),
+                    ],
+                )?;
                 (span, n > 0)
             }
             Row::Interaction(i) => {
@@ -363,19 +472,31 @@ impl<'c> Writer<'c> {
                 let span = self.encode(o)?;
                 let version = to_i64("version", o.version)?;
                 let json = span.clone();
-                let (arena, stmt) = self.split(Sql::UpsertOp)?;
-                let n = stmt.execute(params![
-                    &*o.id,
-                    &*o.root_agent_session_id,
-                    state_str(o.state),
-                    version,
-                    Text(&arena[json]),
-                ])?;
+                let (arena, stmt) = self.split(if at.is_some() {
+                    Sql::UpsertOpAt
+                } else {
+                    Sql::UpsertOp
+                })?;
+                let n = execute_at(
+                    stmt,
+                    at.as_ref(),
+                    params![
+                        &*o.id,
+                        &*o.root_agent_session_id,
+                        state_str(o.state),
+                        version,
+                        Text(&arena[json]),
+                    ],
+                )?;
                 (span, n > 0)
             }
             Row::Message(m) => {
                 let span = self.encode(m)?;
                 let seq = to_i64("message seq", m.seq)?;
+                let outbox_seq = match self.by_reference {
+                    Some(s) => Some(to_i64("outbox seq", s)?),
+                    None => None,
+                };
                 let json = span.clone();
                 let (arena, stmt) = self.split(Sql::InsertMessage)?;
                 let n = stmt.execute(params![
@@ -383,12 +504,14 @@ impl<'c> Writer<'c> {
                     seq,
                     &*m.message_id,
                     Text(&arena[json]),
+                    outbox_seq,
                 ])?;
                 (span, n > 0)
             }
             Row::PurgeSession { agent_session_id } => {
                 let s: &str = agent_session_id;
                 for sql in [
+                    Sql::UnlinkOutbox,
                     Sql::PurgeTurns,
                     Sql::PurgeInteractions,
                     Sql::PurgeMessages,
@@ -423,23 +546,52 @@ impl<'c> Writer<'c> {
         Ok(n)
     }
 
-    /// Applies one batch: every guard first (nothing is written if one fails), then the rows in
-    /// order, then one outbox row per published row that was actually written.
+    /// Applies one batch: every guard is checked and every row written, each row followed by
+    /// its outbox row if it is published and was actually written. If a guard fails, the error
+    /// names it and the caller rolls the transaction back, so nothing of the batch remains.
+    ///
+    /// A version guard on a row the batch writes (the engine writes one row per versioned entity,
+    /// in guard order) is folded into that row's write: the upsert writes only over exactly the
+    /// guarded version, and only when it writes nothing is the guard checked on its own (a replay
+    /// of this batch passes, anything else fails). One statement instead of two per entity.
+    ///
+    /// A published message's outbox row references the message (see [`crate::schema`]). That
+    /// needs the outbox rows in row order, which is how the engine builds batches; a batch whose
+    /// `outbox` is not strictly increasing gets its outbox rows after all its rows, in its own
+    /// order, each with a copy of its payload.
     pub(crate) fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<Published>, SqliteError> {
-        for g in &batch.guards {
-            if !self.check(batch, g)? {
-                return Err(SqliteError::GuardFailed(g.clone()));
-            }
-        }
+        self.fold_guards(batch)?;
         self.arena.clear();
         self.written.clear();
-        for row in &batch.rows {
-            let w = self.write(row)?;
+        let mut out = Vec::new();
+        let target = match (&batch.root_agent_session_id, &batch.workspace_id) {
+            (Some(root), Some(ws)) => Some((&**root, &**ws)),
+            _ => None,
+        };
+        let in_order = batch.outbox.windows(2).all(|w| w[0] < w[1]);
+        if let (Some(target), true) = (target, in_order) {
+            let mut next = batch.outbox.iter().map(|&i| i as usize).peekable();
+            for (i, row) in batch.rows.iter().enumerate() {
+                let published = next.next_if_eq(&i).is_some();
+                let by_reference = published && matches!(row, Row::Message(_));
+                let reference = if by_reference {
+                    Some(self.next_seq()?)
+                } else {
+                    None
+                };
+                if let (Some(span), true) = (self.write_row(batch, i, row, reference)?, published) {
+                    let message = by_reference.then(|| self.conn.last_insert_rowid());
+                    out.push(self.publish(target, i, row, span, message)?);
+                }
+            }
+            return Ok(out);
+        }
+        for (i, row) in batch.rows.iter().enumerate() {
+            let w = self.write_row(batch, i, row, None)?;
             self.written.push(w);
         }
-        let mut seqs = Vec::new();
-        let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
-            return Ok(seqs);
+        let Some(target) = target else {
+            return Ok(out);
         };
         for &i in &batch.outbox {
             let i = i as usize;
@@ -447,28 +599,92 @@ impl<'c> Writer<'c> {
             else {
                 continue;
             };
-            let seq = self.next_seq()?;
-            let seq_i = to_i64("outbox seq", seq)?;
-            let (arena, stmt) = self.split(Sql::InsertOutbox)?;
-            stmt.execute(params![
-                seq_i,
-                row.kind(),
-                &**root,
-                &**ws,
-                Text(&arena[span.clone()])
-            ])?;
-            self.next_seq = Some(seq + 1);
-            let payload = if self.capture {
-                String::from_utf8_lossy(&self.arena[span]).into_owned()
-            } else {
-                String::new()
-            };
-            seqs.push(Published {
-                seq,
-                row: i as u32,
-                payload,
-            });
+            out.push(self.publish(target, i, row, span, None)?);
         }
-        Ok(seqs)
+        Ok(out)
+    }
+
+    /// Checks every guard that is not folded into a row's write; records the folded ones.
+    fn fold_guards(&mut self, batch: &PersistBatch) -> Result<(), SqliteError> {
+        self.folded.clear();
+        self.folded.resize(batch.rows.len(), None);
+        // Rows and their guards come in the same order: one forward scan pairs them.
+        let mut from = 0;
+        for (gi, g) in batch.guards.iter().enumerate() {
+            if let Some(ri) = guarded_row(&batch.rows[from..], g).map(|r| r + from) {
+                self.folded[ri] = Some(gi);
+                from = ri + 1;
+                continue;
+            }
+            if !self.check(batch, g)? {
+                return Err(SqliteError::GuardFailed(g.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes row `i`, with its folded guard if it has one (a guard that fails is an error);
+    /// `reference`: the seq of the published message's outbox row. Returns the row's JSON span
+    /// when it was written.
+    fn write_row(
+        &mut self,
+        batch: &PersistBatch,
+        i: usize,
+        row: &Row,
+        reference: Option<u64>,
+    ) -> Result<Option<Range<usize>>, SqliteError> {
+        let guard = self
+            .folded
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|gi| batch.guards.get(gi));
+        self.at_version = match guard {
+            Some(g) => Some(to_i64("version", guarded_version(g))?),
+            None => None,
+        };
+        self.by_reference = reference;
+        let written = self.write(row);
+        self.at_version = None;
+        self.by_reference = None;
+        let written = written?;
+        if let (None, Some(g)) = (&written, guard) {
+            // Not stored at the guarded version: only a replay of this batch may pass.
+            if !self.check(batch, g)? {
+                return Err(SqliteError::GuardFailed(g.clone()));
+            }
+        }
+        Ok(written)
+    }
+
+    /// Appends the outbox row of row `i` (written as `span` of the arena): with its payload, or
+    /// with a reference to the message row `message` and no payload.
+    fn publish(
+        &mut self,
+        (root, ws): (&str, &str),
+        i: usize,
+        row: &Row,
+        span: Range<usize>,
+        message: Option<i64>,
+    ) -> Result<Published, SqliteError> {
+        let seq = self.next_seq()?;
+        let seq_i = to_i64("outbox seq", seq)?;
+        let (arena, stmt) = self.split(Sql::InsertOutbox)?;
+        let payload = match message {
+            Some(_) => Text(b""),
+            None => Text(&arena[span.clone()]),
+        };
+        stmt.execute(params![seq_i, row.kind(), root, ws, payload, message])?;
+        self.next_seq = Some(seq + 1);
+        let payload = if self.capture {
+            String::from_utf8_lossy(&self.arena[span]).into_owned()
+        } else {
+            String::new()
+        };
+        Ok(Published {
+            seq,
+            row: i as u32,
+            payload,
+        })
     }
 }

@@ -265,6 +265,10 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Connection, Sqlite
     conn.set_prepared_statement_cache_capacity(64);
     // Identify before changing anything: someone else's file is left exactly as it was.
     let first = plan(&identify(&conn)?)?;
+    if let Plan::Migrate(0) = first {
+        // A new file: its page size can still be chosen (before WAL mode and the first table).
+        conn.pragma_update(None, "page_size", crate::schema::PAGE_SIZE)?;
+    }
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(SqliteError::NoWal(mode));

@@ -48,8 +48,11 @@ const MESSAGES: &str = "SELECT json FROM messages WHERE agent_session_id = ?1 AN
      ORDER BY seq LIMIT ?3";
 const INTERACTION: &str = "SELECT json FROM interactions WHERE turn_id = ?1 AND request_id = ?2";
 const CANCEL_OPERATION: &str = "SELECT json FROM cancel_operations WHERE id = ?1";
-pub(crate) const OUTBOX_AFTER: &str = "SELECT seq, kind, root_agent_session_id, workspace_id, \
-     payload FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2";
+/// A message's outbox row takes its payload from the message (schema version 2).
+pub(crate) const OUTBOX_AFTER: &str = "SELECT o.seq, o.kind, o.root_agent_session_id, \
+     o.workspace_id, coalesce(m.json, o.payload) FROM outbox AS o \
+     LEFT JOIN messages AS m ON m.rowid = o.message_rowid \
+     WHERE o.seq > ?1 ORDER BY o.seq LIMIT ?2";
 
 fn tree_sql(select: &str) -> String {
     format!("{TREE_CTE}{select}")
@@ -374,6 +377,7 @@ mod tests {
             INTERACTION,
             CANCEL_OPERATION,
             OUTBOX_AFTER,
+            crate::apply::UNLINK_OUTBOX,
         ]
         .iter()
         .map(|s| s.to_string())

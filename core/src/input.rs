@@ -2,7 +2,7 @@
 //!
 //! Every input is one JSON object with a `type` tag (see `design.md`, "Scenario files").
 
-use crate::model::{Capabilities, Id, Outcome, ProviderAliases, Target};
+use crate::model::{Capabilities, Id, Outcome, ProviderAliases, Target, Text};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -122,9 +122,9 @@ pub enum NormalizedEvent {
         /// Message id (unique within the session; a repeat is a no-op).
         message_id: Id,
         /// Role.
-        role: String,
+        role: Text,
         /// Text.
-        text: String,
+        text: Text,
     },
     /// A tool call of the exact session/turn was created or changed.
     ToolCallUpdated {

@@ -11,6 +11,11 @@ use std::sync::Arc;
 /// An identifier chosen by the host (session, turn, request, operation ids). Cheap to clone.
 pub type Id = Arc<str>;
 
+/// Shared, immutable text (a message's role and content): the input that carries it, the
+/// engine's row and the driver all hold the same allocation, so passing a message through the
+/// engine never copies its text. On the wire it is a plain JSON string.
+pub type Text = Arc<str>;
+
 /// Milliseconds since the Unix epoch, as given to [`crate::Engine::handle`]. The core never reads a clock.
 pub type Millis = i64;
 
@@ -365,9 +370,9 @@ pub struct Message {
     /// Position within the session, from 0.
     pub seq: u64,
     /// `user`, `assistant`, `thought`, ...
-    pub role: String,
+    pub role: Text,
     /// Content.
-    pub text: String,
+    pub text: Text,
     /// Creation time.
     pub created_at: Millis,
 }

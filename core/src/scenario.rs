@@ -130,7 +130,10 @@ fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
         let msgs = store
             .messages(id, None, usize::MAX)
             .map_err(|e| e.to_string())?;
-        let texts: Vec<Value> = msgs.iter().map(|m| Value::String(m.text.clone())).collect();
+        let texts: Vec<Value> = msgs
+            .iter()
+            .map(|m| Value::String(m.text.to_string()))
+            .collect();
         if let Some(want) = exp.get("texts") {
             if *want != Value::Array(texts.clone()) {
                 return Err(format!("messages of {id}: want {want}, got {texts:?}"));

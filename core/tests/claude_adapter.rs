@@ -1164,7 +1164,7 @@ fn timed_out_continuation_that_never_ran_does_not_swallow_the_next_turn() {
     assert!(
         rig.events.iter().any(
             |e| matches!(e, NormalizedEvent::MessageAppended { turn_id, text, .. }
-            if turn_id.as_ref() == "turn-2" && text == "answer to turn 2")
+            if turn_id.as_ref() == "turn-2" && &**text == "answer to turn 2")
         ),
         "the buffered output was re-attributed to turn-2"
     );

@@ -212,8 +212,8 @@ impl AcpAdapter {
                         agent_session_id: session,
                         turn_id: turn,
                         message_id: format!("acp-m{}", self.message_no).into(),
-                        role: role.to_string(),
-                        text,
+                        role: role.into(),
+                        text: text.into(),
                     });
                 }
             }

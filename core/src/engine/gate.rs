@@ -168,7 +168,13 @@ pub(crate) fn provider_started(
     provider_turn_id: Option<String>,
 ) -> Result<Tx, Rejected> {
     let root_turn = resolve_root_turn(tree, session, turn)?;
-    let t = &tree.turns[&root_turn];
+    let t = tree
+        .turns
+        .get(&root_turn)
+        .ok_or_else(|| Rejected::UnknownTurn {
+            session: session.clone(),
+            turn: root_turn.clone(),
+        })?;
     if !t.is_active() || tree.inflight.contains_key(&root_turn) {
         return Ok(Tx::ignore(now, Ignored::UnownedProviderTurn));
     }
@@ -220,7 +226,13 @@ pub(crate) fn provider_completed(
     error: Option<String>,
 ) -> Result<Tx, Rejected> {
     let root_turn = resolve_root_turn(tree, session, turn)?;
-    let t = &tree.turns[&root_turn];
+    let t = tree
+        .turns
+        .get(&root_turn)
+        .ok_or_else(|| Rejected::UnknownTurn {
+            session: session.clone(),
+            turn: root_turn.clone(),
+        })?;
     let rpt = t.root_provider_turn.clone().unwrap_or_default();
     let same_id = match (&rpt.provider_turn_id, &provider_turn_id) {
         (Some(a), Some(b)) => a == b,

@@ -70,7 +70,7 @@ fn record_user_message(tree: &mut Tree, tx: &mut Tx, session: &Id, turn: &Id, te
         message_id,
         seq,
         role: "user".into(),
-        text: text.to_string(),
+        text: text.into(),
         created_at: tx.now,
     });
 }

@@ -7,7 +7,7 @@
 use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::model::{Id, Message, ToolCall, Trigger, Turn};
+use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
 use crate::step::Ignored;
 use serde_json::Value;
 
@@ -31,8 +31,8 @@ pub(crate) fn message(
     session: &Id,
     turn: &Id,
     message_id: &Id,
-    role: &str,
-    text: &str,
+    role: &Text,
+    text: &Text,
 ) -> Result<Tx, Rejected> {
     let t = turn_of(tree, session, turn)?;
     let dropped = drop_reason(t);
@@ -56,8 +56,8 @@ pub(crate) fn message(
         turn_id: turn.clone(),
         message_id: message_id.clone(),
         seq,
-        role: role.to_string(),
-        text: text.to_string(),
+        role: role.clone(),
+        text: text.clone(),
         created_at: now,
     });
     Ok(tx)

@@ -496,7 +496,7 @@ impl Driver {
                     agent_session_id: session,
                     turn_id: turn,
                     message_id: id,
-                    role: if len % 3 == 0 { "user" } else { "assistant" }.to_string(),
+                    role: if len % 3 == 0 { "user" } else { "assistant" }.into(),
                     text: text(
                         usize::from(if self.text_max > 0 {
                             *len % self.text_max
@@ -504,7 +504,8 @@ impl Driver {
                             *len
                         }),
                         self.counter,
-                    ),
+                    )
+                    .into(),
                 }
                 .into()
             }

@@ -1086,7 +1086,7 @@ impl CodexAdapter {
                     turn_id: turn.clone(),
                     message_id: id.into(),
                     role: "assistant".into(),
-                    text,
+                    text: text.into(),
                 })
             }
             Item::UserMessage { id, text } if done && *session != self.root => {
@@ -1095,7 +1095,7 @@ impl CodexAdapter {
                     turn_id: turn.clone(),
                     message_id: id.into(),
                     role: "user".into(),
-                    text,
+                    text: text.into(),
                 })
             }
             Item::Collab {

@@ -1,7 +1,7 @@
 //! A small deterministic hasher (FxHash) so that no map in the core depends on process randomness.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// The Fx hash function (as in rustc): fast and deterministic. Not DoS-resistant, which is fine
 /// for ids of one daemon's own trees.
@@ -19,6 +19,27 @@ impl FxHasher {
     }
 }
 
+/// Up to 7 bytes as a little-endian word, in at most three loads (no `memcpy` call: ids are
+/// short, so most of them end in such a tail).
+#[inline]
+fn tail(b: &[u8]) -> u64 {
+    let n = b.len();
+    let mut w = 0u64;
+    let mut at = 0;
+    if n & 4 != 0 {
+        w = u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        at = 4;
+    }
+    if n & 2 != 0 {
+        w |= u64::from(u16::from_le_bytes([b[at], b[at + 1]])) << (8 * at);
+        at += 2;
+    }
+    if n & 1 != 0 {
+        w |= u64::from(b[at]) << (8 * at);
+    }
+    w
+}
+
 impl Hasher for FxHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
@@ -30,9 +51,7 @@ impl Hasher for FxHasher {
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w));
+            self.add(tail(rest));
         }
     }
     #[inline]
@@ -77,7 +96,8 @@ pub struct PassThrough(u64);
 impl Hasher for PassThrough {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used by `HashedId`; anything else still hashes deterministically.
+        // Only `write_u64` is used by the keys of `crate::keyed`; anything else still hashes
+        // deterministically.
         let mut h = FxHasher::default();
         h.write(bytes);
         self.0 = h.finish();
@@ -92,84 +112,10 @@ impl Hasher for PassThrough {
     }
 }
 
-/// An id with its hash computed once. Growing a set of them never re-reads the ids (each is a
-/// separate allocation, so re-reading them is one cache miss per element), and a probe compares
-/// the strings only when the hashes are equal.
-#[derive(Debug, Clone)]
-struct HashedId {
-    hash: u64,
-    id: crate::model::Id,
-}
-
-impl HashedId {
-    fn new(id: crate::model::Id) -> HashedId {
-        let mut h = FxHasher::default();
-        id.hash(&mut h);
-        HashedId {
-            hash: h.finish(),
-            id,
-        }
-    }
-}
-
-impl PartialEq for HashedId {
-    fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.id == other.id
-    }
-}
-impl Eq for HashedId {}
-impl Hash for HashedId {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
-/// A set of ids (a session's message ids) that keeps each id's hash beside it.
-#[derive(Debug, Clone, Default)]
-pub struct IdSet(HashSet<HashedId, BuildHasherDefault<PassThrough>>);
-
-impl IdSet {
-    /// Whether the set holds `id`.
-    pub fn contains(&self, id: &crate::model::Id) -> bool {
-        self.0.contains(&HashedId::new(id.clone()))
-    }
-    /// Adds `id`; false if it was there already.
-    pub fn insert(&mut self, id: crate::model::Id) -> bool {
-        self.0.insert(HashedId::new(id))
-    }
-    /// Number of ids.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-    /// The ids, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = &crate::model::Id> + '_ {
-        self.0.iter().map(|h| &h.id)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{FxHasher, IdSet};
-    use crate::model::Id;
+    use super::{tail, FxHasher};
     use std::hash::{Hash, Hasher};
-
-    #[test]
-    fn an_id_set_is_an_exact_set() {
-        let mut s = IdSet::default();
-        for i in 0..5000 {
-            assert!(s.insert(Id::from(format!("m{i}"))), "new id {i}");
-        }
-        for i in 0..5000 {
-            assert!(s.contains(&Id::from(format!("m{i}"))));
-            assert!(!s.insert(Id::from(format!("m{i}"))), "repeat {i}");
-        }
-        assert!(!s.contains(&Id::from("m5000")));
-        assert_eq!(s.len(), 5000);
-        let mut all: Vec<&Id> = s.iter().collect();
-        all.sort();
-        all.dedup();
-        assert_eq!(all.len(), 5000);
-    }
 
     /// "Per-event cost must not grow with the size of a tree": ids that differ only in their
     /// last bytes must spread over the buckets hashbrown picks from the low bits.
@@ -187,5 +133,15 @@ mod tests {
             "only {} of 4096 low-bit buckets used",
             buckets.len()
         );
+    }
+
+    #[test]
+    fn a_tail_is_its_bytes_as_a_little_endian_word() {
+        let bytes = [0x11u8, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77];
+        for n in 0..=7 {
+            let mut w = [0u8; 8];
+            w[..n].copy_from_slice(&bytes[..n]);
+            assert_eq!(tail(&bytes[..n]), u64::from_le_bytes(w), "{n} bytes");
+        }
     }
 }

@@ -185,7 +185,7 @@ impl Engine {
         for tree in self.trees() {
             let snap = TreeSnapshot::from_tree(tree);
             v.extend(check_tree(&snap));
-            for (rt, set) in &tree.active_children {
+            for (rt, set) in tree.active_children.iter() {
                 for turn in set.keys() {
                     if !tree.turns.get(turn).is_some_and(|t| t.is_active()) {
                         v.push(Violation {

@@ -54,6 +54,7 @@ pub mod fuzzing;
 mod hash;
 pub mod input;
 pub mod invariants;
+mod keyed;
 pub mod model;
 pub mod projection;
 pub mod scenario;

@@ -86,7 +86,9 @@ impl TreeSnapshot {
                 .parent_agent_session_id
                 .clone()
                 .ok_or(RestoreError::Inconsistent("child without parent"))?;
-            tree.children.entry(parent).or_default().push(c.id.clone());
+            tree.children
+                .get_or_insert_with(&parent, Default::default)
+                .push(c.id.clone());
         }
         for s in self.sessions {
             tree.sessions.insert(s.id.clone(), s);
@@ -109,8 +111,7 @@ impl TreeSnapshot {
                     .clone()
                     .ok_or(RestoreError::Inconsistent("child without root turn"))?;
                 tree.active_children
-                    .entry(rt)
-                    .or_default()
+                    .get_or_insert_with(&rt, Default::default)
                     .insert(t.id.clone(), t.agent_session_id.clone());
             }
             tree.turns.insert(t.id.clone(), t);
@@ -132,19 +133,20 @@ impl TreeSnapshot {
         for i in self.interactions {
             if i.status == InteractionStatus::Pending {
                 tree.pending
-                    .entry(i.turn_id.clone())
-                    .or_default()
+                    .get_or_insert_with(&i.turn_id, Default::default)
                     .push(i.request_id.clone());
             }
             tree.interactions
-                .insert((i.turn_id.clone(), i.request_id.clone()), i);
+                .insert(i.turn_id.clone(), i.request_id.clone(), i);
         }
         for c in self.tool_calls {
             tree.tool_calls
-                .insert((c.agent_session_id.clone(), c.tool_call_id.clone()), c);
+                .insert(c.agent_session_id.clone(), c.tool_call_id.clone(), c);
         }
         for (s, m) in self.message_ids {
-            tree.message_ids.entry(s).or_default().insert(m);
+            tree.message_ids
+                .get_or_insert_with(&s, Default::default)
+                .insert(m);
         }
         Ok(tree)
     }

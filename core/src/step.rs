@@ -6,6 +6,7 @@ use crate::model::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use smallvec::SmallVec;
 
 /// The result of one accepted input. The driver commits `persist` as one transaction, then runs
 /// `provider` requests in order, arms `timers`, publishes the outbox, and returns `reply`.
@@ -56,11 +57,12 @@ pub struct PersistBatch {
     pub workspace_id: Option<Id>,
     /// Conditions the batch was decided under, checked inside the transaction.
     pub guards: Vec<Guard>,
-    /// Rows to write, in order.
-    pub rows: Vec<Row>,
+    /// Rows to write, in order. (Most steps write one row: it is stored inline, so such a step
+    /// allocates nothing for its rows.)
+    pub rows: SmallVec<[Row; 1]>,
     /// Indexes into `rows` of the rows published to the outbox (one outbox row each, carrying the
     /// row's entity in its wire form), in order.
-    pub outbox: Vec<u32>,
+    pub outbox: SmallVec<[u32; 2]>,
 }
 
 impl PersistBatch {
@@ -82,8 +84,9 @@ impl PersistBatch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "row", rename_all = "camelCase")]
 pub enum Row {
-    /// Upsert a session (a tombstone is a session with `deletedAt`).
-    Session(Session),
+    /// Upsert a session (a tombstone is a session with `deletedAt`). Boxed: a session is twice
+    /// the size of any other row, and most rows are messages and turns.
+    Session(Box<Session>),
     /// Upsert a turn.
     Turn(Turn),
     /// Upsert an interaction.

@@ -111,7 +111,7 @@ impl MemoryStore {
                     batch
                         .rows
                         .iter()
-                        .any(|r| matches!(r, Row::Session(s) if Some(s) == stored))
+                        .any(|r| matches!(r, Row::Session(s) if Some(&**s) == stored))
                 })
             }
             Guard::TurnVersion { id, version, next } => {

@@ -326,7 +326,7 @@ impl<'c> Writer<'c> {
                         match mine {
                             Some(m) => self
                                 .stored(Sql::SessionJson, "sessions", id)?
-                                .is_some_and(|s: tutti_core::model::Session| s == *m),
+                                .is_some_and(|s: tutti_core::model::Session| s == **m),
                             None => false,
                         }
                     }

@@ -234,7 +234,12 @@ fn reference_replay_rule_cannot_see_the_race() {
 /// A batch that writes a whole snapshot (to seed a reference store).
 fn seed_batch(s: &TreeSnapshot) -> PersistBatch {
     use tutti_core::Row;
-    let mut rows: Vec<Row> = s.sessions.iter().cloned().map(Row::Session).collect();
+    let mut rows: Vec<Row> = s
+        .sessions
+        .iter()
+        .cloned()
+        .map(|s| Row::Session(Box::new(s)))
+        .collect();
     rows.extend(s.turns.iter().cloned().map(Row::Turn));
     rows.extend(s.interactions.iter().cloned().map(Row::Interaction));
     rows.extend(s.tool_calls.iter().cloned().map(Row::ToolCall));
@@ -245,7 +250,7 @@ fn seed_batch(s: &TreeSnapshot) -> PersistBatch {
             .map(Row::CancelOperation),
     );
     PersistBatch {
-        rows,
+        rows: rows.into(),
         ..PersistBatch::default()
     }
 }

@@ -120,12 +120,10 @@ pub(crate) fn create(tree: &mut Tree, now: i64, c: NewChild<'_>) -> Result<Tx, R
     tree.sessions.insert(id.clone(), session);
     tree.turns.insert(c.turn_id.clone(), turn);
     tree.children
-        .entry(c.parent_agent_session_id.clone())
-        .or_default()
+        .get_or_insert_with(c.parent_agent_session_id, Default::default)
         .push(id.clone());
     tree.active_children
-        .entry(c.root_turn_id.clone())
-        .or_default()
+        .get_or_insert_with(c.root_turn_id, Default::default)
         .insert(c.turn_id.clone(), id.clone());
     if let Some(rt) = tree.turns.get_mut(c.root_turn_id) {
         rt.child_session_count += 1;
@@ -290,8 +288,7 @@ pub(crate) fn turn_started(
                 s.last_turn_id = Some(turn.clone());
             }
             tree.active_children
-                .entry(root_turn.clone())
-                .or_default()
+                .get_or_insert_with(&root_turn, Default::default)
                 .insert(turn.clone(), session.clone());
             tx.session(session, true);
             tx.turn(turn, true);

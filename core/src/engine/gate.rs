@@ -43,7 +43,7 @@ pub(crate) fn settle_turn(
     }
     if let Some(reqs) = tree.pending.remove(turn_id) {
         for req in reqs {
-            if let Some(i) = tree.interactions.get_mut(&(turn_id.clone(), req.clone())) {
+            if let Some(i) = tree.interactions.get_mut(turn_id, &req) {
                 if i.status == InteractionStatus::Pending {
                     i.status = InteractionStatus::Superseded;
                     tx.interaction(turn_id, &req);

@@ -21,8 +21,7 @@ pub(crate) fn requested(
     payload: &Value,
 ) -> Result<Tx, Rejected> {
     let t = turn_of(tree, session, turn)?;
-    let key = (turn.clone(), request.clone());
-    if tree.interactions.contains_key(&key) {
+    if tree.interactions.contains_key(turn, request) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     if !t.is_active() {
@@ -33,7 +32,8 @@ pub(crate) fn requested(
     }
     let mut tx = Tx::new(now);
     tree.interactions.insert(
-        key,
+        turn.clone(),
+        request.clone(),
         Interaction {
             agent_session_id: session.clone(),
             turn_id: turn.clone(),
@@ -50,8 +50,7 @@ pub(crate) fn requested(
         },
     );
     tree.pending
-        .entry(turn.clone())
-        .or_default()
+        .get_or_insert_with(turn, Default::default)
         .push(request.clone());
     tx.interaction(turn, request);
     Ok(tx)
@@ -63,7 +62,7 @@ fn find<'t>(
     turn: &Id,
     request: &Id,
 ) -> Result<&'t Interaction, Rejected> {
-    match tree.interactions.get(&(turn.clone(), request.clone())) {
+    match tree.interactions.get(turn, request) {
         Some(i) if i.agent_session_id == *session => Ok(i),
         _ => Err(Rejected::UnknownInteraction {
             session: session.clone(),
@@ -94,7 +93,7 @@ pub(crate) fn respond(
     }
     let provider_turn_id = i.provider_turn_id.clone();
     let mut tx = Tx::new(now);
-    if let Some(i) = tree.interactions.get_mut(&(turn.clone(), request.clone())) {
+    if let Some(i) = tree.interactions.get_mut(turn, request) {
         i.status = InteractionStatus::Answered;
         i.response = (!response.is_null()).then(|| response.clone());
     }
@@ -129,7 +128,7 @@ pub(crate) fn resolved(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    if let Some(i) = tree.interactions.get_mut(&(turn.clone(), request.clone())) {
+    if let Some(i) = tree.interactions.get_mut(turn, request) {
         i.status = InteractionStatus::Resolved;
         i.resolution = (!resolution.is_null()).then(|| resolution.clone());
     }

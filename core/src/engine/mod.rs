@@ -13,8 +13,8 @@ mod tree;
 pub use cancel::UNCONFIRMED;
 
 use crate::error::{Rejected, RestoreError};
-use crate::hash::FxMap;
 use crate::input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
+use crate::keyed::IdMap;
 use crate::model::{
     CancelOperation, CancelState, Id, Interaction, InteractionStatus, Millis, Session, ToolCall,
     Turn,
@@ -50,11 +50,11 @@ pub struct Engine {
     /// Free indexes of `slots`.
     free: Vec<u32>,
     /// Root session id -> slot.
-    by_root: FxMap<Id, u32>,
+    by_root: IdMap<u32>,
     /// Session id -> slot of its tree, for every loaded session.
-    session_root: FxMap<Id, u32>,
+    session_root: IdMap<u32>,
     /// Cancel operation id -> slot of its tree.
-    op_root: FxMap<Id, u32>,
+    op_root: IdMap<u32>,
 }
 
 impl Engine {
@@ -558,7 +558,7 @@ impl Engine {
     pub fn tool_call(&self, session: &str, call: &str) -> Option<&ToolCall> {
         let slot = *self.session_root.get(session)?;
         let tree = self.tree_in(slot)?;
-        tree.tool_calls.get(&(Id::from(session), Id::from(call)))
+        tree.tool_calls.get(session, call)
     }
 
     /// Number of active nested child turns under a root turn (the gate's count).

@@ -37,10 +37,9 @@ pub(crate) fn message(
     let t = turn_of(tree, session, turn)?;
     let dropped = drop_reason(t);
     // One lookup of the session's message ids serves the duplicate check and the insert.
-    let ids = match tree.message_ids.get_mut(session) {
-        Some(ids) => ids,
-        None => tree.message_ids.entry(session.clone()).or_default(),
-    };
+    let ids = tree
+        .message_ids
+        .get_or_insert_with(session, Default::default);
     if ids.contains(message_id) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
@@ -80,47 +79,45 @@ pub(crate) fn tool_call(
     if let Some(why) = drop_reason(t) {
         return Ok(Tx::ignore(now, why));
     }
-    let key = (session.clone(), call.clone());
-    let c = match tree.tool_calls.get_mut(&key) {
-        Some(c) => {
-            if c.turn_id != *turn {
-                return Err(Rejected::Invalid("tool call id reused on another turn"));
-            }
-            let mut changed = false;
-            if name.is_some() && c.name.as_ref() != name {
-                c.name = name.cloned();
-                changed = true;
-            }
-            if c.status != status {
-                c.status = status.to_string();
-                changed = true;
-            }
-            if kind.is_some() && c.kind.as_ref() != kind {
-                c.kind = kind.cloned();
-                changed = true;
-            }
-            if payload.is_some() && c.payload.as_ref() != payload {
-                c.payload = payload.cloned();
-                changed = true;
-            }
-            if !changed {
-                return Ok(Tx::ignore(now, Ignored::Duplicate));
-            }
-            c
-        }
-        None => tree.tool_calls.entry(key).or_insert(ToolCall {
-            agent_session_id: session.clone(),
-            turn_id: turn.clone(),
-            tool_call_id: call.clone(),
-            name: name.cloned(),
-            status: status.to_string(),
-            kind: kind.cloned(),
-            payload: payload.cloned(),
-            created_at: now,
-            updated_at: now,
-            version: 0,
-        }),
+    let Some((c, fresh)) = tree.tool_calls.slot(session, call, || ToolCall {
+        agent_session_id: session.clone(),
+        turn_id: turn.clone(),
+        tool_call_id: call.clone(),
+        name: name.cloned(),
+        status: status.to_string(),
+        kind: kind.cloned(),
+        payload: payload.cloned(),
+        created_at: now,
+        updated_at: now,
+        version: 0,
+    }) else {
+        return Err(Rejected::Invalid("tool call table out of step"));
     };
+    if !fresh {
+        if c.turn_id != *turn {
+            return Err(Rejected::Invalid("tool call id reused on another turn"));
+        }
+        let mut changed = false;
+        if name.is_some() && c.name.as_ref() != name {
+            c.name = name.cloned();
+            changed = true;
+        }
+        if c.status != status {
+            c.status = status.to_string();
+            changed = true;
+        }
+        if kind.is_some() && c.kind.as_ref() != kind {
+            c.kind = kind.cloned();
+            changed = true;
+        }
+        if payload.is_some() && c.payload.as_ref() != payload {
+            c.payload = payload.cloned();
+            changed = true;
+        }
+        if !changed {
+            return Ok(Tx::ignore(now, Ignored::Duplicate));
+        }
+    }
     // The row is built here, where the entry is at hand, instead of being looked up again.
     c.version += 1;
     c.updated_at = now;

@@ -1,9 +1,11 @@
 //! One root tree's in-memory state (a cache of the database) and the per-step transaction
 //! builder that turns its mutations into one [`PersistBatch`].
 
-use crate::hash::{FxMap, FxSet, IdSet};
+use crate::hash::FxSet;
+use crate::keyed::{IdMap, IdSet, PairMap, PairTable, Table};
 use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
 use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Step, TimerRequest};
+use smallvec::SmallVec;
 
 /// A root session, every nested child session, their turns, interactions, tool calls and cancel
 /// operations. Indexes keep per-event work independent of the tree's size.
@@ -11,24 +13,24 @@ use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Ste
 pub(crate) struct Tree {
     pub root_id: Id,
     pub workspace_id: Id,
-    pub sessions: FxMap<Id, Session>,
-    pub turns: FxMap<Id, Turn>,
+    pub sessions: Table<Session>,
+    pub turns: Table<Turn>,
     /// Direct children of each session, in creation order.
-    pub children: FxMap<Id, Vec<Id>>,
+    pub children: IdMap<Vec<Id>>,
     /// For each root turn: its active nested child turns (turn id -> session id), any depth.
-    pub active_children: FxMap<Id, FxMap<Id, Id>>,
+    pub active_children: IdMap<IdMap<Id>>,
     /// Interactions keyed by (turn id, request id).
-    pub interactions: FxMap<(Id, Id), Interaction>,
+    pub interactions: PairMap<Interaction>,
     /// Pending interaction request ids per turn.
-    pub pending: FxMap<Id, Vec<Id>>,
+    pub pending: IdMap<Vec<Id>>,
     /// Message ids seen per session (a repeat is a no-op).
-    pub message_ids: FxMap<Id, IdSet>,
+    pub message_ids: IdMap<IdSet>,
     /// Tool calls keyed by (session id, tool call id).
-    pub tool_calls: FxMap<(Id, Id), ToolCall>,
+    pub tool_calls: PairTable<ToolCall>,
     /// Cancel operations.
-    pub ops: FxMap<Id, CancelOperation>,
+    pub ops: IdMap<CancelOperation>,
     /// Turns that are targets of a prepared cancel operation (turn id -> operation id).
-    pub inflight: FxMap<Id, Id>,
+    pub inflight: IdMap<Id>,
 }
 
 impl Tree {
@@ -73,7 +75,8 @@ enum Touch {
 #[derive(Debug)]
 pub(crate) struct Tx {
     pub now: Millis,
-    touches: Vec<Touch>,
+    /// Most steps touch one or two entities: kept inline (no allocation).
+    touches: SmallVec<[Touch; 2]>,
     seen: Option<FxSet<Key>>,
     guards: Vec<Guard>,
     pub provider: Vec<ProviderRequest>,
@@ -88,7 +91,7 @@ impl Tx {
     pub fn new(now: Millis) -> Tx {
         Tx {
             now,
-            touches: Vec::new(),
+            touches: SmallVec::new(),
             seen: None,
             guards: Vec::new(),
             provider: Vec::new(),
@@ -140,7 +143,6 @@ impl Tx {
         if let Some(set) = &mut self.seen {
             set.insert(key.clone());
         }
-        self.first_touch();
         self.touches.push(Touch::Entity(key, publish));
     }
 
@@ -173,20 +175,11 @@ impl Tx {
         self.touch(Key::Op(id.clone()), true);
     }
     pub fn message(&mut self, m: Message) {
-        self.first_touch();
         self.touches.push(Touch::Message(m));
-    }
-
-    /// Most steps touch one or two entities: start small rather than at `Vec`'s default of four.
-    fn first_touch(&mut self) {
-        if self.touches.capacity() == 0 {
-            self.touches.reserve_exact(2);
-        }
     }
     /// A finished tool call row (its version already bumped by the caller), touched once in
     /// this step. (Kept apart from [`Row`] so that a [`Touch`] stays small.)
     pub fn tool_call_row(&mut self, call: ToolCall) {
-        self.first_touch();
         self.touches.push(Touch::ToolCall(call));
     }
     pub fn purge(&mut self, session: &Id) {
@@ -200,8 +193,8 @@ impl Tx {
     pub fn finish(self, tree: &mut Tree) -> Step {
         let now = self.now;
         let mut guards = self.guards;
-        let mut rows = Vec::with_capacity(self.touches.len());
-        let mut outbox = Vec::with_capacity(self.touches.len());
+        let mut rows = SmallVec::with_capacity(self.touches.len());
+        let mut outbox = SmallVec::with_capacity(self.touches.len());
         for t in self.touches {
             let (row, publish) = match t {
                 Touch::Entity(Key::Session(id), p) => match tree.sessions.get_mut(&id) {
@@ -213,7 +206,7 @@ impl Tx {
                         });
                         s.version += 1;
                         s.updated_at = now;
-                        (Row::Session(s.clone()), p)
+                        (Row::Session(Box::new(s.clone())), p)
                     }
                     None => continue,
                 },
@@ -231,7 +224,7 @@ impl Tx {
                     None => continue,
                 },
                 Touch::Entity(Key::Interaction(turn, req), p) => {
-                    match tree.interactions.get_mut(&(turn, req)) {
+                    match tree.interactions.get_mut(&turn, &req) {
                         Some(i) => {
                             i.version += 1;
                             i.updated_at = now;

@@ -1,0 +1,488 @@
+//! Maps keyed by ids that keep each key's hash beside it.
+//!
+//! Every id is a separate allocation. A map that stores only the ids has to re-read every id
+//! string when it grows (one cache miss per entry), and it grows as a tree gains sessions, turns
+//! and tool calls. These maps store the hash with the key: growing never touches an id, a probe
+//! compares strings only when the full 64-bit hashes are equal, and a lookup by `&str` or `&Id`
+//! hashes the probe once and clones nothing.
+
+use crate::hash::{FxHasher, PassThrough};
+use crate::model::Id;
+use hashbrown::hash_map::EntryRef;
+use hashbrown::{Equivalent, HashMap};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+
+/// The deterministic hash of one id (the same as hashing the `str` with [`FxHasher`]).
+#[inline]
+pub fn hash_id(id: &str) -> u64 {
+    let mut h = FxHasher::default();
+    id.hash(&mut h);
+    h.finish()
+}
+
+/// The deterministic hash of a pair of ids.
+#[inline]
+pub fn hash_pair(a: &str, b: &str) -> u64 {
+    let mut h = FxHasher::default();
+    a.hash(&mut h);
+    b.hash(&mut h);
+    h.finish()
+}
+
+/// A stored key: the id(s) and their hash.
+#[derive(Debug, Clone)]
+pub struct Keyed<K> {
+    hash: u64,
+    key: K,
+}
+
+impl<K> Hash for Keyed<K> {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+impl<K: PartialEq> PartialEq for Keyed<K> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}
+impl<K: Eq> Eq for Keyed<K> {}
+
+/// A lookup key borrowed from the caller: its hash and a reference to the id(s).
+struct Probe<Q> {
+    hash: u64,
+    key: Q,
+}
+
+impl<Q> Hash for Probe<Q> {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl Equivalent<Keyed<Id>> for Probe<&str> {
+    #[inline]
+    fn equivalent(&self, k: &Keyed<Id>) -> bool {
+        self.hash == k.hash && *self.key == *k.key
+    }
+}
+
+impl Equivalent<Keyed<(Id, Id)>> for Probe<(&str, &str)> {
+    #[inline]
+    fn equivalent(&self, k: &Keyed<(Id, Id)>) -> bool {
+        self.hash == k.hash && *self.key.0 == *k.key.0 && *self.key.1 == *k.key.1
+    }
+}
+
+type Inner<K, V> = HashMap<Keyed<K>, V, BuildHasherDefault<PassThrough>>;
+
+/// A map from id to `V`.
+#[derive(Debug, Clone)]
+pub struct IdMap<V>(Inner<Id, V>);
+
+impl<V> Default for IdMap<V> {
+    fn default() -> Self {
+        IdMap(HashMap::default())
+    }
+}
+
+fn probe(k: &str) -> Probe<&str> {
+    Probe {
+        hash: hash_id(k),
+        key: k,
+    }
+}
+
+impl<V> IdMap<V> {
+    /// The value of `k`.
+    #[inline]
+    pub fn get(&self, k: &str) -> Option<&V> {
+        self.0.get(&probe(k))
+    }
+    /// The value of `k`, to change.
+    #[inline]
+    pub fn get_mut(&mut self, k: &str) -> Option<&mut V> {
+        self.0.get_mut(&probe(k))
+    }
+    /// Whether `k` is present.
+    #[inline]
+    pub fn contains_key(&self, k: &str) -> bool {
+        self.0.contains_key(&probe(k))
+    }
+    /// Inserts or replaces; returns the old value.
+    pub fn insert(&mut self, k: Id, v: V) -> Option<V> {
+        let hash = hash_id(&k);
+        self.0.insert(Keyed { hash, key: k }, v)
+    }
+    /// Removes `k`; returns its value.
+    pub fn remove(&mut self, k: &str) -> Option<V> {
+        self.0.remove(&probe(k))
+    }
+    /// The value of `k`, inserted by `make` if absent (the id is cloned only then): one lookup.
+    pub fn get_or_insert_with(&mut self, k: &Id, make: impl FnOnce() -> V) -> &mut V {
+        let hash = hash_id(k);
+        match self.0.entry_ref(&Probe { hash, key: &**k }) {
+            EntryRef::Occupied(o) => o.into_mut(),
+            EntryRef::Vacant(v) => v.insert_with_key(
+                Keyed {
+                    hash,
+                    key: k.clone(),
+                },
+                make(),
+            ),
+        }
+    }
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// The ids.
+    pub fn keys(&self) -> impl Iterator<Item = &Id> + '_ {
+        self.0.keys().map(|k| &k.key)
+    }
+    /// The values.
+    pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
+        self.0.values()
+    }
+    /// Every entry.
+    pub fn iter(&self) -> impl Iterator<Item = (&Id, &V)> + '_ {
+        self.0.iter().map(|(k, v)| (&k.key, v))
+    }
+    /// Keeps the entries for which `keep` holds.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Id, &mut V) -> bool) {
+        self.0.retain(|k, v| keep(&k.key, v));
+    }
+}
+
+/// A set of ids (a session's message ids).
+#[derive(Debug, Clone, Default)]
+pub struct IdSet(hashbrown::HashSet<Keyed<Id>, BuildHasherDefault<PassThrough>>);
+
+impl IdSet {
+    /// Whether the set holds `id`.
+    #[inline]
+    pub fn contains(&self, id: &str) -> bool {
+        self.0.contains(&probe(id))
+    }
+    /// Adds `id`; false if it was there already.
+    pub fn insert(&mut self, id: Id) -> bool {
+        let hash = hash_id(&id);
+        self.0.insert(Keyed { hash, key: id })
+    }
+    /// Number of ids.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// The ids, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Id> + '_ {
+        self.0.iter().map(|k| &k.key)
+    }
+}
+
+/// A map from a pair of ids (a session and a tool call, a turn and a request) to `V`.
+#[derive(Debug, Clone)]
+pub struct PairMap<V>(Inner<(Id, Id), V>);
+
+impl<V> Default for PairMap<V> {
+    fn default() -> Self {
+        PairMap(HashMap::default())
+    }
+}
+
+fn pair_probe<'a>(a: &'a str, b: &'a str) -> Probe<(&'a str, &'a str)> {
+    Probe {
+        hash: hash_pair(a, b),
+        key: (a, b),
+    }
+}
+
+impl<V> PairMap<V> {
+    /// The value of `(a, b)`.
+    #[inline]
+    pub fn get(&self, a: &str, b: &str) -> Option<&V> {
+        self.0.get(&pair_probe(a, b))
+    }
+    /// The value of `(a, b)`, to change.
+    #[inline]
+    pub fn get_mut(&mut self, a: &str, b: &str) -> Option<&mut V> {
+        self.0.get_mut(&pair_probe(a, b))
+    }
+    /// Whether `(a, b)` is present.
+    pub fn contains_key(&self, a: &str, b: &str) -> bool {
+        self.0.contains_key(&pair_probe(a, b))
+    }
+    /// Inserts or replaces; returns the old value.
+    pub fn insert(&mut self, a: Id, b: Id, v: V) -> Option<V> {
+        let hash = hash_pair(&a, &b);
+        self.0.insert(Keyed { hash, key: (a, b) }, v)
+    }
+    /// The value of `(a, b)`, inserted by `make` if absent (then `true`): one lookup; the ids
+    /// are cloned only when inserting.
+    pub fn slot(&mut self, a: &Id, b: &Id, make: impl FnOnce() -> V) -> (&mut V, bool) {
+        let hash = hash_pair(a, b);
+        match self.0.entry_ref(&Probe {
+            hash,
+            key: (&**a, &**b),
+        }) {
+            EntryRef::Occupied(o) => (o.into_mut(), false),
+            EntryRef::Vacant(v) => {
+                let key = Keyed {
+                    hash,
+                    key: (a.clone(), b.clone()),
+                };
+                (v.insert_with_key(key, make()), true)
+            }
+        }
+    }
+    /// The values.
+    pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
+        self.0.values()
+    }
+    /// Keeps the entries for which `keep` holds.
+    pub fn retain(&mut self, mut keep: impl FnMut(&(Id, Id), &mut V) -> bool) {
+        self.0.retain(|k, v| keep(&k.key, v));
+    }
+}
+
+/// A table of entities by id: the entities in one dense vector, an [`IdMap`] from id to
+/// position. Growing the index moves 32-byte entries, never the entities themselves (sessions
+/// and turns are hundreds of bytes), and iteration walks contiguous memory.
+#[derive(Debug, Clone)]
+pub struct Table<V> {
+    index: IdMap<u32>,
+    items: Vec<(Id, V)>,
+}
+
+impl<V> Default for Table<V> {
+    fn default() -> Self {
+        Table {
+            index: IdMap::default(),
+            items: Vec::new(),
+        }
+    }
+}
+
+impl<V> Table<V> {
+    /// The entity with id `k`.
+    #[inline]
+    pub fn get(&self, k: &str) -> Option<&V> {
+        let i = *self.index.get(k)? as usize;
+        self.items.get(i).map(|(_, v)| v)
+    }
+    /// The entity with id `k`, to change.
+    #[inline]
+    pub fn get_mut(&mut self, k: &str) -> Option<&mut V> {
+        let i = *self.index.get(k)? as usize;
+        self.items.get_mut(i).map(|(_, v)| v)
+    }
+    /// Whether `k` is present.
+    pub fn contains_key(&self, k: &str) -> bool {
+        self.index.contains_key(k)
+    }
+    /// Inserts or replaces.
+    pub fn insert(&mut self, k: Id, v: V) {
+        if let Some(&i) = self.index.get(&k) {
+            if let Some(slot) = self.items.get_mut(i as usize) {
+                slot.1 = v;
+                return;
+            }
+        }
+        // A tree never holds 2^32 entities (a u32 position keeps index entries small).
+        let i = u32::try_from(self.items.len()).unwrap_or(u32::MAX);
+        self.index.insert(k.clone(), i);
+        self.items.push((k, v));
+    }
+    /// Keeps the entities for which `keep` holds (positions of the others are reused).
+    pub fn retain(&mut self, mut keep: impl FnMut(&Id, &mut V) -> bool) {
+        let before = self.items.len();
+        self.items.retain_mut(|(k, v)| keep(k, v));
+        if self.items.len() != before {
+            self.reindex();
+        }
+    }
+    fn reindex(&mut self) {
+        let mut index = IdMap::default();
+        for (i, (k, _)) in self.items.iter().enumerate() {
+            index.insert(k.clone(), u32::try_from(i).unwrap_or(u32::MAX));
+        }
+        self.index = index;
+    }
+    /// The ids, in insertion order.
+    pub fn keys(&self) -> impl Iterator<Item = &Id> + '_ {
+        self.items.iter().map(|(k, _)| k)
+    }
+    /// The entities, in insertion order.
+    pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
+        self.items.iter().map(|(_, v)| v)
+    }
+}
+
+/// A [`Table`] keyed by a pair of ids (a session and one of its tool calls).
+#[derive(Debug, Clone)]
+pub struct PairTable<V> {
+    index: PairMap<u32>,
+    items: Vec<((Id, Id), V)>,
+}
+
+impl<V> Default for PairTable<V> {
+    fn default() -> Self {
+        PairTable {
+            index: PairMap::default(),
+            items: Vec::new(),
+        }
+    }
+}
+
+impl<V> PairTable<V> {
+    /// The entity of `(a, b)`.
+    #[inline]
+    pub fn get(&self, a: &str, b: &str) -> Option<&V> {
+        let i = *self.index.get(a, b)? as usize;
+        self.items.get(i).map(|(_, v)| v)
+    }
+    /// Inserts or replaces.
+    pub fn insert(&mut self, a: Id, b: Id, v: V) {
+        if let Some(&i) = self.index.get(&a, &b) {
+            if let Some(slot) = self.items.get_mut(i as usize) {
+                slot.1 = v;
+                return;
+            }
+        }
+        let i = u32::try_from(self.items.len()).unwrap_or(u32::MAX);
+        self.index.insert(a.clone(), b.clone(), i);
+        self.items.push(((a, b), v));
+    }
+    /// The entity of `(a, b)`, inserted by `make` if absent (then `true`): one index lookup.
+    /// `None` only if the index and the entities were out of step (never, by construction).
+    pub fn slot(&mut self, a: &Id, b: &Id, make: impl FnOnce() -> V) -> Option<(&mut V, bool)> {
+        let next = u32::try_from(self.items.len()).unwrap_or(u32::MAX);
+        let (&mut i, fresh) = self.index.slot(a, b, || next);
+        if fresh {
+            self.items.push(((a.clone(), b.clone()), make()));
+        }
+        self.items.get_mut(i as usize).map(|(_, v)| (v, fresh))
+    }
+    /// Keeps the entities for which `keep` holds.
+    pub fn retain(&mut self, mut keep: impl FnMut(&(Id, Id), &mut V) -> bool) {
+        let before = self.items.len();
+        self.items.retain_mut(|(k, v)| keep(k, v));
+        if self.items.len() != before {
+            let mut index = PairMap::default();
+            for (i, ((a, b), _)) in self.items.iter().enumerate() {
+                index.insert(a.clone(), b.clone(), u32::try_from(i).unwrap_or(u32::MAX));
+            }
+            self.index = index;
+        }
+    }
+    /// The entities, in insertion order.
+    pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
+        self.items.iter().map(|(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{IdMap, IdSet, PairMap, PairTable, Table};
+    use crate::model::Id;
+
+    fn id(s: &str) -> Id {
+        Id::from(s)
+    }
+
+    #[test]
+    fn an_id_map_is_an_exact_map_through_growth() {
+        let mut m = IdMap::default();
+        for i in 0..5000u32 {
+            assert_eq!(m.insert(id(&format!("s{i}")), i), None);
+        }
+        for i in 0..5000u32 {
+            assert_eq!(m.get(&format!("s{i}")), Some(&i));
+        }
+        assert_eq!(m.get("s5000"), None);
+        assert_eq!(m.insert(id("s7"), 70), Some(7));
+        *m.get_or_insert_with(&id("s7"), || 0) += 1;
+        assert_eq!(m.get("s7"), Some(&71));
+        assert_eq!(*m.get_or_insert_with(&id("new"), || 5), 5);
+        assert_eq!(m.remove("s8"), Some(8));
+        assert!(!m.contains_key("s8"));
+        assert_eq!(m.len(), 5000);
+        m.retain(|k, _| !k.starts_with("s1"));
+        assert!(m.get("s1").is_none() && m.get("s2").is_some());
+    }
+
+    #[test]
+    fn an_id_set_is_an_exact_set() {
+        let mut s = IdSet::default();
+        for i in 0..5000 {
+            assert!(s.insert(id(&format!("m{i}"))), "new id {i}");
+        }
+        for i in 0..5000 {
+            assert!(s.contains(&format!("m{i}")));
+            assert!(!s.insert(id(&format!("m{i}"))), "repeat {i}");
+        }
+        assert!(!s.contains("m5000"));
+        assert_eq!(s.len(), 5000);
+        let mut all: Vec<&Id> = s.iter().collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 5000);
+    }
+
+    #[test]
+    fn a_pair_map_tells_pairs_apart() {
+        let mut m = PairMap::default();
+        m.insert(id("a"), id("bc"), 1);
+        m.insert(id("ab"), id("c"), 2);
+        assert_eq!(m.get("a", "bc"), Some(&1));
+        assert_eq!(m.get("ab", "c"), Some(&2));
+        assert_eq!(m.get("b", "a"), None);
+        let (v, fresh) = m.slot(&id("a"), &id("bc"), || 9);
+        assert!(!fresh);
+        *v = 3;
+        assert_eq!(m.get("a", "bc"), Some(&3));
+        let (_, fresh) = m.slot(&id("x"), &id("y"), || 9);
+        assert!(fresh);
+        assert_eq!(m.get("x", "y"), Some(&9));
+    }
+
+    #[test]
+    fn tables_keep_their_index_in_step_with_their_entities() {
+        let mut t = Table::default();
+        for i in 0..1000u32 {
+            t.insert(id(&format!("t{i}")), i);
+        }
+        t.insert(id("t5"), 55);
+        assert_eq!(t.get("t5"), Some(&55));
+        *t.get_mut("t6").expect("present") = 66;
+        t.retain(|_, v| *v % 2 == 0);
+        for i in 0..1000u32 {
+            let want = match i {
+                5 => None,
+                6 => Some(66),
+                i if i % 2 == 0 => Some(i),
+                _ => None,
+            };
+            assert_eq!(t.get(&format!("t{i}")).copied(), want, "t{i}");
+        }
+        assert_eq!(t.keys().count(), t.values().count());
+
+        let mut p = PairTable::default();
+        for i in 0..100u32 {
+            let (v, fresh) = p.slot(&id("s"), &id(&format!("c{i}")), || i).expect("slot");
+            assert!(fresh);
+            *v += 1;
+        }
+        let (v, fresh) = p.slot(&id("s"), &id("c3"), || 0).expect("slot");
+        assert!(!fresh);
+        assert_eq!(*v, 4);
+        p.retain(|(_, c), _| c.as_ref() != "c3");
+        assert_eq!(p.get("s", "c3"), None);
+        assert_eq!(p.get("s", "c4"), Some(&5));
+        p.insert(id("s"), id("c4"), 40);
+        assert_eq!(p.get("s", "c4"), Some(&40));
+        assert_eq!(p.values().count(), 99);
+    }
+}

@@ -63,17 +63,24 @@ impl<Q> Hash for Probe<Q> {
     }
 }
 
+/// Equal strings, without reading them when both are the same bytes in memory (a probe made
+/// from the stored id itself, as the engine does with the canonical id of a session).
+#[inline]
+fn same(a: &str, b: &str) -> bool {
+    (std::ptr::eq(a.as_ptr(), b.as_ptr()) && a.len() == b.len()) || a == b
+}
+
 impl Equivalent<Keyed<Id>> for Probe<&str> {
     #[inline]
     fn equivalent(&self, k: &Keyed<Id>) -> bool {
-        self.hash == k.hash && *self.key == *k.key
+        self.hash == k.hash && same(self.key, &k.key)
     }
 }
 
 impl Equivalent<Keyed<(Id, Id)>> for Probe<(&str, &str)> {
     #[inline]
     fn equivalent(&self, k: &Keyed<(Id, Id)>) -> bool {
-        self.hash == k.hash && *self.key.0 == *k.key.0 && *self.key.1 == *k.key.1
+        self.hash == k.hash && same(self.key.0, &k.key.0) && same(self.key.1, &k.key.1)
     }
 }
 
@@ -106,6 +113,11 @@ impl<V> IdMap<V> {
     #[inline]
     pub fn get_mut(&mut self, k: &str) -> Option<&mut V> {
         self.0.get_mut(&probe(k))
+    }
+    /// The stored id equal to `k` (the canonical allocation) and its value.
+    #[inline]
+    pub fn get_key_value(&self, k: &str) -> Option<(&Id, &V)> {
+        self.0.get_key_value(&probe(k)).map(|(k, v)| (&k.key, v))
     }
     /// Whether `k` is present.
     #[inline]
@@ -385,7 +397,7 @@ impl<V> PairTable<V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{IdMap, IdSet, PairMap, PairTable, Table};
+    use super::{same, IdMap, IdSet, PairMap, PairTable, Table};
     use crate::model::Id;
 
     fn id(s: &str) -> Id {
@@ -411,6 +423,24 @@ mod tests {
         assert_eq!(m.len(), 5000);
         m.retain(|k, _| !k.starts_with("s1"));
         assert!(m.get("s1").is_none() && m.get("s2").is_some());
+    }
+
+    #[test]
+    fn the_pointer_shortcut_never_changes_equality() {
+        let a = id("session-1");
+        let b = id("session-1");
+        assert!(same(&a, &a), "the same allocation");
+        assert!(same(&a, &b), "another allocation, same text");
+        assert!(!same(&a[..7], &a), "same start, shorter");
+        assert!(!same(&a, "session-2"));
+        let mut m = IdMap::default();
+        m.insert(a.clone(), 1);
+        let (k, v) = m.get_key_value(&b).expect("found by text");
+        assert!(
+            std::sync::Arc::ptr_eq(k, &a),
+            "the stored allocation comes back"
+        );
+        assert_eq!(*v, 1);
     }
 
     #[test]

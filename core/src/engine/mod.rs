@@ -111,16 +111,24 @@ impl Engine {
     }
 
     fn tree_of_session(&mut self, session: &Id) -> Result<(u32, &mut Tree), Rejected> {
-        let slot = *self
+        self.session_tree(session)
+            .map(|(slot, tree, _)| (slot, tree))
+    }
+
+    /// The slot and tree of a session, and the session's canonical id: the engine's own
+    /// allocation of it, which every row and index of the session shares, so that comparing it
+    /// with them is a pointer comparison instead of reading both strings.
+    fn session_tree(&mut self, session: &Id) -> Result<(u32, &mut Tree, &Id), Rejected> {
+        let (canonical, &slot) = self
             .session_root
-            .get(session)
+            .get_key_value(session)
             .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
         let tree = self
             .slots
             .get_mut(slot as usize)
             .and_then(Option::as_mut)
             .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
-        Ok((slot, tree))
+        Ok((slot, tree, canonical))
     }
 
     /// Puts a tree into a free slot.
@@ -211,7 +219,7 @@ impl Engine {
 
     fn event(&mut self, now: Millis, e: &NormalizedEvent) -> Result<Step, Rejected> {
         use NormalizedEvent::*;
-        let (slot, tree) = self.tree_of_session(e.agent_session_id())?;
+        let (slot, tree, canonical) = self.session_tree(e.agent_session_id())?;
         let tx = match e {
             RootProviderTurnStarted {
                 agent_session_id,
@@ -282,52 +290,36 @@ impl Engine {
                 provider_aliases.as_ref(),
             )?,
             TurnStarted {
-                agent_session_id,
                 turn_id,
                 provider_turn_id,
-            } => child::turn_started(
-                tree,
-                now,
-                agent_session_id,
-                turn_id,
-                provider_turn_id.as_ref(),
-            )?,
-            TurnWaiting {
-                agent_session_id,
-                turn_id,
-            } => child::turn_waiting(tree, now, agent_session_id, turn_id)?,
+                ..
+            } => child::turn_started(tree, now, canonical, turn_id, provider_turn_id.as_ref())?,
+            TurnWaiting { turn_id, .. } => child::turn_waiting(tree, now, canonical, turn_id)?,
             TurnTerminal {
-                agent_session_id,
                 turn_id,
                 outcome,
                 error,
-            } => child::turn_terminal(
-                tree,
-                now,
-                agent_session_id,
-                turn_id,
-                *outcome,
-                error.clone(),
-            )?,
+                ..
+            } => child::turn_terminal(tree, now, canonical, turn_id, *outcome, error.clone())?,
             MessageAppended {
-                agent_session_id,
                 turn_id,
                 message_id,
                 role,
                 text,
-            } => transcript::message(tree, now, agent_session_id, turn_id, message_id, role, text)?,
+                ..
+            } => transcript::message(tree, now, canonical, turn_id, message_id, role, text)?,
             ToolCallUpdated {
-                agent_session_id,
                 turn_id,
                 tool_call_id,
                 name,
                 status,
                 kind,
                 payload,
+                ..
             } => transcript::tool_call(
                 tree,
                 now,
-                agent_session_id,
+                canonical,
                 turn_id,
                 tool_call_id,
                 name.as_ref(),

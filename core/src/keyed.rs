@@ -294,6 +294,12 @@ impl<V> Table<V> {
     pub fn contains_key(&self, k: &str) -> bool {
         self.index.contains_key(k)
     }
+    /// The position of `k`: its place in insertion order, stable until [`Table::retain`]
+    /// removes something.
+    #[inline]
+    pub fn position(&self, k: &str) -> Option<u32> {
+        self.index.get(k).copied()
+    }
     /// Inserts or replaces.
     pub fn insert(&mut self, k: Id, v: V) {
         if let Some(&i) = self.index.get(&k) {

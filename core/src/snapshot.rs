@@ -54,8 +54,9 @@ impl TreeSnapshot {
             tool_calls: tree.tool_calls.values().cloned().collect(),
             cancel_operations: tree.ops.values().cloned().collect(),
             message_ids: tree
-                .message_ids
-                .iter()
+                .sessions
+                .keys()
+                .zip(&tree.message_ids)
                 .flat_map(|(s, ids)| ids.iter().map(move |m| (s.clone(), m.clone())))
                 .collect(),
         };
@@ -144,8 +145,10 @@ impl TreeSnapshot {
                 .insert(c.agent_session_id.clone(), c.tool_call_id.clone(), c);
         }
         for (s, m) in self.message_ids {
-            tree.message_ids
-                .get_or_insert_with(&s, Default::default)
+            tree.message_ids_of(&s)
+                .ok_or(RestoreError::Inconsistent(
+                    "message id of an unknown session",
+                ))?
                 .insert(m);
         }
         Ok(tree)

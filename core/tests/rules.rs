@@ -374,3 +374,34 @@ fn restore_refuses_a_turn_whose_trigger_contradicts_its_session_kind() {
     let mut fresh = tutti_core::Engine::new();
     fresh.restore(good).expect("the real snapshot restores");
 }
+
+#[test]
+fn restore_refuses_message_ids_of_a_session_outside_the_tree() {
+    let h = tree_with_children(1);
+    let good = h.store.load_tree("R").unwrap().unwrap();
+    assert!(
+        !good.message_ids.is_empty(),
+        "the root turn recorded the user's message"
+    );
+    let mut bad = good.clone();
+    bad.message_ids.push((
+        tutti_core::model::Id::from("elsewhere"),
+        tutti_core::model::Id::from("m1"),
+    ));
+    let mut fresh = tutti_core::Engine::new();
+    let err = fresh.restore(bad).expect_err("inconsistent snapshot");
+    assert!(
+        matches!(err, tutti_core::RestoreError::Inconsistent(_)),
+        "{err}"
+    );
+    assert!(fresh.snapshot("R").is_none(), "nothing was loaded");
+    let mut fresh = tutti_core::Engine::new();
+    fresh
+        .restore(good.clone())
+        .expect("the real snapshot restores");
+    assert_eq!(
+        fresh.snapshot("R").expect("loaded").message_ids,
+        good.message_ids,
+        "every message id comes back under its session"
+    );
+}

@@ -55,7 +55,9 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
     let turns = &tree.turns;
     tree.pending.retain(|turn, _| turns.contains_key(turn));
     for id in &ids {
-        tree.message_ids.remove(id);
+        if let Some(ids) = tree.message_ids_of(id) {
+            *ids = Default::default();
+        }
         if let Some(s) = tree.sessions.get_mut(id) {
             s.deleted_at = Some(now);
             s.active_turn_id = None;

@@ -60,9 +60,9 @@ pub(crate) fn create_root(
 }
 
 fn record_user_message(tree: &mut Tree, tx: &mut Tx, session: &Id, turn: &Id, text: &str) {
-    let ids = tree
-        .message_ids
-        .get_or_insert_with(session, Default::default);
+    let Some(ids) = tree.message_ids_of(session) else {
+        return;
+    };
     let seq = ids.len() as u64;
     let message_id: Id = format!("user-{turn}-{seq}").into();
     ids.insert(message_id.clone());

@@ -52,9 +52,16 @@ pub struct Engine {
     /// Root session id -> slot.
     by_root: IdMap<u32>,
     /// Session id -> slot of its tree, for every loaded session.
-    session_root: IdMap<u32>,
+    session_root: IdMap<Loc>,
     /// Cancel operation id -> slot of its tree.
     op_root: IdMap<u32>,
+}
+
+/// Where a loaded session lives: its tree's slot and its position in that tree's sessions.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    slot: u32,
+    pos: u32,
 }
 
 impl Engine {
@@ -100,8 +107,10 @@ impl Engine {
                     *capabilities,
                 );
                 let step = tx.finish(&mut tree);
+                let pos = tree.sessions.position(agent_session_id).unwrap_or(0);
                 let slot = self.insert_tree(tree);
-                self.session_root.insert(agent_session_id.clone(), slot);
+                self.session_root
+                    .insert(agent_session_id.clone(), Loc { slot, pos });
                 Ok(step)
             }
             Input::Command(c) => self.command(now, c),
@@ -112,23 +121,23 @@ impl Engine {
 
     fn tree_of_session(&mut self, session: &Id) -> Result<(u32, &mut Tree), Rejected> {
         self.session_tree(session)
-            .map(|(slot, tree, _)| (slot, tree))
+            .map(|(loc, tree, _)| (loc.slot, tree))
     }
 
     /// The slot and tree of a session, and the session's canonical id: the engine's own
     /// allocation of it, which every row and index of the session shares, so that comparing it
     /// with them is a pointer comparison instead of reading both strings.
-    fn session_tree(&mut self, session: &Id) -> Result<(u32, &mut Tree, &Id), Rejected> {
-        let (canonical, &slot) = self
+    fn session_tree(&mut self, session: &Id) -> Result<(Loc, &mut Tree, &Id), Rejected> {
+        let (canonical, &loc) = self
             .session_root
             .get_key_value(session)
             .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
         let tree = self
             .slots
-            .get_mut(slot as usize)
+            .get_mut(loc.slot as usize)
             .and_then(Option::as_mut)
             .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
-        Ok((slot, tree, canonical))
+        Ok((loc, tree, canonical))
     }
 
     /// Puts a tree into a free slot.
@@ -219,7 +228,7 @@ impl Engine {
 
     fn event(&mut self, now: Millis, e: &NormalizedEvent) -> Result<Step, Rejected> {
         use NormalizedEvent::*;
-        let (slot, tree, canonical) = self.session_tree(e.agent_session_id())?;
+        let (loc, tree, canonical) = self.session_tree(e.agent_session_id())?;
         let tx = match e {
             RootProviderTurnStarted {
                 agent_session_id,
@@ -273,7 +282,14 @@ impl Engine {
                 };
                 let tx = child::create(tree, now, child)?;
                 let step = tx.finish(tree);
-                self.session_root.insert(agent_session_id.clone(), slot);
+                let pos = tree.sessions.position(agent_session_id).unwrap_or(0);
+                self.session_root.insert(
+                    agent_session_id.clone(),
+                    Loc {
+                        slot: loc.slot,
+                        pos,
+                    },
+                );
                 return Ok(step);
             }
             ChildSessionUpdated {
@@ -307,7 +323,9 @@ impl Engine {
                 role,
                 text,
                 ..
-            } => transcript::message(tree, now, canonical, turn_id, message_id, role, text)?,
+            } => transcript::message(
+                tree, now, canonical, loc.pos, turn_id, message_id, role, text,
+            )?,
             ToolCallUpdated {
                 turn_id,
                 tool_call_id,
@@ -450,8 +468,8 @@ impl Engine {
         let sessions: Vec<Id> = tree.sessions.keys().cloned().collect();
         let ops: Vec<Id> = tree.ops.keys().cloned().collect();
         let slot = self.insert_tree(tree);
-        for id in sessions {
-            self.session_root.insert(id, slot);
+        for (pos, id) in (0u32..).zip(sessions) {
+            self.session_root.insert(id, Loc { slot, pos });
         }
         for id in ops {
             self.op_root.insert(id, slot);
@@ -497,19 +515,19 @@ impl Engine {
 
     /// The root session id of a loaded session.
     pub fn root_of(&self, session: &str) -> Option<&Id> {
-        let slot = *self.session_root.get(session)?;
+        let slot = self.session_root.get(session)?.slot;
         self.tree_in(slot).map(|t| &t.root_id)
     }
 
     /// A loaded session (tombstones included).
     pub fn session(&self, id: &str) -> Option<&Session> {
-        let slot = *self.session_root.get(id)?;
+        let slot = self.session_root.get(id)?.slot;
         self.tree_in(slot)?.sessions.get(id)
     }
 
     /// A loaded turn of a loaded session.
     pub fn turn(&self, session: &str, turn: &str) -> Option<&Turn> {
-        let slot = *self.session_root.get(session)?;
+        let slot = self.session_root.get(session)?.slot;
         self.tree_in(slot)?.turns.get(turn)
     }
 
@@ -548,7 +566,7 @@ impl Engine {
 
     /// A tool call of one session.
     pub fn tool_call(&self, session: &str, call: &str) -> Option<&ToolCall> {
-        let slot = *self.session_root.get(session)?;
+        let slot = self.session_root.get(session)?.slot;
         let tree = self.tree_in(slot)?;
         tree.tool_calls.get(session, call)
     }

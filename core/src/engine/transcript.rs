@@ -25,10 +25,12 @@ fn drop_reason(t: &Turn) -> Option<Ignored> {
 }
 
 /// `messageAppended`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn message(
     tree: &mut Tree,
     now: i64,
     session: &Id,
+    position: u32,
     turn: &Id,
     message_id: &Id,
     role: &Text,
@@ -36,10 +38,9 @@ pub(crate) fn message(
 ) -> Result<Tx, Rejected> {
     let t = turn_of(tree, session, turn)?;
     let dropped = drop_reason(t);
-    // One lookup of the session's message ids serves the duplicate check and the insert.
-    let ids = tree
-        .message_ids
-        .get_or_insert_with(session, Default::default);
+    // The session's message ids are found by its position (no lookup); one probe of them
+    // serves the duplicate check and the insert.
+    let ids = tree.message_ids_at(position);
     if ids.contains(message_id) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }

@@ -23,8 +23,9 @@ pub(crate) struct Tree {
     pub interactions: PairMap<Interaction>,
     /// Pending interaction request ids per turn.
     pub pending: IdMap<Vec<Id>>,
-    /// Message ids seen per session (a repeat is a no-op).
-    pub message_ids: IdMap<IdSet>,
+    /// Message ids seen per session (a repeat is a no-op), by the session's position in
+    /// `sessions` (sessions are tombstoned, never removed, so positions never change).
+    pub message_ids: Vec<IdSet>,
     /// Tool calls keyed by (session id, tool call id).
     pub tool_calls: PairTable<ToolCall>,
     /// Cancel operations.
@@ -34,6 +35,21 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
+    /// The message ids of the session at `pos` in `sessions`.
+    pub fn message_ids_at(&mut self, pos: u32) -> &mut IdSet {
+        let pos = pos as usize;
+        if self.message_ids.len() <= pos {
+            self.message_ids.resize_with(pos + 1, IdSet::default);
+        }
+        &mut self.message_ids[pos]
+    }
+
+    /// The message ids of a session of this tree.
+    pub fn message_ids_of(&mut self, session: &str) -> Option<&mut IdSet> {
+        let pos = self.sessions.position(session)?;
+        Some(self.message_ids_at(pos))
+    }
+
     pub fn root(&self) -> Option<&Session> {
         self.sessions.get(&self.root_id)
     }

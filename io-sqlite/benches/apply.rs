@@ -9,6 +9,8 @@
 //! writing (same row count, same transaction sizes, same JSON payloads, pre-serialized) into the
 //! same tables with plain prepared upserts: no guards, no version checks, no serialization.
 //!
+//! It then prints, for reference, the store's figure with other group sizes.
+//!
 //! Environment: `TUTTI_BENCH_EVENTS` (default 200000), `TUTTI_BENCH_GROUP` (default 128),
 //! `TUTTI_BENCH_TEXT` (message texts are 0..N bytes, default 600), `TUTTI_BENCH_DIR` (where the
 //! database files go; default the system temporary directory).
@@ -475,4 +477,15 @@ fn main() {
             n as f64 / t.wall
         );
     }
+    // How the figure depends on the group size (the daemon commits whatever is queued, so its
+    // groups grow with the load). One round each, the same batches.
+    let mut line = String::from("for reference, events per group commit (store, 1 round):");
+    for size in [32, 512, 2048] {
+        let p = dir.path().join(format!("group{size}.db"));
+        let gs: Vec<&[PersistBatch]> = batches.chunks(size).collect();
+        if let Ok(t) = store_run(&p, &gs, Synchronous::Normal) {
+            line.push_str(&format!(" {size}: {:.0} events/s;", events as f64 / t.wall));
+        }
+    }
+    println!("{}", line.trim_end_matches(';'));
 }

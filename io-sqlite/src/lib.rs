@@ -252,6 +252,14 @@ impl SqliteStore {
         })
     }
 
+    /// The file's page size in bytes (a WAL frame holds one page).
+    pub fn page_size(&self) -> Result<u64, SqliteError> {
+        let n: i64 = self
+            .conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))?;
+        crate::error::to_u64("page size", n)
+    }
+
     /// `PRAGMA integrity_check`: the problems found (empty when the file is sound).
     pub fn integrity_check(&self) -> Result<Vec<String>, SqliteError> {
         let mut stmt = self.conn.prepare("PRAGMA integrity_check")?;

@@ -228,20 +228,23 @@ impl Daemon {
 /// How often the checkpoint thread looks for new commits.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// WAL size (in 4 KiB frames) past which the engine thread makes the WAL start over.
-const RESTART_FRAMES: u64 = 8192;
+/// WAL size past which the engine thread makes the WAL start over.
+const RESTART_BYTES: u64 = 32 << 20;
 
-/// A passive checkpoint that found at most this many new frames leaves the WAL close enough to
-/// caught up for a quick restart.
-const CLOSE_FRAMES: u64 = 64;
+/// A passive checkpoint that found at most this many new bytes of frames leaves the WAL close
+/// enough to caught up for a quick restart.
+const CLOSE_BYTES: u64 = 256 << 10;
 
 /// The checkpoint thread: while the daemon runs, copies committed WAL frames into the main file
 /// (a passive checkpoint, which never blocks the writer) whenever something was committed since
 /// the last look. Under a steady stream of commits the WAL never catches up at the moment a
-/// commit begins, so it never starts over by itself: once it is past [`RESTART_FRAMES`], this
+/// commit begins, so it never starts over by itself: once it is past [`RESTART_BYTES`], this
 /// thread asks the engine thread (`restart`) to run a restarting checkpoint between two group
 /// commits, which has only the last few frames left to copy. Ends when the engine thread ends.
 fn checkpointer(store: SqliteStore, mut commits: watch::Receiver<u64>, restart: Arc<AtomicBool>) {
+    // The thresholds are sizes: in frames, they depend on the file's page size.
+    let page = store.page_size().unwrap_or(4096).max(512);
+    let (restart_frames, close_frames) = (RESTART_BYTES / page, CLOSE_BYTES / page);
     loop {
         std::thread::sleep(CHECKPOINT_EVERY);
         match commits.has_changed() {
@@ -263,14 +266,14 @@ fn checkpointer(store: SqliteStore, mut commits: watch::Receiver<u64>, restart: 
                     busy = c.busy,
                     "checkpoint"
                 );
-                if c.wal_frames > RESTART_FRAMES {
+                if c.wal_frames > restart_frames {
                     // Catch up closely first (each pass copies what was committed during the
                     // one before), so that the restart has only a handful of frames to copy
                     // and sync while it holds up the engine thread.
                     let mut seen = c.wal_frames;
                     for _ in 0..8 {
                         match store.checkpoint(CheckpointMode::Passive) {
-                            Ok(c) if c.wal_frames.saturating_sub(seen) > CLOSE_FRAMES => {
+                            Ok(c) if c.wal_frames.saturating_sub(seen) > close_frames => {
                                 seen = c.wal_frames
                             }
                             _ => break,

@@ -195,7 +195,9 @@ fn a_version_1_file_is_migrated_in_place() {
 #[test]
 fn a_new_file_uses_the_larger_page_size() {
     let (_dir, path) = support::temp_db();
-    drop(SqliteStore::open(&path).expect("create"));
+    let db = SqliteStore::open(&path).expect("create");
+    assert_eq!(db.page_size().expect("page size"), schema::PAGE_SIZE as u64);
+    drop(db);
     let c = Connection::open(&path).expect("raw open");
     let size: i64 = c
         .pragma_query_value(None, "page_size", |r| r.get(0))

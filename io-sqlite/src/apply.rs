@@ -52,13 +52,16 @@ enum Sql {
     SessionExists,
     TurnClosed,
     UpsertSession,
-    UpsertSessionAt,
+    InsertSessionNew,
+    UpdateSessionAt,
     UpsertTurn,
-    UpsertTurnAt,
+    InsertTurnNew,
+    UpdateTurnAt,
     UpsertInteraction,
     UpsertToolCall,
     UpsertOp,
-    UpsertOpAt,
+    InsertOpNew,
+    UpdateOpAt,
     InsertMessage,
     UnlinkOutbox,
     PurgeTurns,
@@ -74,9 +77,12 @@ const N_SQL: usize = Sql::NextSeq as usize + 1;
 impl Sql {
     fn text(self) -> &'static str {
         match self {
-            Sql::UpsertSessionAt => UPSERT_SESSION_AT,
-            Sql::UpsertTurnAt => UPSERT_TURN_AT,
-            Sql::UpsertOpAt => UPSERT_OP_AT,
+            Sql::InsertSessionNew => INSERT_SESSION_NEW,
+            Sql::UpdateSessionAt => UPDATE_SESSION_AT,
+            Sql::InsertTurnNew => INSERT_TURN_NEW,
+            Sql::UpdateTurnAt => UPDATE_TURN_AT,
+            Sql::InsertOpNew => INSERT_OP_NEW,
+            Sql::UpdateOpAt => UPDATE_OP_AT,
             Sql::SessionVersion => "SELECT version FROM sessions WHERE id = ?1",
             Sql::TurnVersion => "SELECT version FROM turns WHERE id = ?1",
             Sql::OpVersion => "SELECT version FROM cancel_operations WHERE id = ?1",
@@ -125,11 +131,20 @@ impl Sql {
     }
 }
 
-// A version guard folded into its row's write: the row is written only if it is stored at
-// exactly the guard's `version` (or absent, for version 0). The last parameter is `version`.
-const UPSERT_SESSION_AT: &str = concat!(upsert_session!(), "WHERE sessions.version = ?10");
-const UPSERT_TURN_AT: &str = concat!(upsert_turn!(), "WHERE turns.version = ?7");
-const UPSERT_OP_AT: &str = concat!(upsert_op!(), "WHERE cancel_operations.version = ?6");
+// A version guard folded into its row's write. At version 0 the row must be absent: it is only
+// inserted. At a later version the row must be stored at exactly that version: it is only
+// updated (never inserted, so a row someone else removed is not brought back); the last
+// parameter is the version. (The updates keep the upserts' parameter numbers; the ones they do
+// not use are bound and ignored.)
+const INSERT_SESSION_NEW: &str = concat!(upsert_session!(), "WHERE 0");
+const UPDATE_SESSION_AT: &str = "UPDATE sessions SET active_turn_id = ?5, deleted_at = ?7, \
+     version = ?8, json = ?9 WHERE id = ?1 AND version = ?10";
+const INSERT_TURN_NEW: &str = concat!(upsert_turn!(), "WHERE 0");
+const UPDATE_TURN_AT: &str = "UPDATE turns SET child_creation_closed = ?3, version = ?5, \
+     json = ?6 WHERE id = ?1 AND version = ?7";
+const INSERT_OP_NEW: &str = concat!(upsert_op!(), "WHERE 0");
+const UPDATE_OP_AT: &str = "UPDATE cancel_operations SET state = ?3, version = ?4, json = ?5 \
+     WHERE id = ?1 AND version = ?6";
 
 /// Before a session's messages are purged: the outbox rows that reference them get a copy of
 /// their payload (schema version 2), so no outbox row points at a missing message.
@@ -144,13 +159,14 @@ pub(crate) const UNLINK_OUTBOX: &str =
 pub(crate) const NEXT_SEQ: &str = "SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), \
      coalesce((SELECT value FROM meta WHERE key = 'outbox_pruned_through'), 0)) + 1";
 
-/// Runs an upsert, with the folded guard's version as its last parameter when there is one.
+/// Runs a write of a versioned entity, with the folded guard's version as its last parameter
+/// when it updates a stored version.
 fn execute_at(
     stmt: &mut CachedStatement<'_>,
     at: Option<&i64>,
     base: &[&dyn ToSql],
 ) -> rusqlite::Result<usize> {
-    let Some(v) = at else {
+    let Some(v) = at.filter(|&&v| v > 0) else {
         return stmt.execute(base);
     };
     const MAX: usize = 10;
@@ -396,10 +412,10 @@ impl<'c> Writer<'c> {
                 let span = self.encode(s)?;
                 let version = to_i64("version", s.version)?;
                 let json = span.clone();
-                let (conn_arena, stmt) = self.split(if at.is_some() {
-                    Sql::UpsertSessionAt
-                } else {
-                    Sql::UpsertSession
+                let (conn_arena, stmt) = self.split(match at {
+                    None => Sql::UpsertSession,
+                    Some(0) => Sql::InsertSessionNew,
+                    Some(_) => Sql::UpdateSessionAt,
                 })?;
                 let n = execute_at(
                     stmt,
@@ -422,10 +438,10 @@ impl<'c> Writer<'c> {
                 let span = self.encode(t)?;
                 let version = to_i64("version", t.version)?;
                 let json = span.clone();
-                let (arena, stmt) = self.split(if at.is_some() {
-                    Sql::UpsertTurnAt
-                } else {
-                    Sql::UpsertTurn
+                let (arena, stmt) = self.split(match at {
+                    None => Sql::UpsertTurn,
+                    Some(0) => Sql::InsertTurnNew,
+                    Some(_) => Sql::UpdateTurnAt,
                 })?;
                 let n = execute_at(
                     stmt,
@@ -472,10 +488,10 @@ impl<'c> Writer<'c> {
                 let span = self.encode(o)?;
                 let version = to_i64("version", o.version)?;
                 let json = span.clone();
-                let (arena, stmt) = self.split(if at.is_some() {
-                    Sql::UpsertOpAt
-                } else {
-                    Sql::UpsertOp
+                let (arena, stmt) = self.split(match at {
+                    None => Sql::UpsertOp,
+                    Some(0) => Sql::InsertOpNew,
+                    Some(_) => Sql::UpdateOpAt,
                 })?;
                 let n = execute_at(
                     stmt,
@@ -551,9 +567,10 @@ impl<'c> Writer<'c> {
     /// names it and the caller rolls the transaction back, so nothing of the batch remains.
     ///
     /// A version guard on a row the batch writes (the engine writes one row per versioned entity,
-    /// in guard order) is folded into that row's write: the upsert writes only over exactly the
-    /// guarded version, and only when it writes nothing is the guard checked on its own (a replay
-    /// of this batch passes, anything else fails). One statement instead of two per entity.
+    /// in guard order) is folded into that row's write: the row is inserted only if the guard
+    /// expects it absent, or updated only over exactly the guarded version, and only when that
+    /// writes nothing is the guard checked on its own (a replay of this batch passes, anything
+    /// else fails). One statement instead of two per entity.
     ///
     /// A published message's outbox row references the message (see [`crate::schema`]). That
     /// needs the outbox rows in row order, which is how the engine builds batches; a batch whose

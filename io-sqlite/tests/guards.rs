@@ -376,3 +376,43 @@ fn a_failing_batch_rolls_back_its_whole_group_and_is_named() {
         "gap-free: the failed group used no numbers"
     );
 }
+
+/// A version guard folded into its row's write never brings back a row that another writer
+/// removed: the write is an update of exactly the guarded version, not an upsert ("never loses
+/// or resurrects work").
+#[test]
+fn a_guarded_row_removed_by_another_writer_is_not_brought_back() {
+    let (dir, mut a, _b) = two_stores();
+    let snap = setup(&mut a, "r");
+    let mut e = Engine::new();
+    e.restore(snap).expect("restore");
+    // The child's turn settles: a turn row at the next version, guarded by the current one.
+    let step = handle(
+        &mut e,
+        30,
+        NormalizedEvent::TurnTerminal {
+            agent_session_id: id("c1-r"),
+            turn_id: id("c1t-r"),
+            outcome: tutti_core::model::Outcome::Completed,
+            error: None,
+        },
+    );
+    assert!(step.persist.guards.iter().any(
+        |g| matches!(g, Guard::TurnVersion { id, version, .. } if &**id == "c1t-r" && *version > 0)
+    ));
+    // Meanwhile another writer removed that turn row.
+    let raw = rusqlite::Connection::open(dir.path().join("tutti.db")).expect("raw open");
+    assert_eq!(
+        raw.execute("DELETE FROM turns WHERE id = 'c1t-r'", [])
+            .expect("delete"),
+        1
+    );
+    let err = a.apply(&step.persist).expect_err("the guard fails");
+    assert!(err.is_guard_failure(), "{err}");
+    let left: i64 = raw
+        .query_row("SELECT count(*) FROM turns WHERE id = 'c1t-r'", [], |r| {
+            r.get(0)
+        })
+        .expect("count");
+    assert_eq!(left, 0, "the removed turn stays removed");
+}

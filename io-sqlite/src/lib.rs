@@ -33,7 +33,9 @@
 //! One table per entity (`sessions`, `turns`, `interactions`, `messages`, `tool_calls`,
 //! `cancel_operations`) with the columns that queries filter or sort on and a `json` column with
 //! the entity's wire form, which is what reads decode; plus `outbox`, `outbox_consumers` and
-//! `meta`. See [`schema`] for the DDL and its indexes.
+//! `meta`. A message's outbox row refers to the message instead of copying its JSON (messages
+//! never change); readers of the outbox never see the difference. See [`schema`] for the DDL,
+//! its indexes and its versions.
 //!
 //! ```no_run
 //! use tutti_core::{Engine, Input, store::Store};

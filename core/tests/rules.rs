@@ -349,6 +349,17 @@ fn restore_from_snapshot_continues_identically() {
     h.check();
 }
 
+/// A fresh engine refuses the snapshot of tree `R` as inconsistent and loads nothing of it.
+fn assert_restore_refused(bad: tutti_core::TreeSnapshot) {
+    let mut fresh = tutti_core::Engine::new();
+    let err = fresh.restore(bad).expect_err("inconsistent snapshot");
+    assert!(
+        matches!(err, tutti_core::RestoreError::Inconsistent(_)),
+        "{err}"
+    );
+    assert!(fresh.snapshot("R").is_none(), "nothing was loaded");
+}
+
 #[test]
 fn restore_refuses_a_turn_whose_trigger_contradicts_its_session_kind() {
     use tutti_core::model::Trigger;
@@ -363,13 +374,7 @@ fn restore_refuses_a_turn_whose_trigger_contradicts_its_session_kind() {
             .find(|t| &*t.id == turn)
             .expect("turn")
             .trigger = trigger;
-        let mut fresh = tutti_core::Engine::new();
-        let err = fresh.restore(bad).expect_err("inconsistent snapshot");
-        assert!(
-            matches!(err, tutti_core::RestoreError::Inconsistent(_)),
-            "{err}"
-        );
-        assert!(fresh.snapshot("R").is_none(), "nothing was loaded");
+        assert_restore_refused(bad);
     }
     let mut fresh = tutti_core::Engine::new();
     fresh.restore(good).expect("the real snapshot restores");
@@ -388,13 +393,7 @@ fn restore_refuses_message_ids_of_a_session_outside_the_tree() {
         tutti_core::model::Id::from("elsewhere"),
         tutti_core::model::Id::from("m1"),
     ));
-    let mut fresh = tutti_core::Engine::new();
-    let err = fresh.restore(bad).expect_err("inconsistent snapshot");
-    assert!(
-        matches!(err, tutti_core::RestoreError::Inconsistent(_)),
-        "{err}"
-    );
-    assert!(fresh.snapshot("R").is_none(), "nothing was loaded");
+    assert_restore_refused(bad);
     let mut fresh = tutti_core::Engine::new();
     fresh
         .restore(good.clone())

@@ -3,7 +3,7 @@
 
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase};
+use crate::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, Turn};
 use crate::step::Ignored;
 
 /// Settles one turn: phase settled, outcome, error only where allowed ("a canonical canceled turn
@@ -120,11 +120,11 @@ pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
 
 /// Resolves the canonical root turn a root provider event is about: the given one, else the
 /// session's active turn, else its most recent turn (for late terminals after settlement).
-pub(crate) fn resolve_root_turn(
-    tree: &Tree,
+pub(crate) fn resolve_root_turn<'t>(
+    tree: &'t Tree,
     session: &Id,
     given: Option<&Id>,
-) -> Result<Id, Rejected> {
+) -> Result<(Id, &'t Turn), Rejected> {
     let s = tree
         .sessions
         .get(session)
@@ -150,7 +150,7 @@ pub(crate) fn resolve_root_turn(
             ))?,
     };
     match tree.turns.get(&id) {
-        Some(t) if t.agent_session_id == *session => Ok(id),
+        Some(t) if t.agent_session_id == *session => Ok((id, t)),
         _ => Err(Rejected::UnknownTurn {
             session: session.clone(),
             turn: id,
@@ -167,14 +167,7 @@ pub(crate) fn provider_started(
     turn: Option<&Id>,
     provider_turn_id: Option<String>,
 ) -> Result<Tx, Rejected> {
-    let root_turn = resolve_root_turn(tree, session, turn)?;
-    let t = tree
-        .turns
-        .get(&root_turn)
-        .ok_or_else(|| Rejected::UnknownTurn {
-            session: session.clone(),
-            turn: root_turn.clone(),
-        })?;
+    let (root_turn, t) = resolve_root_turn(tree, session, turn)?;
     if !t.is_active() || tree.inflight.contains_key(&root_turn) {
         return Ok(Tx::ignore(now, Ignored::UnownedProviderTurn));
     }
@@ -225,14 +218,7 @@ pub(crate) fn provider_completed(
     outcome: Outcome,
     error: Option<String>,
 ) -> Result<Tx, Rejected> {
-    let root_turn = resolve_root_turn(tree, session, turn)?;
-    let t = tree
-        .turns
-        .get(&root_turn)
-        .ok_or_else(|| Rejected::UnknownTurn {
-            session: session.clone(),
-            turn: root_turn.clone(),
-        })?;
+    let (root_turn, t) = resolve_root_turn(tree, session, turn)?;
     let rpt = t.root_provider_turn.clone().unwrap_or_default();
     let same_id = match (&rpt.provider_turn_id, &provider_turn_id) {
         (Some(a), Some(b)) => a == b,

@@ -4,14 +4,21 @@
 //! `cargo bench -p tutti-sqlite` (release). An event is one accepted engine input, i.e. one
 //! persist batch. The batches come from the engine fed a mixed workload (sessions, submits,
 //! provider lifecycle, child creation, child turns and terminals, messages, tool calls,
-//! interactions, cancels, deletes). The store commits them in group commits of `GROUP` batches
-//! with `synchronous=NORMAL` (WAL). The raw baseline inserts exactly the rows the store ends up
-//! writing (same row count, same transaction sizes, same JSON payloads, pre-serialized) into the
-//! same tables with plain prepared upserts: no guards, no version checks, no serialization.
+//! interactions, cancels, deletes). The store commits them as the daemon does: group commits of
+//! up to [`tutti_sqlite::MAX_GROUP`] batches (the size every group commit has under a saturating
+//! load), `synchronous=NORMAL` (WAL), no checkpoint on the commit path, and a
+//! [`tutti_sqlite::Checkpointer`] thread copying the WAL into the main file behind the commits.
+//! The raw baseline inserts exactly the rows the store ends up writing (same row count, same
+//! transaction sizes, same JSON payloads, pre-serialized) into the same tables with plain
+//! prepared upserts (no guards, no version checks, no serialization), with the same checkpoint
+//! arrangement.
 //!
-//! It then prints, for reference, the store's figure with other group sizes.
+//! It then prints, for reference, the store's figure with smaller and larger group commits, with
+//! SQLite's automatic checkpoints on the commit path instead of the thread, and with
+//! `synchronous=FULL`.
 //!
-//! Environment: `TUTTI_BENCH_EVENTS` (default 200000), `TUTTI_BENCH_GROUP` (default 128),
+//! Environment: `TUTTI_BENCH_EVENTS` (default 200000), `TUTTI_BENCH_GROUP` (default
+//! [`tutti_sqlite::MAX_GROUP`]),
 //! `TUTTI_BENCH_TEXT` (message texts are 0..N bytes, default 600), `TUTTI_BENCH_DIR` (where the
 //! database files go; default the system temporary directory).
 
@@ -21,7 +28,9 @@ mod workload;
 use rusqlite::{params, Connection};
 use std::time::{Duration, Instant};
 use tutti_core::step::{PersistBatch, Row};
-use tutti_sqlite::{OpenOptions, SqliteStore, Synchronous};
+use tutti_sqlite::{
+    CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore, Synchronous,
+};
 use workload::{Mix, Stream};
 
 fn env(name: &str, default: usize) -> usize {
@@ -333,7 +342,19 @@ fn timed<E>(f: impl FnOnce() -> Result<(), E>) -> Result<Took, E> {
     Ok(Took { wall, cpu })
 }
 
-fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<Took> {
+/// Where checkpoints run: on a thread of their own (the daemon's way), or in the commits that
+/// cross SQLite's automatic threshold.
+#[derive(Clone, Copy, PartialEq)]
+enum Checkpoints {
+    Thread,
+    OnCommit,
+}
+
+fn raw_run(
+    path: &std::path::Path,
+    groups: &[Vec<RawOp>],
+    how: Checkpoints,
+) -> Result<Took, Box<dyn std::error::Error>> {
     let mut conn = Connection::open(path)?;
     conn.pragma_update(None, "page_size", tutti_sqlite::schema::PAGE_SIZE)?;
     conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
@@ -341,27 +362,67 @@ fn raw_run(path: &std::path::Path, groups: &[Vec<RawOp>]) -> rusqlite::Result<To
     conn.pragma_update(None, "foreign_keys", true)?;
     conn.execute_batch(&tutti_sqlite::schema::ddl())?;
     conn.set_prepared_statement_cache_capacity(64);
-    timed(|| {
+    let thread = match how {
+        Checkpoints::Thread => {
+            conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+            Some(Checkpointer::start(
+                path,
+                CheckpointPolicy::default(),
+                |_| {},
+            )?)
+        }
+        Checkpoints::OnCommit => None,
+    };
+    Ok(timed(|| {
         for g in groups {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             for op in g {
                 raw_apply(&tx, op)?;
             }
             tx.commit()?;
+            if let Some(t) = &thread {
+                t.committed();
+                if t.restart_wanted() {
+                    // What `SqliteStore::checkpoint(RestartNoWait)` runs.
+                    conn.busy_timeout(Duration::ZERO)?;
+                    conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))?;
+                    conn.busy_timeout(Duration::from_secs(5))?;
+                    t.restarted();
+                }
+            }
         }
-        Ok(())
-    })
+        Ok::<(), rusqlite::Error>(())
+    })?)
 }
 
 fn store_run(
     path: &std::path::Path,
     groups: &[&[PersistBatch]],
     sync: Synchronous,
+    how: Checkpoints,
 ) -> Result<Took, tutti_sqlite::SqliteError> {
-    let mut store = SqliteStore::open_with(path, &OpenOptions::new().synchronous(sync))?;
+    let opts = OpenOptions::new()
+        .synchronous(sync)
+        .auto_checkpoint(how == Checkpoints::OnCommit);
+    let mut store = SqliteStore::open_with(path, &opts)?;
+    let thread = match how {
+        Checkpoints::Thread => Some(Checkpointer::start(
+            path,
+            CheckpointPolicy::default(),
+            |_| {},
+        )?),
+        Checkpoints::OnCommit => None,
+    };
     timed(|| {
         for g in groups {
             store.apply_many(*g)?;
+            if let Some(t) = &thread {
+                t.committed();
+                if t.restart_wanted() {
+                    store.checkpoint(CheckpointMode::RestartNoWait)?;
+                    t.restarted();
+                }
+            }
         }
         Ok(())
     })
@@ -369,7 +430,7 @@ fn store_run(
 
 fn main() {
     let events = env("TUTTI_BENCH_EVENTS", 200_000);
-    let group = env("TUTTI_BENCH_GROUP", 128).max(1);
+    let group = env("TUTTI_BENCH_GROUP", tutti_sqlite::MAX_GROUP).max(1);
     let t = Instant::now();
     let mut stream = Stream::windowed(42, Mix::BENCH, 16);
     stream.driver.text_max = env("TUTTI_BENCH_TEXT", 600).clamp(1, 60_000) as u16;
@@ -418,7 +479,7 @@ fn main() {
     let mut raw_t: Vec<Took> = Vec::new();
     for round in 0..rounds {
         let p = dir.path().join(format!("store{round}.db"));
-        match store_run(&p, &groups, Synchronous::Normal) {
+        match store_run(&p, &groups, Synchronous::Normal, Checkpoints::Thread) {
             Ok(t) => store_t.push(t),
             Err(e) => {
                 eprintln!("store run failed: {e}");
@@ -426,7 +487,7 @@ fn main() {
             }
         }
         let p = dir.path().join(format!("raw{round}.db"));
-        match raw_run(&p, &raw) {
+        match raw_run(&p, &raw, Checkpoints::Thread) {
             Ok(t) => raw_t.push(t),
             Err(e) => {
                 eprintln!("raw run failed: {e}");
@@ -444,11 +505,11 @@ fn main() {
     let store_eps = events as f64 / sw;
     let raw_eps = events as f64 / rw;
     println!(
-        "tutti-sqlite apply_many (synchronous=NORMAL): {store_eps:>10.0} events/s ({:.0} rows/s), best of {rounds}",
+        "tutti-sqlite apply_many (synchronous=NORMAL, checkpoint thread): {store_eps:>10.0} events/s ({:.0} rows/s), best of {rounds}",
         rows as f64 / sw
     );
     println!(
-        "raw rusqlite, same rows and transactions:     {raw_eps:>10.0} events/s ({:.0} rows/s), best of {rounds}",
+        "raw rusqlite, same rows, transactions and checkpoints:        {raw_eps:>10.0} events/s ({:.0} rows/s), best of {rounds}",
         rows as f64 / rw
     );
     println!(
@@ -471,7 +532,7 @@ fn main() {
     let p = dir.path().join("full.db");
     let small: Vec<&[PersistBatch]> = groups.iter().take(200).copied().collect();
     let n: usize = small.iter().map(|g| g.len()).sum();
-    if let Ok(t) = store_run(&p, &small, Synchronous::Full) {
+    if let Ok(t) = store_run(&p, &small, Synchronous::Full, Checkpoints::Thread) {
         println!(
             "for reference, synchronous=FULL: {:.0} events/s ({n} events)",
             n as f64 / t.wall
@@ -479,11 +540,18 @@ fn main() {
     }
     // How the figure depends on the group size (the daemon commits whatever is queued, so its
     // groups grow with the load). One round each, the same batches.
+    let p = dir.path().join("oncommit.db");
+    if let Ok(t) = store_run(&p, &groups, Synchronous::Normal, Checkpoints::OnCommit) {
+        println!(
+            "for reference, SQLite's automatic checkpoints in the commits instead of the thread: {:.0} events/s (1 round)",
+            events as f64 / t.wall
+        );
+    }
     let mut line = String::from("for reference, events per group commit (store, 1 round):");
-    for size in [32, 512, 2048] {
+    for size in [32, 128, 512, 2048] {
         let p = dir.path().join(format!("group{size}.db"));
         let gs: Vec<&[PersistBatch]> = batches.chunks(size).collect();
-        if let Ok(t) = store_run(&p, &gs, Synchronous::Normal) {
+        if let Ok(t) = store_run(&p, &gs, Synchronous::Normal, Checkpoints::Thread) {
             line.push_str(&format!(" {size}: {:.0} events/s;", events as f64 / t.wall));
         }
     }

@@ -19,6 +19,8 @@
 //!   gap-free counter in the same transaction. The one deliberate difference is the version
 //!   guards' replay rule, see [`ReplayRule`].
 //! - [`SqliteStore::apply_many`] is group commit: several batches, one transaction, one sync.
+//! - [`Checkpointer`]: WAL checkpoints on a thread of their own, so that a writer opened without
+//!   automatic checkpoints never copies or syncs the WAL on its commit path.
 //! - The outbox: [`SqliteStore::outbox_after`], [`SqliteStore::ack`],
 //!   [`SqliteStore::consumer_cursor`], [`SqliteStore::prune_acked`].
 //! - Recovery: [`Store::load_live_trees`] (every tree with an active root turn or a prepared
@@ -64,6 +66,7 @@
 #![warn(missing_docs)]
 
 mod apply;
+mod checkpointer;
 mod codec;
 mod consistent;
 mod error;
@@ -73,8 +76,15 @@ mod read;
 pub mod schema;
 
 pub use apply::Published;
+pub use checkpointer::{CheckpointEvent, CheckpointPolicy, Checkpointer};
 pub use error::SqliteError;
 pub use open::{OpenOptions, ReplayRule, Synchronous};
+
+/// The most batches a driver should put in one group commit ([`SqliteStore::apply_many`]): the
+/// reference daemon commits whatever inputs are queued, up to this many, so under a saturating
+/// load every group commit has this size. (Larger groups commit more events per second, but each
+/// input waits for more of the others before its commit.)
+pub const MAX_GROUP: usize = 256;
 
 use rusqlite::{Connection, TransactionBehavior};
 use std::path::{Path, PathBuf};
@@ -224,34 +234,13 @@ impl SqliteStore {
     /// the same without any waiting: if another connection is reading or checkpointing, it
     /// reports `busy` at once (for a writer that must not stall).
     pub fn checkpoint(&self, mode: CheckpointMode) -> Result<Checkpoint, SqliteError> {
-        let sql = match mode {
-            CheckpointMode::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
-            CheckpointMode::Restart | CheckpointMode::RestartNoWait => {
-                "PRAGMA wal_checkpoint(RESTART)"
-            }
-        };
         if mode == CheckpointMode::RestartNoWait {
             self.conn.busy_timeout(std::time::Duration::ZERO)?;
-            let r = self.run_checkpoint(sql);
+            let r = checkpointer::checkpoint_on(&self.conn, mode);
             self.conn.busy_timeout(self.busy_timeout)?;
             return r;
         }
-        self.run_checkpoint(sql)
-    }
-
-    fn run_checkpoint(&self, sql: &str) -> Result<Checkpoint, SqliteError> {
-        let (busy, log, done) = self.conn.query_row(sql, [], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })?;
-        Ok(Checkpoint {
-            busy: busy != 0,
-            wal_frames: u64::try_from(log).unwrap_or(0),
-            checkpointed_frames: u64::try_from(done).unwrap_or(0),
-        })
+        checkpointer::checkpoint_on(&self.conn, mode)
     }
 
     /// The file's page size in bytes (a WAL frame holds one page).

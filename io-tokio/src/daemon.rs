@@ -11,7 +11,6 @@ use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
 use crate::runtime::{start_runtime, RuntimeHandle, ToDaemon, Transport};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
@@ -20,7 +19,10 @@ use tutti_core::model::{Capabilities, Id};
 use tutti_core::step::PersistBatch;
 use tutti_core::store::Store;
 use tutti_core::{Engine, EngineConfig, Input, ProviderRequest, Rejected, RuntimeAnswer, Step};
-use tutti_sqlite::{CheckpointMode, OpenOptions, Published, SqliteStore};
+use tutti_sqlite::{
+    CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, Published,
+    SqliteStore,
+};
 
 /// Starts provider runtimes for root sessions.
 pub trait ProviderFactory: Send + Sync {
@@ -92,7 +94,6 @@ impl Daemon {
             SqliteStore::open_with(&opts.db, &OpenOptions::new().auto_checkpoint(false))
                 .map_err(|e| e.to_string())?;
         let reader = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
-        let checkpoints = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
         let mut engine = Engine::with_config(opts.engine);
         let live = store.load_live_trees().map_err(|e| e.to_string())?;
         let mut recovered = Vec::new();
@@ -127,18 +128,14 @@ impl Daemon {
         let last_seq = store.last_outbox_seq().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
-        let watch_commits = seq_rx.clone();
-        let restart = Arc::new(AtomicBool::new(false));
-        let wanted = restart.clone();
-        std::thread::Builder::new()
-            .name("tutti-checkpoint".into())
-            .spawn(move || checkpointer(checkpoints, watch_commits, wanted))
-            .map_err(|e| e.to_string())?;
+        let checkpoints =
+            Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)
+                .map_err(|e| e.to_string())?;
         let (live, _) = broadcast::channel(LIVE_CAPACITY);
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
         let core = Core {
-            restart,
+            checkpoints,
             live,
             engine,
             store,
@@ -225,75 +222,28 @@ impl Daemon {
     }
 }
 
-/// How often the checkpoint thread looks for new commits.
-const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// WAL size past which the engine thread makes the WAL start over.
-const RESTART_BYTES: u64 = 32 << 20;
-
-/// A passive checkpoint that found at most this many new bytes of frames leaves the WAL close
-/// enough to caught up for a quick restart.
-const CLOSE_BYTES: u64 = 256 << 10;
-
-/// The checkpoint thread: while the daemon runs, copies committed WAL frames into the main file
-/// (a passive checkpoint, which never blocks the writer) whenever something was committed since
-/// the last look. Under a steady stream of commits the WAL never catches up at the moment a
-/// commit begins, so it never starts over by itself: once it is past [`RESTART_BYTES`], this
-/// thread asks the engine thread (`restart`) to run a restarting checkpoint between two group
-/// commits, which has only the last few frames left to copy. Ends when the engine thread ends.
-fn checkpointer(store: SqliteStore, mut commits: watch::Receiver<u64>, restart: Arc<AtomicBool>) {
-    // The thresholds are sizes: in frames, they depend on the file's page size.
-    let page = store.page_size().unwrap_or(4096).max(512);
-    let (restart_frames, close_frames) = (RESTART_BYTES / page, CLOSE_BYTES / page);
-    loop {
-        std::thread::sleep(CHECKPOINT_EVERY);
-        match commits.has_changed() {
-            Err(_) => break,
-            Ok(false) => continue,
-            Ok(true) => {}
+/// The checkpoint thread's log lines (identifiers and counts only).
+fn log_checkpoint(e: CheckpointEvent) {
+    match e {
+        CheckpointEvent::Pass { mode, result } => debug!(
+            ?mode,
+            wal_frames = result.wal_frames,
+            checkpointed = result.checkpointed_frames,
+            busy = result.busy,
+            "checkpoint"
+        ),
+        CheckpointEvent::Failed { mode, error } => {
+            warn!(?mode, error = %error, "checkpoint failed")
         }
-        if restart.load(Ordering::Acquire) {
-            // The engine thread has not restarted the WAL yet: two checkpoints at once would
-            // make its restart wait.
-            continue;
+        CheckpointEvent::RestartWanted { wal_frames } => {
+            debug!(wal_frames, "WAL restart wanted")
         }
-        commits.borrow_and_update();
-        match store.checkpoint(CheckpointMode::Passive) {
-            Ok(c) => {
-                debug!(
-                    wal_frames = c.wal_frames,
-                    checkpointed = c.checkpointed_frames,
-                    busy = c.busy,
-                    "checkpoint"
-                );
-                if c.wal_frames > restart_frames {
-                    // Catch up closely first (each pass copies what was committed during the
-                    // one before), so that the restart has only a handful of frames to copy
-                    // and sync while it holds up the engine thread.
-                    let mut seen = c.wal_frames;
-                    for _ in 0..8 {
-                        match store.checkpoint(CheckpointMode::Passive) {
-                            Ok(c) if c.wal_frames.saturating_sub(seen) > close_frames => {
-                                seen = c.wal_frames
-                            }
-                            _ => break,
-                        }
-                    }
-                    restart.store(true, Ordering::Release);
-                }
-            }
-            Err(e) => warn!(error = %e, "checkpoint failed"),
-        }
-    }
-    // The engine thread is gone: one last checkpoint so the WAL is small for the next start.
-    if let Err(e) = store.checkpoint(CheckpointMode::Restart) {
-        warn!(error = %e, "final checkpoint failed");
     }
 }
 
 struct Core {
-    /// Set by the checkpoint thread when the WAL should start over.
-    restart: Arc<AtomicBool>,
+    /// The checkpoint thread (commits never checkpoint; see [`Checkpointer`]).
+    checkpoints: Checkpointer,
     live: broadcast::Sender<LiveBatch>,
     engine: Engine,
     store: SqliteStore,
@@ -307,13 +257,11 @@ struct Core {
 
 type Reply = Option<oneshot::Sender<Result<Step, DaemonError>>>;
 
-const GROUP: usize = 256;
-
 impl Core {
     fn run(mut self) {
         while let Some(first) = self.rx.blocking_recv() {
             let mut batch = vec![first];
-            while batch.len() < GROUP {
+            while batch.len() < tutti_sqlite::MAX_GROUP {
                 match self.rx.try_recv() {
                     Ok(m) => batch.push(m),
                     Err(_) => break,
@@ -352,7 +300,7 @@ impl Core {
                     let _ = r.send(Ok(step));
                 }
             }
-            if self.restart.load(Ordering::Acquire) {
+            if self.checkpoints.restart_wanted() {
                 let t = std::time::Instant::now();
                 // Never wait here: a reader in the way makes it `busy`, and the checkpoint
                 // thread asks again after its next pass.
@@ -365,7 +313,7 @@ impl Core {
                     ),
                     Err(e) => warn!(error = %e, "WAL restart failed"),
                 }
-                self.restart.store(false, Ordering::Release);
+                self.checkpoints.restarted();
             }
             if let Some(done) = shutdown {
                 self.runtimes.clear();
@@ -441,6 +389,7 @@ impl Core {
         }
         match self.store.apply_many_published(batches.iter().copied()) {
             Ok(published) => {
+                self.checkpoints.committed();
                 self.publish(&batches, published);
                 decided
             }
@@ -457,6 +406,7 @@ impl Core {
                         .apply_many_published(std::iter::once(&step.persist))
                     {
                         Ok(published) => {
+                            self.checkpoints.committed();
                             self.publish(&[&step.persist], published);
                             ok.push((step, reply));
                         }

@@ -1,0 +1,260 @@
+//! WAL checkpoints off the commit path: a thread of its own that copies committed WAL frames
+//! into the main file while the writer goes on committing.
+//!
+//! A writer opened with [`OpenOptions::auto_checkpoint`](crate::OpenOptions::auto_checkpoint)
+//! `false` never checkpoints (and never syncs the WAL) when it commits. A [`Checkpointer`] does
+//! that work instead, from another connection:
+//!
+//! - every [`CheckpointPolicy::every`], if something was committed since its last look
+//!   ([`Checkpointer::committed`]), it runs a passive checkpoint, which never blocks the writer;
+//! - under a steady stream of commits the WAL never catches up at the moment a commit begins, so
+//!   SQLite never starts it over by itself. Once the WAL is past
+//!   [`CheckpointPolicy::restart_bytes`], the thread first catches up closely (each pass copies
+//!   what was committed during the one before), then asks the writer for a restarting
+//!   checkpoint between two commits ([`Checkpointer::restart_wanted`]), which has only the last
+//!   few frames left to copy;
+//! - when it is dropped, it stops and runs one last restarting checkpoint, so the WAL is small
+//!   for the next start.
+//!
+//! The writer's side, after each commit:
+//!
+//! ```no_run
+//! # use tutti_sqlite::{Checkpointer, CheckpointPolicy, CheckpointMode, OpenOptions, SqliteStore};
+//! # fn main() -> Result<(), tutti_sqlite::SqliteError> {
+//! let mut store = SqliteStore::open_with("tutti.db", &OpenOptions::new().auto_checkpoint(false))?;
+//! let checkpoints = Checkpointer::start("tutti.db", CheckpointPolicy::default(), |_| {})?;
+//! # let batches: Vec<tutti_core::step::PersistBatch> = Vec::new();
+//! store.apply_many(&batches)?;
+//! checkpoints.committed();
+//! if checkpoints.restart_wanted() {
+//!     // Never waits: if a reader is in the way it reports `busy`, and the thread asks again.
+//!     let _ = store.checkpoint(CheckpointMode::RestartNoWait);
+//!     checkpoints.restarted();
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! The checkpointing connection is a plain connection to the file: it reads no table, so it
+//! works on any WAL-mode SQLite file (the benchmark's raw baseline uses it too).
+
+use crate::error::SqliteError;
+use crate::{Checkpoint, CheckpointMode};
+use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// When a [`Checkpointer`] checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// How often the thread looks for new commits.
+    pub every: Duration,
+    /// WAL size past which the writer is asked to make the WAL start over.
+    pub restart_bytes: u64,
+    /// A passive checkpoint that found at most this many new bytes of frames leaves the WAL
+    /// close enough to caught up for a quick restart.
+    pub close_bytes: u64,
+}
+
+impl Default for CheckpointPolicy {
+    /// 200 ms, 32 MiB, 256 KiB.
+    fn default() -> Self {
+        CheckpointPolicy {
+            every: Duration::from_millis(200),
+            restart_bytes: 32 << 20,
+            close_bytes: 256 << 10,
+        }
+    }
+}
+
+/// What the checkpoint thread did, for the owner's logs.
+#[derive(Debug)]
+pub enum CheckpointEvent {
+    /// One checkpoint ran.
+    Pass {
+        /// Its mode.
+        mode: CheckpointMode,
+        /// What it did.
+        result: Checkpoint,
+    },
+    /// A checkpoint failed (the thread goes on).
+    Failed {
+        /// Its mode.
+        mode: CheckpointMode,
+        /// Why.
+        error: SqliteError,
+    },
+    /// The WAL is past the restart size: the writer is asked to restart it.
+    RestartWanted {
+        /// Frames in the WAL.
+        wal_frames: u64,
+    },
+}
+
+#[derive(Default)]
+struct Shared {
+    commits: AtomicU64,
+    restart: AtomicBool,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+/// The checkpoint thread of one database file (see the module docs). Dropping it stops the
+/// thread after one last restarting checkpoint.
+pub struct Checkpointer {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    /// Opens a second connection to the (existing) file at `path` and starts the thread.
+    /// `observe` sees every checkpoint the thread runs (it must not block).
+    pub fn start(
+        path: impl AsRef<Path>,
+        policy: CheckpointPolicy,
+        observe: impl FnMut(CheckpointEvent) + Send + 'static,
+    ) -> Result<Checkpointer, SqliteError> {
+        let path = path.as_ref();
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let page: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+        let page = u64::try_from(page).unwrap_or(4096).max(512);
+        let shared = Arc::new(Shared::default());
+        let inner = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("tutti-checkpoint".into())
+            .spawn(move || run(conn, page, policy, &inner, observe))
+            .map_err(|source| SqliteError::Io {
+                what: "starting the checkpoint thread for",
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(Checkpointer {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Tells the thread that the writer committed something.
+    pub fn committed(&self) {
+        self.shared.commits.fetch_add(1, Ordering::Release);
+    }
+
+    /// Whether the writer should run a restarting checkpoint now
+    /// ([`CheckpointMode::RestartNoWait`]), then call [`Checkpointer::restarted`].
+    pub fn restart_wanted(&self) -> bool {
+        self.shared.restart.load(Ordering::Acquire)
+    }
+
+    /// The writer ran (or tried) the restarting checkpoint; the thread goes on.
+    pub fn restarted(&self) {
+        self.shared.restart.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        if let Ok(mut stop) = self.shared.stop.lock() {
+            *stop = true;
+        }
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Runs one checkpoint on `conn`.
+pub(crate) fn checkpoint_on(
+    conn: &Connection,
+    mode: CheckpointMode,
+) -> Result<Checkpoint, SqliteError> {
+    let sql = match mode {
+        CheckpointMode::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
+        CheckpointMode::Restart | CheckpointMode::RestartNoWait => "PRAGMA wal_checkpoint(RESTART)",
+    };
+    let (busy, log, done) = conn.query_row(sql, [], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    Ok(Checkpoint {
+        busy: busy != 0,
+        wal_frames: u64::try_from(log).unwrap_or(0),
+        checkpointed_frames: u64::try_from(done).unwrap_or(0),
+    })
+}
+
+fn run(
+    conn: Connection,
+    page: u64,
+    policy: CheckpointPolicy,
+    shared: &Shared,
+    mut observe: impl FnMut(CheckpointEvent),
+) {
+    let (restart_frames, close_frames) = (policy.restart_bytes / page, policy.close_bytes / page);
+    let pass = |mode: CheckpointMode, observe: &mut dyn FnMut(CheckpointEvent)| match checkpoint_on(
+        &conn, mode,
+    ) {
+        Ok(result) => {
+            observe(CheckpointEvent::Pass { mode, result });
+            Some(result)
+        }
+        Err(error) => {
+            observe(CheckpointEvent::Failed { mode, error });
+            None
+        }
+    };
+    let mut seen_commits = 0;
+    loop {
+        // Sleep for `every`, or until told to stop.
+        let Ok(stop) = shared.stop.lock() else { break };
+        let Ok((stop, _)) = shared
+            .wake
+            .wait_timeout_while(stop, policy.every, |stop| !*stop)
+        else {
+            break;
+        };
+        if *stop {
+            break;
+        }
+        drop(stop);
+        let commits = shared.commits.load(Ordering::Acquire);
+        if commits == seen_commits {
+            continue;
+        }
+        if shared.restart.load(Ordering::Acquire) {
+            // The writer has not restarted the WAL yet: two checkpoints at once would make its
+            // restart wait.
+            continue;
+        }
+        seen_commits = commits;
+        let Some(c) = pass(CheckpointMode::Passive, &mut observe) else {
+            continue;
+        };
+        if c.wal_frames > restart_frames {
+            // Catch up closely first, so that the restart has only a handful of frames to copy
+            // and sync while it holds up the writer.
+            let mut seen = c.wal_frames;
+            for _ in 0..8 {
+                match pass(CheckpointMode::Passive, &mut observe) {
+                    Some(c) if c.wal_frames.saturating_sub(seen) > close_frames => {
+                        seen = c.wal_frames
+                    }
+                    _ => break,
+                }
+            }
+            observe(CheckpointEvent::RestartWanted { wal_frames: seen });
+            shared.restart.store(true, Ordering::Release);
+        }
+    }
+    // The writer is done: one last checkpoint so the WAL is small for the next start.
+    pass(CheckpointMode::Restart, &mut observe);
+}

@@ -136,9 +136,9 @@ pub enum NormalizedEvent {
         tool_call_id: Id,
         /// Name.
         #[serde(default)]
-        name: Option<String>,
+        name: Option<Text>,
         /// Status.
-        status: String,
+        status: Text,
         /// Opaque kind.
         #[serde(default)]
         kind: Option<Value>,

@@ -174,10 +174,16 @@ impl<V> IdMap<V> {
 pub struct IdSet(hashbrown::HashSet<Keyed<Id>, BuildHasherDefault<PassThrough>>);
 
 impl IdSet {
-    /// Whether the set holds `id`.
+    /// Whether the set holds the id whose [`hash_id`] is `hash`.
     #[inline]
-    pub fn contains(&self, id: &str) -> bool {
-        self.0.contains(&probe(id))
+    pub fn contains_hashed(&self, hash: u64, id: &str) -> bool {
+        self.0.contains(&Probe { hash, key: id })
+    }
+    /// Adds `id`, whose [`hash_id`] the caller already computed; false if it was there.
+    #[inline]
+    pub fn insert_hashed(&mut self, hash: u64, id: Id) -> bool {
+        debug_assert_eq!(hash, hash_id(&id));
+        self.0.insert(Keyed { hash, key: id })
     }
     /// Adds `id`; false if it was there already.
     pub fn insert(&mut self, id: Id) -> bool {
@@ -403,7 +409,7 @@ impl<V> PairTable<V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{same, IdMap, IdSet, PairMap, PairTable, Table};
+    use super::{hash_id, same, IdMap, IdSet, PairMap, PairTable, Table};
     use crate::model::Id;
 
     fn id(s: &str) -> Id {
@@ -456,15 +462,18 @@ mod tests {
             assert!(s.insert(id(&format!("m{i}"))), "new id {i}");
         }
         for i in 0..5000 {
-            assert!(s.contains(&format!("m{i}")));
-            assert!(!s.insert(id(&format!("m{i}"))), "repeat {i}");
+            let m = format!("m{i}");
+            assert!(s.contains_hashed(hash_id(&m), &m));
+            assert!(!s.insert(id(&m)), "repeat {i}");
+            assert!(!s.insert_hashed(hash_id(&m), id(&m)), "hashed repeat {i}");
         }
-        assert!(!s.contains("m5000"));
-        assert_eq!(s.len(), 5000);
+        assert!(!s.contains_hashed(hash_id("m5000"), "m5000"));
+        assert!(s.insert_hashed(hash_id("m5000"), id("m5000")));
+        assert_eq!(s.len(), 5001);
         let mut all: Vec<&Id> = s.iter().collect();
         all.sort();
         all.dedup();
-        assert_eq!(all.len(), 5000);
+        assert_eq!(all.len(), 5001);
     }
 
     #[test]

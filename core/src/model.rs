@@ -387,11 +387,12 @@ pub struct ToolCall {
     pub turn_id: Id,
     /// Provider tool call id.
     pub tool_call_id: Id,
-    /// Tool name.
+    /// Tool name. (Shared text, like the status: a row of it is made at every update, so
+    /// copying it must not allocate.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub name: Option<Text>,
     /// Status (`started`, `completed`, `failed`, ... as the adapter normalizes it).
-    pub status: String,
+    pub status: Text,
     /// Opaque kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<serde_json::Value>,

@@ -462,7 +462,7 @@ fn parent_tool_call_stays_on_the_parent_turn() {
         .expect("launch tool call on the root")
         .clone();
     assert_eq!(launch.turn_id.as_ref(), T1);
-    assert_eq!(launch.status, "completed");
+    assert_eq!(&*launch.status, "completed");
     assert!(
         rig.engine.tool_call(&cs, "tu-1").is_none(),
         "never moved into the child"
@@ -861,7 +861,7 @@ fn background_task_does_not_settle_from_launch_result_and_waits_for_its_task_ter
         "the async launch result settles nothing"
     );
     assert_eq!(
-        rig.engine.tool_call(R, "tu-1").unwrap().status,
+        &*rig.engine.tool_call(R, "tu-1").unwrap().status,
         "completed",
         "delegation accepted"
     );
@@ -889,7 +889,7 @@ fn background_bash_is_not_a_child_never_gates_the_root_and_stays_stoppable() {
     );
     assert_eq!(count(&out.events, "childSessionCreated"), 0);
     let call = rig.engine.tool_call(R, "bash-1").unwrap().clone();
-    assert_eq!(call.status, "completed");
+    assert_eq!(&*call.status, "completed");
     assert_eq!(call.payload.as_ref().unwrap()["taskId"], "shell-1");
     assert_eq!(rig.adapter.active_child_count(), 0);
     rig.result();
@@ -936,7 +936,10 @@ fn successful_root_result_completes_the_background_launch_when_task_started_is_d
         "Bash",
         json!({"command":"serve","run_in_background":true}),
     );
-    assert_eq!(rig.engine.tool_call(R, "bash-1").unwrap().status, "started");
+    assert_eq!(
+        &*rig.engine.tool_call(R, "bash-1").unwrap().status,
+        "started"
+    );
     let out = rig.result();
     let tool = position(&out.events, |e| e.kind() == "toolCallUpdated");
     let done = position(&out.events, |e| e.kind() == "rootProviderTurnCompleted");
@@ -945,7 +948,7 @@ fn successful_root_result_completes_the_background_launch_when_task_started_is_d
         "the launch completes before the root provider terminal"
     );
     assert_eq!(
-        rig.engine.tool_call(R, "bash-1").unwrap().status,
+        &*rig.engine.tool_call(R, "bash-1").unwrap().status,
         "completed"
     );
     assert_eq!(rig.root().outcome, Some(Outcome::Completed));
@@ -1818,7 +1821,7 @@ fn assert_foreground_tree(rig: &Rig, tool_use: &str, task: &str) {
         .expect("launch on the root")
         .clone();
     assert_eq!(
-        (launch.turn_id.as_ref(), launch.status.as_str()),
+        (launch.turn_id.as_ref(), &*launch.status),
         (T1, "completed")
     );
     let snap = rig.engine.snapshot(R).unwrap();
@@ -1912,7 +1915,7 @@ fn golden_fg_childtool_child_permission_is_answered_through_the_engine() {
         .find(|c| c.name.as_deref() == Some("Write"))
         .expect("child tool");
     assert_eq!(
-        (write.agent_session_id.as_ref(), write.status.as_str()),
+        (write.agent_session_id.as_ref(), &*write.status),
         (cs.as_str(), "completed")
     );
 }
@@ -2208,7 +2211,7 @@ fn child_completion_also_comes_from_a_child_result_or_a_tool_failed_hook() {
     let t = rig.turn(&c2, &t2);
     assert_eq!(t.outcome, Some(Outcome::Failed));
     assert_eq!(t.error.as_deref(), Some("agent crashed"));
-    assert_eq!(rig.engine.tool_call(R, "tu-2").unwrap().status, "failed");
+    assert_eq!(&*rig.engine.tool_call(R, "tu-2").unwrap().status, "failed");
     // "A failed child turn does not automatically fail the root turn."
     rig.result();
     assert_eq!(rig.root().outcome, Some(Outcome::Completed));

@@ -414,13 +414,13 @@ fn spawn_edge_collab_agent_tool_call_creates_completed_delegation_call_child_ses
     let out = r.feed(spawn_v1(ROOT_THREAD, N1, "call-1", &[], false));
     assert_eq!(kinds(&out), ["toolCallUpdated"]);
     assert_eq!(
-        r.engine.tool_call(ROOT, "call-1").unwrap().status,
+        &*r.engine.tool_call(ROOT, "call-1").unwrap().status,
         "started"
     );
     let out = r.feed(spawn_v1(ROOT_THREAD, N1, "call-1", &["c1"], true));
     assert_eq!(kinds(&out), ["toolCallUpdated", "childSessionCreated"]);
     let call = r.engine.tool_call(ROOT, "call-1").unwrap();
-    assert_eq!(call.status, "completed", "delegation accepted");
+    assert_eq!(&*call.status, "completed", "delegation accepted");
     assert_eq!(*call.turn_id, *T1, "the call stays on the parent turn");
     let s = r.engine.session(&child("c1")).expect("child session");
     assert!(s.is_child());
@@ -463,7 +463,7 @@ fn spawn_edge_sub_agent_activity_started_creates_completed_delegation_call_and_c
     let out = r.feed(subagent(ROOT_THREAD, N1, "call-1", "started", "c1", false));
     assert_eq!(kinds(&out), ["toolCallUpdated", "childSessionCreated"]);
     let call = r.engine.tool_call(ROOT, "call-1").unwrap();
-    assert_eq!(call.status, "completed");
+    assert_eq!(&*call.status, "completed");
     assert_eq!(call.name.as_deref(), Some("spawnAgent"));
     let s = r.engine.session(&child("c1")).unwrap();
     assert_eq!(s.parent_tool_call_id.as_deref(), Some("call-1"));
@@ -1749,7 +1749,7 @@ fn golden_spawn1_v1_child_has_parent_and_root_relation_and_root_settles_after_pr
     let child_turn = e.turn(&c, &ct).unwrap();
     assert_eq!(child_turn.outcome, Some(Outcome::Completed));
     assert!(child_turn.provider_turn_id.is_some());
-    assert_eq!(e.tool_call("root", "call-1").unwrap().status, "completed");
+    assert_eq!(&*e.tool_call("root", "call-1").unwrap().status, "completed");
     assert_eq!(
         e.turn("root", "turn-1").unwrap().outcome,
         Some(Outcome::Completed)
@@ -1787,7 +1787,7 @@ fn golden_v2spawn_sub_agent_activity_creates_the_child_and_the_root_settles_comp
     assert_eq!(s.root_turn_id.as_deref(), Some("turn-1"));
     assert_eq!(s.title.as_deref(), Some("helper_one"));
     let call = e.tool_call("root", "call-1").unwrap();
-    assert_eq!(call.status, "completed");
+    assert_eq!(&*call.status, "completed");
     assert_eq!(call.name.as_deref(), Some("spawnAgent"));
     assert_eq!(e.turn(&c, &ct).unwrap().outcome, Some(Outcome::Completed));
     assert_eq!(

@@ -28,7 +28,7 @@
 
 use super::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
-use crate::model::{Id, Millis, Outcome, Target};
+use crate::model::{Id, Millis, Outcome, Target, Text};
 use crate::step::{GuideMode, ProviderRequest};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -417,11 +417,8 @@ impl AcpAdapter {
                     agent_session_id: session,
                     turn_id: turn,
                     tool_call_id: call.into(),
-                    name: update
-                        .get("title")
-                        .and_then(Value::as_str)
-                        .map(String::from),
-                    status: status.to_string(),
+                    name: update.get("title").and_then(Value::as_str).map(Text::from),
+                    status: status.into(),
                     kind: update.get("kind").cloned(),
                     payload: None,
                 });

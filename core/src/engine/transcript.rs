@@ -7,6 +7,7 @@
 use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
+use crate::keyed::hash_id;
 use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
 use crate::step::Ignored;
 use serde_json::Value;
@@ -41,7 +42,9 @@ pub(crate) fn message(
     // The session's message ids are found by its position (no lookup); one probe of them
     // serves the duplicate check and the insert.
     let ids = tree.message_ids_at(position);
-    if ids.contains(message_id) {
+    // The id is hashed once for the duplicate check and the insert.
+    let hash = hash_id(message_id);
+    if ids.contains_hashed(hash, message_id) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     if let Some(why) = dropped {
@@ -49,7 +52,7 @@ pub(crate) fn message(
     }
     // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
     let seq = ids.len() as u64;
-    ids.insert(message_id.clone());
+    ids.insert_hashed(hash, message_id.clone());
     let mut tx = Tx::new(now);
     tx.message(Message {
         agent_session_id: session.clone(),
@@ -71,8 +74,8 @@ pub(crate) fn tool_call(
     session: &Id,
     turn: &Id,
     call: &Id,
-    name: Option<&String>,
-    status: &str,
+    name: Option<&Text>,
+    status: &Text,
     kind: Option<&Value>,
     payload: Option<&Value>,
 ) -> Result<Tx, Rejected> {
@@ -85,7 +88,7 @@ pub(crate) fn tool_call(
         turn_id: turn.clone(),
         tool_call_id: call.clone(),
         name: name.cloned(),
-        status: status.to_string(),
+        status: status.clone(),
         kind: kind.cloned(),
         payload: payload.cloned(),
         created_at: now,
@@ -103,8 +106,8 @@ pub(crate) fn tool_call(
             c.name = name.cloned();
             changed = true;
         }
-        if c.status != status {
-            c.status = status.to_string();
+        if c.status != *status {
+            c.status = status.clone();
             changed = true;
         }
         if kind.is_some() && c.kind.as_ref() != kind {

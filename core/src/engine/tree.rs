@@ -206,36 +206,49 @@ impl Tx {
     }
 
     /// Bumps each touched entity's version once, stamps `updated_at`, and builds the step.
+    ///
+    /// The step is built where it is returned: rows are pushed straight into it, so no row and
+    /// no batch is moved after it is made.
     pub fn finish(self, tree: &mut Tree) -> Step {
         let now = self.now;
-        let mut guards = self.guards;
-        let mut rows = SmallVec::with_capacity(self.touches.len());
-        let mut outbox = SmallVec::with_capacity(self.touches.len());
+        let mut step = Step {
+            persist: PersistBatch {
+                guards: self.guards,
+                ..PersistBatch::default()
+            },
+            provider: self.provider,
+            timers: self.timers,
+            reply: self.reply,
+            ignored: self.ignored,
+        };
+        let batch = &mut step.persist;
         for t in self.touches {
-            let (row, publish) = match t {
+            let publish = match t {
                 Touch::Entity(Key::Session(id), p) => match tree.sessions.get_mut(&id) {
                     Some(s) => {
-                        guards.push(Guard::SessionVersion {
-                            id: id.clone(),
+                        batch.guards.push(Guard::SessionVersion {
+                            id,
                             version: s.version,
                             next: s.version + 1,
                         });
                         s.version += 1;
                         s.updated_at = now;
-                        (Row::Session(Box::new(s.clone())), p)
+                        batch.rows.push(Row::Session(Box::new(s.clone())));
+                        p
                     }
                     None => continue,
                 },
                 Touch::Entity(Key::Turn(id), p) => match tree.turns.get_mut(&id) {
                     Some(t) => {
-                        guards.push(Guard::TurnVersion {
-                            id: id.clone(),
+                        batch.guards.push(Guard::TurnVersion {
+                            id,
                             version: t.version,
                             next: t.version + 1,
                         });
                         t.version += 1;
                         t.updated_at = now;
-                        (Row::Turn(t.clone()), p)
+                        batch.rows.push(Row::Turn(t.clone()));
+                        p
                     }
                     None => continue,
                 },
@@ -244,55 +257,51 @@ impl Tx {
                         Some(i) => {
                             i.version += 1;
                             i.updated_at = now;
-                            (Row::Interaction(i.clone()), p)
+                            batch.rows.push(Row::Interaction(i.clone()));
+                            p
                         }
                         None => continue,
                     }
                 }
                 Touch::Entity(Key::Op(id), p) => match tree.ops.get_mut(&id) {
                     Some(o) => {
-                        guards.push(Guard::CancelVersion {
-                            id: id.clone(),
+                        batch.guards.push(Guard::CancelVersion {
+                            id,
                             version: o.version,
                             next: o.version + 1,
                         });
                         o.version += 1;
                         o.updated_at = now;
-                        (Row::CancelOperation(o.clone()), p)
+                        batch.rows.push(Row::CancelOperation(o.clone()));
+                        p
                     }
                     None => continue,
                 },
-                Touch::Message(m) => (Row::Message(m), true),
-                Touch::ToolCall(c) => (Row::ToolCall(c), true),
-                Touch::Purge(id) => (
-                    Row::PurgeSession {
+                Touch::Message(m) => {
+                    batch.rows.push(Row::Message(m));
+                    true
+                }
+                Touch::ToolCall(c) => {
+                    batch.rows.push(Row::ToolCall(c));
+                    true
+                }
+                Touch::Purge(id) => {
+                    batch.rows.push(Row::PurgeSession {
                         agent_session_id: id,
-                    },
-                    false,
-                ),
+                    });
+                    false
+                }
             };
             if publish {
-                outbox.push(rows.len() as u32);
+                batch.outbox.push((batch.rows.len() - 1) as u32);
             }
-            rows.push(row);
         }
-        let persist = if rows.is_empty() {
-            PersistBatch::default()
+        if batch.rows.is_empty() {
+            batch.guards.clear();
         } else {
-            PersistBatch {
-                root_agent_session_id: Some(tree.root_id.clone()),
-                workspace_id: Some(tree.workspace_id.clone()),
-                guards,
-                rows,
-                outbox,
-            }
-        };
-        Step {
-            persist,
-            provider: self.provider,
-            timers: self.timers,
-            reply: self.reply,
-            ignored: self.ignored,
+            batch.root_agent_session_id = Some(tree.root_id.clone());
+            batch.workspace_id = Some(tree.workspace_id.clone());
         }
+        step
     }
 }

@@ -517,13 +517,13 @@ impl Driver {
                     agent_session_id: session,
                     turn_id: turn.clone(),
                     tool_call_id: Id::from(format!("tool-{turn}-{call}")),
-                    name: Some("shell".to_string()),
+                    name: Some("shell".into()),
                     status: if n.is_multiple_of(2) {
                         "completed"
                     } else {
                         "started"
                     }
-                    .to_string(),
+                    .into(),
                     kind: match n % 3 {
                         0 => Some(json!("exec")),
                         // An explicit `null` kind is stored as Some(Null) and must round-trip.

@@ -1380,8 +1380,8 @@ fn tool_event(id: &str, t: &Tool) -> NormalizedEvent {
         agent_session_id: t.session.clone(),
         turn_id: t.turn.clone(),
         tool_call_id: id.into(),
-        name: Some(t.name.clone()),
-        status: t.status.clone(),
+        name: Some(t.name.as_str().into()),
+        status: t.status.as_str().into(),
         kind: t.delegation.then(|| json!("delegation")),
         payload: (!t.payload.is_empty()).then(|| Value::Object(t.payload.clone())),
     }

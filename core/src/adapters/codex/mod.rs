@@ -1063,8 +1063,8 @@ impl CodexAdapter {
             agent_session_id: session.clone(),
             turn_id: turn.clone(),
             tool_call_id: id.into(),
-            name: Some(name),
-            status,
+            name: Some(name.into()),
+            status: status.into(),
             kind: Some(Value::String(kind.to_string())),
             payload: Some(raw),
         });

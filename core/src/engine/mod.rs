@@ -98,7 +98,7 @@ impl Engine {
                 if self.session_root.contains_key(agent_session_id) {
                     return Err(Rejected::SessionExists(agent_session_id.clone()));
                 }
-                let (mut tree, tx) = guidance::create_root(
+                let (mut tree, mut tx) = guidance::create_root(
                     now,
                     agent_session_id,
                     workspace_id,
@@ -180,7 +180,7 @@ impl Engine {
                 text,
             } => {
                 let (_, tree) = self.tree_of_session(agent_session_id)?;
-                let tx = guidance::submit(tree, now, agent_session_id, turn_id, text)?;
+                let mut tx = guidance::submit(tree, now, agent_session_id, turn_id, text)?;
                 Ok(tx.finish(tree))
             }
             Command::CancelTurn {
@@ -189,7 +189,7 @@ impl Engine {
                 turn_id,
             } => {
                 let (root, tree) = self.tree_of_session(agent_session_id)?;
-                let tx = cancel::cancel_turn(
+                let mut tx = cancel::cancel_turn(
                     tree,
                     now,
                     timeout,
@@ -208,7 +208,7 @@ impl Engine {
                 response,
             } => {
                 let (_, tree) = self.tree_of_session(agent_session_id)?;
-                let tx = interaction::respond(
+                let mut tx = interaction::respond(
                     tree,
                     now,
                     agent_session_id,
@@ -220,7 +220,7 @@ impl Engine {
             }
             Command::DeleteSession { agent_session_id } => {
                 let (_, tree) = self.tree_of_session(agent_session_id)?;
-                let tx = deletion::delete(tree, now, agent_session_id)?;
+                let mut tx = deletion::delete(tree, now, agent_session_id)?;
                 Ok(tx.finish(tree))
             }
         }
@@ -229,7 +229,8 @@ impl Engine {
     fn event(&mut self, now: Millis, e: &NormalizedEvent) -> Result<Step, Rejected> {
         use NormalizedEvent::*;
         let (loc, tree, canonical) = self.session_tree(e.agent_session_id())?;
-        let tx = match e {
+        // No `?` on the handlers: the transaction is finished where it lies (never moved).
+        let mut r = match e {
             RootProviderTurnStarted {
                 agent_session_id,
                 turn_id,
@@ -240,7 +241,7 @@ impl Engine {
                 agent_session_id,
                 turn_id.as_ref(),
                 provider_turn_id.clone(),
-            )?,
+            ),
             RootProviderTurnCompleted {
                 agent_session_id,
                 turn_id,
@@ -255,7 +256,7 @@ impl Engine {
                 provider_turn_id.clone(),
                 *outcome,
                 error.clone(),
-            )?,
+            ),
             ChildSessionCreated {
                 agent_session_id,
                 turn_id,
@@ -280,7 +281,7 @@ impl Engine {
                     provider_session_id: provider_session_id.as_ref(),
                     provider_aliases: provider_aliases.as_ref(),
                 };
-                let tx = child::create(tree, now, child)?;
+                let mut tx = child::create(tree, now, child)?;
                 let step = tx.finish(tree);
                 let pos = tree.sessions.position(agent_session_id).unwrap_or(0);
                 self.session_root.insert(
@@ -304,19 +305,19 @@ impl Engine {
                 title.as_ref(),
                 provider_session_id.as_ref(),
                 provider_aliases.as_ref(),
-            )?,
+            ),
             TurnStarted {
                 turn_id,
                 provider_turn_id,
                 ..
-            } => child::turn_started(tree, now, canonical, turn_id, provider_turn_id.as_ref())?,
-            TurnWaiting { turn_id, .. } => child::turn_waiting(tree, now, canonical, turn_id)?,
+            } => child::turn_started(tree, now, canonical, turn_id, provider_turn_id.as_ref()),
+            TurnWaiting { turn_id, .. } => child::turn_waiting(tree, now, canonical, turn_id),
             TurnTerminal {
                 turn_id,
                 outcome,
                 error,
                 ..
-            } => child::turn_terminal(tree, now, canonical, turn_id, *outcome, error.clone())?,
+            } => child::turn_terminal(tree, now, canonical, turn_id, *outcome, error.clone()),
             MessageAppended {
                 turn_id,
                 message_id,
@@ -325,7 +326,7 @@ impl Engine {
                 ..
             } => transcript::message(
                 tree, now, canonical, loc.pos, turn_id, message_id, role, text,
-            )?,
+            ),
             ToolCallUpdated {
                 turn_id,
                 tool_call_id,
@@ -344,7 +345,7 @@ impl Engine {
                 status,
                 kind.as_ref(),
                 payload.as_ref(),
-            )?,
+            ),
             InteractionRequested {
                 agent_session_id,
                 turn_id,
@@ -361,14 +362,14 @@ impl Engine {
                 provider_turn_id.as_ref(),
                 kind,
                 payload,
-            )?,
+            ),
             InteractionResolved {
                 agent_session_id,
                 turn_id,
                 request_id,
                 resolution,
             } => {
-                interaction::resolved(tree, now, agent_session_id, turn_id, request_id, resolution)?
+                interaction::resolved(tree, now, agent_session_id, turn_id, request_id, resolution)
             }
             SessionMetadataUpdated {
                 agent_session_id,
@@ -382,9 +383,12 @@ impl Engine {
                 goal.as_ref(),
                 title.as_ref(),
                 provider_session_id.as_ref(),
-            )?,
+            ),
         };
-        Ok(tx.finish(tree))
+        match r {
+            Ok(ref mut tx) => Ok(tx.finish(tree)),
+            Err(e) => Err(e),
+        }
     }
 
     fn runtime(&mut self, now: Millis, a: &RuntimeAnswer) -> Result<Step, Rejected> {
@@ -402,7 +406,7 @@ impl Engine {
             } => {
                 let root = op_tree(self, operation_id)?;
                 let tree = self.tree_mut(root, operation_id)?;
-                let tx =
+                let mut tx =
                     cancel::resolve(tree, now, operation_id, cancel::Resolution::Acked(acked))?;
                 Ok(tx.finish(tree))
             }
@@ -412,7 +416,7 @@ impl Engine {
             } => {
                 let root = op_tree(self, operation_id)?;
                 let tree = self.tree_mut(root, operation_id)?;
-                let tx = cancel::resolve(
+                let mut tx = cancel::resolve(
                     tree,
                     now,
                     operation_id,
@@ -425,7 +429,7 @@ impl Engine {
             } => {
                 let root = op_tree(self, operation_id)?;
                 let tree = self.tree_mut(root, operation_id)?;
-                let tx = cancel::deadline(tree, now, operation_id)?;
+                let mut tx = cancel::deadline(tree, now, operation_id)?;
                 Ok(tx.finish(tree))
             }
             RuntimeAnswer::GuideFailed {
@@ -434,7 +438,7 @@ impl Engine {
                 ..
             } => {
                 let (_, tree) = self.tree_of_session(agent_session_id)?;
-                let tx = guidance::guide_failed(tree, now, agent_session_id, turn_id)?;
+                let mut tx = guidance::guide_failed(tree, now, agent_session_id, turn_id)?;
                 Ok(tx.finish(tree))
             }
             RuntimeAnswer::ProviderExited {
@@ -449,7 +453,7 @@ impl Engine {
                 let tree = self
                     .tree_in_mut(slot)
                     .ok_or_else(|| Rejected::UnknownSession(root_agent_session_id.clone()))?;
-                let tx = exit::provider_exited(tree, now, error)?;
+                let mut tx = exit::provider_exited(tree, now, error)?;
                 Ok(tx.finish(tree))
             }
         }

@@ -209,20 +209,24 @@ impl Tx {
     ///
     /// The step is built where it is returned: rows are pushed straight into it, so no row and
     /// no batch is moved after it is made.
-    pub fn finish(self, tree: &mut Tree) -> Step {
+    ///
+    /// It takes the transaction by reference and drains it, so that the (large) transaction is
+    /// never moved to be finished.
+    #[inline(always)]
+    pub fn finish(&mut self, tree: &mut Tree) -> Step {
         let now = self.now;
         let mut step = Step {
             persist: PersistBatch {
-                guards: self.guards,
+                guards: std::mem::take(&mut self.guards),
                 ..PersistBatch::default()
             },
-            provider: self.provider,
-            timers: self.timers,
-            reply: self.reply,
-            ignored: self.ignored,
+            provider: std::mem::take(&mut self.provider),
+            timers: std::mem::take(&mut self.timers),
+            reply: self.reply.take(),
+            ignored: self.ignored.take(),
         };
         let batch = &mut step.persist;
-        for t in self.touches {
+        for t in self.touches.drain(..) {
             let publish = match t {
                 Touch::Entity(Key::Session(id), p) => match tree.sessions.get_mut(&id) {
                     Some(s) => {

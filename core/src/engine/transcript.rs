@@ -39,10 +39,9 @@ pub(crate) fn message(
 ) -> Result<Tx, Rejected> {
     let t = turn_of(tree, session, turn)?;
     let dropped = drop_reason(t);
-    // The session's message ids are found by its position (no lookup); one probe of them
-    // serves the duplicate check and the insert.
+    // The session's message ids are found by its position (no lookup), and the message id is
+    // hashed once for the duplicate check and the insert.
     let ids = tree.message_ids_at(position);
-    // The id is hashed once for the duplicate check and the insert.
     let hash = hash_id(message_id);
     if ids.contains_hashed(hash, message_id) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));

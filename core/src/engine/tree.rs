@@ -207,11 +207,9 @@ impl Tx {
 
     /// Bumps each touched entity's version once, stamps `updated_at`, and builds the step.
     ///
-    /// The step is built where it is returned: rows are pushed straight into it, so no row and
-    /// no batch is moved after it is made.
-    ///
-    /// It takes the transaction by reference and drains it, so that the (large) transaction is
-    /// never moved to be finished.
+    /// Rows are pushed straight into the step, so no row and no batch is moved after it is
+    /// made; the transaction is drained by reference, so it is not moved either (it is large:
+    /// its touches are kept inline). A drained transaction finishes as an empty step.
     #[inline(always)]
     pub fn finish(&mut self, tree: &mut Tree) -> Step {
         let now = self.now;

@@ -549,7 +549,7 @@ fn main() {
     // How the figure depends on the group size (the daemon commits whatever is queued, up to
     // `MAX_GROUP`, so its groups grow with the load). One round each, the same batches.
     let mut line = String::from("for reference, events per group commit (store, 1 round):");
-    for size in [32, 128, 512, 2048] {
+    for size in [32, 256, 1024, 4096] {
         let p = dir.path().join(format!("group{size}.db"));
         let gs: Vec<&[PersistBatch]> = batches.chunks(size).collect();
         if let Ok(t) = store_run(&p, &gs, Synchronous::Normal, Checkpoints::Thread) {

@@ -109,10 +109,29 @@ impl<V> IdMap<V> {
     pub fn get(&self, k: &str) -> Option<&V> {
         self.0.get(&probe(k))
     }
+    /// The value of `k`, whose [`hash_id`] the caller already computed (an id looked up in
+    /// several maps is hashed once).
+    #[inline]
+    pub fn get_hashed(&self, hash: u64, k: &str) -> Option<&V> {
+        debug_assert_eq!(hash, hash_id(k));
+        self.0.get(&Probe { hash, key: k })
+    }
     /// The value of `k`, to change.
     #[inline]
     pub fn get_mut(&mut self, k: &str) -> Option<&mut V> {
         self.0.get_mut(&probe(k))
+    }
+    /// The value of `k` (hashed by the caller), to change.
+    #[inline]
+    pub fn get_mut_hashed(&mut self, hash: u64, k: &str) -> Option<&mut V> {
+        debug_assert_eq!(hash, hash_id(k));
+        self.0.get_mut(&Probe { hash, key: k })
+    }
+    /// Whether `k` (hashed by the caller) is present.
+    #[inline]
+    pub fn contains_key_hashed(&self, hash: u64, k: &str) -> bool {
+        debug_assert_eq!(hash, hash_id(k));
+        !self.0.is_empty() && self.0.contains_key(&Probe { hash, key: k })
     }
     /// The stored id equal to `k` (the canonical allocation) and its value.
     #[inline]
@@ -296,6 +315,18 @@ impl<V> Table<V> {
         let i = *self.index.get(k)? as usize;
         self.items.get_mut(i).map(|(_, v)| v)
     }
+    /// The entity with id `k`, whose [`hash_id`] the caller already computed.
+    #[inline]
+    pub fn get_hashed(&self, hash: u64, k: &str) -> Option<&V> {
+        let i = *self.index.get_hashed(hash, k)? as usize;
+        self.items.get(i).map(|(_, v)| v)
+    }
+    /// The entity with id `k` (hashed by the caller), to change.
+    #[inline]
+    pub fn get_mut_hashed(&mut self, hash: u64, k: &str) -> Option<&mut V> {
+        let i = *self.index.get_mut_hashed(hash, k)? as usize;
+        self.items.get_mut(i).map(|(_, v)| v)
+    }
     /// Whether `k` is present.
     pub fn contains_key(&self, k: &str) -> bool {
         self.index.contains_key(k)
@@ -306,18 +337,18 @@ impl<V> Table<V> {
     pub fn position(&self, k: &str) -> Option<u32> {
         self.index.get(k).copied()
     }
-    /// Inserts or replaces.
-    pub fn insert(&mut self, k: Id, v: V) {
-        if let Some(&i) = self.index.get(&k) {
-            if let Some(slot) = self.items.get_mut(i as usize) {
-                slot.1 = v;
-                return;
-            }
-        }
+    /// Inserts or replaces; returns the entity's position. One index lookup: the id is hashed
+    /// and probed once.
+    pub fn insert(&mut self, k: Id, v: V) -> u32 {
         // A tree never holds 2^32 entities (a u32 position keeps index entries small).
-        let i = u32::try_from(self.items.len()).unwrap_or(u32::MAX);
-        self.index.insert(k.clone(), i);
-        self.items.push((k, v));
+        let next = u32::try_from(self.items.len()).unwrap_or(u32::MAX);
+        let i = *self.index.get_or_insert_with(&k, || next);
+        match self.items.get_mut(i as usize) {
+            // Positions already taken are below `next`: an existing entity is replaced.
+            Some(slot) if i != next => slot.1 = v,
+            _ => self.items.push((k, v)),
+        }
+        i
     }
     /// Keeps the entities for which `keep` holds (positions of the others are reused).
     pub fn retain(&mut self, mut keep: impl FnMut(&Id, &mut V) -> bool) {
@@ -426,6 +457,12 @@ mod tests {
             assert_eq!(m.get(&format!("s{i}")), Some(&i));
         }
         assert_eq!(m.get("s5000"), None);
+        assert_eq!(m.get_hashed(hash_id("s9"), "s9"), Some(&9));
+        assert!(m.contains_key_hashed(hash_id("s9"), "s9"));
+        assert!(!m.contains_key_hashed(hash_id("s5000"), "s5000"));
+        *m.get_mut_hashed(hash_id("s9"), "s9").expect("present") += 90;
+        assert_eq!(m.get("s9"), Some(&99));
+        assert!(!IdMap::<u32>::default().contains_key_hashed(hash_id("s9"), "s9"));
         assert_eq!(m.insert(id("s7"), 70), Some(7));
         *m.get_or_insert_with(&id("s7"), || 0) += 1;
         assert_eq!(m.get("s7"), Some(&71));
@@ -497,10 +534,24 @@ mod tests {
     fn tables_keep_their_index_in_step_with_their_entities() {
         let mut t = Table::default();
         for i in 0..1000u32 {
-            t.insert(id(&format!("t{i}")), i);
+            assert_eq!(
+                t.insert(id(&format!("t{i}")), i),
+                i,
+                "a new entity goes last"
+            );
         }
-        t.insert(id("t5"), 55);
+        assert_eq!(
+            t.insert(id("t5"), 55),
+            5,
+            "a replaced entity keeps its position"
+        );
+        assert_eq!(t.position("t5"), Some(5));
         assert_eq!(t.get("t5"), Some(&55));
+        assert_eq!(t.get_hashed(hash_id("t5"), "t5"), Some(&55));
+        assert_eq!(t.get_hashed(hash_id("t1000"), "t1000"), None);
+        *t.get_mut_hashed(hash_id("t7"), "t7").expect("present") = 77;
+        assert_eq!(t.get("t7"), Some(&77));
+        *t.get_mut("t7").expect("present") = 7;
         *t.get_mut("t6").expect("present") = 66;
         t.retain(|_, v| *v % 2 == 0);
         for i in 0..1000u32 {

@@ -25,8 +25,13 @@ pub(crate) struct NewChild<'a> {
 
 /// Creates a child session and its submitted initial turn. An identical repeat is a no-op; a
 /// repeat with another relation is rejected; creation after the root settled or after a root
-/// cancel closed child creation is rejected.
-pub(crate) fn create(tree: &mut Tree, now: i64, c: NewChild<'_>) -> Result<Tx, Rejected> {
+/// cancel closed child creation is rejected. Also returns the new session's position in
+/// `tree.sessions` (none for a repeat).
+pub(crate) fn create(
+    tree: &mut Tree,
+    now: i64,
+    c: NewChild<'_>,
+) -> Result<(Tx, Option<u32>), Rejected> {
     if let Some(existing) = tree.sessions.get(c.agent_session_id) {
         let same = existing.is_child()
             && existing.parent_agent_session_id.as_ref() == Some(c.parent_agent_session_id)
@@ -40,7 +45,7 @@ pub(crate) fn create(tree: &mut Tree, now: i64, c: NewChild<'_>) -> Result<Tx, R
                 .get(c.turn_id)
                 .is_some_and(|t| t.agent_session_id == *c.agent_session_id);
         return if same {
-            Ok(Tx::ignore(now, Ignored::Duplicate))
+            Ok((Tx::ignore(now, Ignored::Duplicate), None))
         } else {
             Err(Rejected::ConflictingChild(c.agent_session_id.clone()))
         };
@@ -117,7 +122,7 @@ pub(crate) fn create(tree: &mut Tree, now: i64, c: NewChild<'_>) -> Result<Tx, R
         version: 0,
     };
     let turn = new_turn(c.turn_id, &id, Trigger::Delegation, Phase::Submitted, now);
-    tree.sessions.insert(id.clone(), session);
+    let pos = tree.sessions.insert(id.clone(), session);
     tree.turns.insert(c.turn_id.clone(), turn);
     tree.children
         .get_or_insert_with(c.parent_agent_session_id, Default::default)
@@ -136,7 +141,7 @@ pub(crate) fn create(tree: &mut Tree, now: i64, c: NewChild<'_>) -> Result<Tx, R
     tx.turn(c.turn_id, true);
     tx.turn(c.root_turn_id, false);
     evaluate_root(tree, &mut tx, c.root_turn_id);
-    Ok(tx)
+    Ok((tx, Some(pos)))
 }
 
 pub(crate) fn new_turn(id: &Id, session: &Id, trigger: Trigger, phase: Phase, now: i64) -> Turn {

@@ -3,6 +3,7 @@
 
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
+use crate::keyed::hash_id;
 use crate::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, Turn};
 use crate::step::Ignored;
 
@@ -56,9 +57,15 @@ pub(crate) fn settle_turn(
 /// Derives the root turn's visible phase from the provider lifecycle and its children; publishes
 /// the root turn only if the phase changed.
 pub(crate) fn refresh_root_phase(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
-    let children = tree.active_child_count(root_turn);
-    let inflight = tree.inflight.contains_key(root_turn);
-    let Some(turn) = tree.turns.get_mut(root_turn) else {
+    refresh_root_phase_hashed(tree, tx, hash_id(root_turn), root_turn)
+}
+
+/// [`refresh_root_phase`] for a root turn id whose [`hash_id`] is `hash` (the id is looked up in
+/// three maps: it is hashed once).
+fn refresh_root_phase_hashed(tree: &mut Tree, tx: &mut Tx, hash: u64, root_turn: &Id) {
+    let children = tree.active_child_count_hashed(hash, root_turn);
+    let inflight = tree.inflight.contains_key_hashed(hash, root_turn);
+    let Some(turn) = tree.turns.get_mut_hashed(hash, root_turn) else {
         return;
     };
     if !turn.is_active() {
@@ -89,7 +96,9 @@ pub(crate) fn refresh_root_phase(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
 /// (and no guidance reservation holds it), no nested child turn is active, and no cancel of the
 /// root is in flight (then the cancel decides). Otherwise refreshes the root's phase.
 pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
-    let Some(turn) = tree.turns.get(root_turn) else {
+    // The root turn id is looked up in up to six maps here: it is hashed once.
+    let hash = hash_id(root_turn);
+    let Some(turn) = tree.turns.get_hashed(hash, root_turn) else {
         return;
     };
     if !turn.is_active() {
@@ -99,8 +108,8 @@ pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
         .root_provider_turn
         .as_ref()
         .is_some_and(|r| r.phase == ProviderPhase::Completed && !r.reserved)
-        && tree.active_child_count(root_turn) == 0
-        && !tree.inflight.contains_key(root_turn);
+        && tree.active_child_count_hashed(hash, root_turn) == 0
+        && !tree.inflight.contains_key_hashed(hash, root_turn);
     if ready {
         let (outcome, error) = turn
             .root_provider_turn
@@ -114,7 +123,7 @@ pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
             .unwrap_or((Outcome::Completed, None));
         settle_turn(tree, tx, root_turn, outcome, error);
     } else {
-        refresh_root_phase(tree, tx, root_turn);
+        refresh_root_phase_hashed(tree, tx, hash, root_turn);
     }
 }
 

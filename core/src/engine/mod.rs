@@ -281,16 +281,17 @@ impl Engine {
                     provider_session_id: provider_session_id.as_ref(),
                     provider_aliases: provider_aliases.as_ref(),
                 };
-                let mut tx = child::create(tree, now, child)?;
+                let (mut tx, created) = child::create(tree, now, child)?;
                 let step = tx.finish(tree);
-                let pos = tree.sessions.position(agent_session_id).unwrap_or(0);
-                self.session_root.insert(
-                    agent_session_id.clone(),
-                    Loc {
-                        slot: loc.slot,
-                        pos,
-                    },
-                );
+                if let Some(pos) = created {
+                    self.session_root.insert(
+                        agent_session_id.clone(),
+                        Loc {
+                            slot: loc.slot,
+                            pos,
+                        },
+                    );
+                }
                 return Ok(step);
             }
             ChildSessionUpdated {

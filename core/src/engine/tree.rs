@@ -2,7 +2,7 @@
 //! builder that turns its mutations into one [`PersistBatch`].
 
 use crate::hash::FxSet;
-use crate::keyed::{IdMap, IdSet, PairMap, PairTable, Table};
+use crate::keyed::{hash_id, IdMap, IdSet, PairMap, PairTable, Table};
 use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
 use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Step, TimerRequest};
 use smallvec::SmallVec;
@@ -56,7 +56,14 @@ impl Tree {
 
     /// Number of active nested child turns under a root turn.
     pub fn active_child_count(&self, root_turn: &Id) -> usize {
-        self.active_children.get(root_turn).map_or(0, |m| m.len())
+        self.active_child_count_hashed(hash_id(root_turn), root_turn)
+    }
+
+    /// [`Tree::active_child_count`] for a root turn id whose [`hash_id`] is `hash`.
+    pub fn active_child_count_hashed(&self, hash: u64, root_turn: &str) -> usize {
+        self.active_children
+            .get_hashed(hash, root_turn)
+            .map_or(0, |m| m.len())
     }
 
     /// The root turn a turn belongs to (itself for a root turn).
@@ -91,8 +98,9 @@ enum Touch {
 #[derive(Debug)]
 pub(crate) struct Tx {
     pub now: Millis,
-    /// Most steps touch one or two entities: kept inline (no allocation).
-    touches: SmallVec<[Touch; 2]>,
+    /// Most steps touch one to three entities (a child creation touches the child, its turn and
+    /// the root turn): kept inline (no allocation).
+    touches: SmallVec<[Touch; 3]>,
     seen: Option<FxSet<Key>>,
     guards: Vec<Guard>,
     pub provider: Vec<ProviderRequest>,

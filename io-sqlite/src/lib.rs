@@ -87,10 +87,10 @@ pub use open::{OpenOptions, ReplayRule, Synchronous};
 /// Below saturation the cap is never reached (at 10k events/s a group holds a few inputs), so it
 /// does not change latency there. At saturation the queue is longer than any group: a larger cap
 /// commits more events per second (fewer commits rewrite the same b-tree pages into the WAL), so
-/// the queue drains sooner, at the price of each commit taking longer (about 14 ms for 2048
-/// events on a slow disk). 2048 was chosen from `cargo bench -p tutti-sqlite`, which prints the
-/// figure for other sizes: 256 committed 20–35 % fewer events per second on this project's disk,
-/// 4096 barely more.
+/// the queue drains sooner, at the price of each commit taking longer (15–20 ms for 2048 events
+/// on this project's VM disk). 2048 was chosen from `cargo bench -p tutti-sqlite`, which prints
+/// the figure for other sizes: in the same runs, groups of 256 committed 10–25 % fewer events
+/// per second than groups of 2048, and groups of 4096 gained little and not consistently.
 pub const MAX_GROUP: usize = 2048;
 
 use rusqlite::{Connection, TransactionBehavior};

@@ -331,6 +331,20 @@ impl<V> Table<V> {
     pub fn contains_key(&self, k: &str) -> bool {
         self.index.contains_key(k)
     }
+    /// Number of entities (positions run from 0 to this, exclusive).
+    pub fn len(&self) -> u32 {
+        u32::try_from(self.items.len()).unwrap_or(u32::MAX)
+    }
+    /// The id and entity at position `pos` (see [`Table::position`]): no hashing, no probe.
+    #[inline]
+    pub fn at(&self, pos: u32) -> Option<(&Id, &V)> {
+        self.items.get(pos as usize).map(|(k, v)| (k, v))
+    }
+    /// The entity at position `pos`, to change.
+    #[inline]
+    pub fn at_mut(&mut self, pos: u32) -> Option<&mut V> {
+        self.items.get_mut(pos as usize).map(|(_, v)| v)
+    }
     /// The position of `k`: its place in insertion order, stable until [`Table::retain`]
     /// removes something.
     #[inline]

@@ -56,8 +56,8 @@ impl TreeSnapshot {
             message_ids: tree
                 .sessions
                 .keys()
-                .zip(&tree.message_ids)
-                .flat_map(|(s, ids)| ids.iter().map(move |m| (s.clone(), m.clone())))
+                .zip(&tree.hot)
+                .flat_map(|(s, hot)| hot.message_ids.iter().map(move |m| (s.clone(), m.clone())))
                 .collect(),
         };
         s.canonicalize();
@@ -145,11 +145,23 @@ impl TreeSnapshot {
                 .insert(c.agent_session_id.clone(), c.tool_call_id.clone(), c);
         }
         for (s, m) in self.message_ids {
-            tree.message_ids_of(&s)
+            tree.hot_of(&s)
                 .ok_or(RestoreError::Inconsistent(
                     "message id of an unknown session",
                 ))?
+                .message_ids
                 .insert(m);
+        }
+        // Each session's latest turn, for the hot record.
+        for pos in 0..tree.sessions.len() {
+            let latest = tree
+                .sessions
+                .at(pos)
+                .and_then(|(_, s)| s.last_turn_id.as_ref())
+                .and_then(|t| tree.turns.position(t));
+            if let Some(turn) = latest {
+                tree.hot_at(pos).turn = turn;
+            }
         }
         Ok(tree)
     }

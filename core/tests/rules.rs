@@ -297,6 +297,53 @@ fn rule_10_delete_tombstones_the_subtree_and_refuses_active_trees() {
     h.check();
 }
 
+/// The engine finds a session's latest turn by a remembered position; deleting a subtree moves
+/// the positions of the turns behind it. Events must still reach exactly their own turn, and a
+/// turn of another session (now at the remembered position) must stay out of reach.
+#[test]
+fn events_reach_their_exact_turn_after_a_deletion_moved_the_turns() {
+    let mut h = tree_with_children(2);
+    h.terminal("C1", "CT1", "completed");
+    // Turns were T, CT1, CT2; after the deletion CT2 moves down and CT3 takes its old place.
+    h.feed(json!({"type":"deleteSession","agentSessionId":"C1"}));
+    h.child("C3", "CT3", "R", "T", "R", "T");
+    let step = h.feed(
+        json!({"type":"messageAppended","agentSessionId":"C2","turnId":"CT2",
+        "messageId":"m1","role":"assistant","text":"hi"}),
+    );
+    match step.persist.rows.first() {
+        Some(tutti_core::Row::Message(m)) => {
+            assert_eq!((&*m.agent_session_id, &*m.turn_id), ("C2", "CT2"));
+        }
+        other => panic!("expected a message row, got {other:?}"),
+    }
+    let e = h.reject(
+        json!({"type":"messageAppended","agentSessionId":"C2","turnId":"CT3",
+        "messageId":"m2","role":"assistant","text":"hi"}),
+    );
+    assert!(matches!(e, Rejected::UnknownTurn { .. }), "{e:?}");
+    let e = h.reject(
+        json!({"type":"toolCallUpdated","agentSessionId":"C2","turnId":"CT3",
+        "toolCallId":"x","status":"started"}),
+    );
+    assert!(matches!(e, Rejected::UnknownTurn { .. }), "{e:?}");
+    h.feed(json!({"type":"turnWaiting","agentSessionId":"C2","turnId":"CT2"}));
+    assert_eq!(h.phase("CT2"), "waiting");
+    assert_eq!(h.phase("CT3"), "submitted");
+    h.feed(json!({"type":"turnStarted","agentSessionId":"C3","turnId":"CT3"}));
+    assert_eq!(h.phase("CT3"), "running");
+    assert_eq!(h.phase("CT2"), "waiting");
+    h.terminal("C2", "CT2", "failed");
+    assert_eq!(h.outcome("CT2").as_deref(), Some("failed"));
+    assert_eq!(h.phase("CT3"), "running");
+    // A guidance turn of C2 becomes its latest turn.
+    h.feed(json!({"type":"turnStarted","agentSessionId":"C2","turnId":"CT2b"}));
+    h.feed(json!({"type":"turnWaiting","agentSessionId":"C2","turnId":"CT2b"}));
+    assert_eq!(h.phase("CT2b"), "waiting");
+    assert_eq!(h.turn("CT2b")["agentSessionId"], "C2");
+    h.check();
+}
+
 #[test]
 fn rule_11_detail_is_flat_and_lists_are_roots_only() {
     let mut h = tree_with_children(2);

@@ -123,7 +123,7 @@ pub(crate) fn create(
     };
     let turn = new_turn(c.turn_id, &id, Trigger::Delegation, Phase::Submitted, now);
     let pos = tree.sessions.insert(id.clone(), session);
-    tree.turns.insert(c.turn_id.clone(), turn);
+    let turn_pos = tree.insert_turn(pos, turn);
     tree.children
         .get_or_insert_with(c.parent_agent_session_id, Default::default)
         .push(id.clone());
@@ -137,8 +137,8 @@ pub(crate) fn create(
         root_turn_id: c.root_turn_id.clone(),
         child_agent_session_id: id.clone(),
     });
-    tx.session(&id, true);
-    tx.turn(c.turn_id, true);
+    tx.session_at(&id, pos, true);
+    tx.turn_at(c.turn_id, turn_pos, true);
     tx.turn(c.root_turn_id, false);
     evaluate_root(tree, &mut tx, c.root_turn_id);
     Ok((tx, Some(pos)))
@@ -169,6 +169,29 @@ fn child<'t>(tree: &'t Tree, session: &Id, what: &'static str) -> Result<&'t Ses
         .sessions
         .get(session)
         .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
+    live_child(s, session, what)
+}
+
+/// [`child`] for the session at `pos` in `tree.sessions` (its canonical id is `session`): no
+/// index probe.
+fn child_at<'t>(
+    tree: &'t Tree,
+    pos: u32,
+    session: &Id,
+    what: &'static str,
+) -> Result<&'t Session, Rejected> {
+    match tree.sessions.at(pos) {
+        Some((id, s)) if id == session => live_child(s, session, what),
+        _ => child(tree, session, what),
+    }
+}
+
+/// `s` if it is a child session that is not deleted.
+fn live_child<'t>(
+    s: &'t Session,
+    session: &Id,
+    what: &'static str,
+) -> Result<&'t Session, Rejected> {
     if s.deleted_at.is_some() {
         return Err(Rejected::SessionDeleted(session.clone()));
     }
@@ -180,6 +203,22 @@ fn child<'t>(tree: &'t Tree, session: &Id, what: &'static str) -> Result<&'t Ses
         });
     }
     Ok(s)
+}
+
+/// A turn of exactly the session at `pos` (canonical id `session`), and the turn's position in
+/// `tree.turns`.
+pub(crate) fn turn_at<'t>(
+    tree: &'t Tree,
+    pos: u32,
+    session: &Id,
+    turn: &Id,
+) -> Result<(u32, &'t Turn), Rejected> {
+    tree.turn_position(pos, session, turn)
+        .and_then(|p| Some((p, tree.turns.at(p)?.1)))
+        .ok_or_else(|| Rejected::UnknownTurn {
+            session: session.clone(),
+            turn: turn.clone(),
+        })
 }
 
 /// Looks up a turn of exactly this session.
@@ -235,21 +274,29 @@ pub(crate) fn update(
 pub(crate) fn turn_started(
     tree: &mut Tree,
     now: i64,
-    session: &Id,
+    (session, pos): (&Id, u32),
     turn: &Id,
     provider_turn_id: Option<&String>,
 ) -> Result<Tx, Rejected> {
-    let s = child(tree, session, "turnStarted (use rootProviderTurnStarted)")?;
+    let s = child_at(
+        tree,
+        pos,
+        session,
+        "turnStarted (use rootProviderTurnStarted)",
+    )?;
     let root_turn = s
         .root_turn_id
         .clone()
         .ok_or(Rejected::Invalid("child without root turn"))?;
     let mut tx = Tx::new(now);
-    match tree.turns.get(turn) {
-        Some(t) if t.agent_session_id != *session => {
-            return Err(Rejected::TurnExists(turn.clone()))
-        }
-        Some(t) => {
+    let found = match tree.turn_position(pos, session, turn) {
+        Some(p) => tree.turns.at(p).map(|(_, t)| (p, t)),
+        // A turn of another session.
+        None if tree.turns.contains_key(turn) => return Err(Rejected::TurnExists(turn.clone())),
+        None => None,
+    };
+    match found {
+        Some((p, t)) => {
             if !t.is_active() {
                 return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
             }
@@ -261,14 +308,14 @@ pub(crate) fn turn_started(
             {
                 return Ok(Tx::ignore(now, Ignored::Duplicate));
             }
-            let Some(t) = tree.turns.get_mut(turn) else {
+            let Some(t) = tree.turns.at_mut(p) else {
                 return Err(Rejected::TurnNotActive(turn.clone()));
             };
             t.phase = Phase::Running;
             if let Some(p) = provider_turn_id {
                 t.provider_turn_id = Some(p.clone());
             }
-            tx.turn(turn, true);
+            tx.turn_at(turn, p, true);
         }
         None => {
             if let Some(active) = &s.active_turn_id {
@@ -287,7 +334,7 @@ pub(crate) fn turn_started(
             }
             let mut t = new_turn(turn, session, Trigger::Guidance, Phase::Running, now);
             t.provider_turn_id = provider_turn_id.cloned();
-            tree.turns.insert(turn.clone(), t);
+            let p = tree.insert_turn(pos, t);
             if let Some(s) = tree.sessions.get_mut(session) {
                 s.active_turn_id = Some(turn.clone());
                 s.last_turn_id = Some(turn.clone());
@@ -296,7 +343,7 @@ pub(crate) fn turn_started(
                 .get_or_insert_with(&root_turn, Default::default)
                 .insert(turn.clone(), session.clone());
             tx.session(session, true);
-            tx.turn(turn, true);
+            tx.turn_at(turn, p, true);
             evaluate_root(tree, &mut tx, &root_turn);
         }
     }
@@ -307,11 +354,11 @@ pub(crate) fn turn_started(
 pub(crate) fn turn_waiting(
     tree: &mut Tree,
     now: i64,
-    session: &Id,
+    (session, pos): (&Id, u32),
     turn: &Id,
 ) -> Result<Tx, Rejected> {
-    child(tree, session, "turnWaiting")?;
-    let t = turn_of(tree, session, turn)?;
+    child_at(tree, pos, session, "turnWaiting")?;
+    let (p, t) = turn_at(tree, pos, session, turn)?;
     if !t.is_active() {
         return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
     }
@@ -322,10 +369,10 @@ pub(crate) fn turn_waiting(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    if let Some(t) = tree.turns.get_mut(turn) {
+    if let Some(t) = tree.turns.at_mut(p) {
         t.phase = Phase::Waiting;
     }
-    tx.turn(turn, true);
+    tx.turn_at(turn, p, true);
     Ok(tx)
 }
 
@@ -334,13 +381,14 @@ pub(crate) fn turn_waiting(
 pub(crate) fn turn_terminal(
     tree: &mut Tree,
     now: i64,
-    session: &Id,
+    (session, pos): (&Id, u32),
     turn: &Id,
     outcome: Outcome,
     error: Option<String>,
 ) -> Result<Tx, Rejected> {
-    let s = child(
+    let s = child_at(
         tree,
+        pos,
         session,
         "turnTerminal (only the root gate settles roots)",
     )?;
@@ -348,7 +396,7 @@ pub(crate) fn turn_terminal(
         .root_turn_id
         .clone()
         .ok_or(Rejected::Invalid("child without root turn"))?;
-    let t = turn_of(tree, session, turn)?;
+    let (_, t) = turn_at(tree, pos, session, turn)?;
     if !t.is_active() {
         return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
     }

@@ -55,8 +55,8 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
     let turns = &tree.turns;
     tree.pending.retain(|turn, _| turns.contains_key(turn));
     for id in &ids {
-        if let Some(ids) = tree.message_ids_of(id) {
-            *ids = Default::default();
+        if let Some(hot) = tree.hot_of(id) {
+            *hot = Default::default();
         }
         if let Some(s) = tree.sessions.get_mut(id) {
             s.deleted_at = Some(now);

@@ -17,7 +17,11 @@ pub(crate) fn settle_turn(
     outcome: Outcome,
     error: Option<String>,
 ) {
-    let Some(turn) = tree.turns.get_mut(turn_id) else {
+    // Positions, so that the step is built without looking the turn and session up again.
+    let Some(pos) = tree.turns.position(turn_id) else {
+        return;
+    };
+    let Some(turn) = tree.turns.at_mut(pos) else {
         return;
     };
     if !turn.is_active() {
@@ -27,12 +31,13 @@ pub(crate) fn settle_turn(
     turn.outcome = Some(outcome);
     turn.error = if outcome.allows_error() { error } else { None };
     let session_id = turn.agent_session_id.clone();
-    tx.turn(turn_id, true);
+    tx.turn_at(turn_id, pos, true);
     tree.inflight.remove(turn_id);
-    if let Some(s) = tree.sessions.get_mut(&session_id) {
+    let session_pos = tree.sessions.position(&session_id).unwrap_or(u32::MAX);
+    if let Some(s) = tree.sessions.at_mut(session_pos) {
         if s.active_turn_id.as_ref() == Some(turn_id) {
             s.active_turn_id = None;
-            tx.session(&session_id, true);
+            tx.session_at(&session_id, session_pos, true);
         }
         if s.is_child() {
             if let Some(rt) = s.root_turn_id.clone() {

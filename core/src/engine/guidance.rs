@@ -60,7 +60,7 @@ pub(crate) fn create_root(
 }
 
 fn record_user_message(tree: &mut Tree, tx: &mut Tx, session: &Id, turn: &Id, text: &str) {
-    let Some(ids) = tree.message_ids_of(session) else {
+    let Some(ids) = tree.hot_of(session).map(|h| &mut h.message_ids) else {
         return;
     };
     let seq = ids.len() as u64;
@@ -106,7 +106,9 @@ pub(crate) fn submit(
         }
         let mut turn = new_turn(turn_id, session, Trigger::User, Phase::Submitted, now);
         turn.root_provider_turn = Some(RootProviderTurn::default());
-        tree.turns.insert(turn_id.clone(), turn);
+        if let Some(pos) = tree.sessions.position(session) {
+            tree.insert_turn(pos, turn);
+        }
         if let Some(s) = tree.sessions.get_mut(session) {
             s.active_turn_id = Some(turn_id.clone());
             s.last_turn_id = Some(turn_id.clone());

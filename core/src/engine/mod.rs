@@ -311,14 +311,29 @@ impl Engine {
                 turn_id,
                 provider_turn_id,
                 ..
-            } => child::turn_started(tree, now, canonical, turn_id, provider_turn_id.as_ref()),
-            TurnWaiting { turn_id, .. } => child::turn_waiting(tree, now, canonical, turn_id),
+            } => child::turn_started(
+                tree,
+                now,
+                (canonical, loc.pos),
+                turn_id,
+                provider_turn_id.as_ref(),
+            ),
+            TurnWaiting { turn_id, .. } => {
+                child::turn_waiting(tree, now, (canonical, loc.pos), turn_id)
+            }
             TurnTerminal {
                 turn_id,
                 outcome,
                 error,
                 ..
-            } => child::turn_terminal(tree, now, canonical, turn_id, *outcome, error.clone()),
+            } => child::turn_terminal(
+                tree,
+                now,
+                (canonical, loc.pos),
+                turn_id,
+                *outcome,
+                error.clone(),
+            ),
             MessageAppended {
                 turn_id,
                 message_id,
@@ -339,7 +354,7 @@ impl Engine {
             } => transcript::tool_call(
                 tree,
                 now,
-                canonical,
+                (canonical, loc.pos),
                 turn_id,
                 tool_call_id,
                 name.as_ref(),

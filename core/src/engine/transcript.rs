@@ -4,7 +4,7 @@
 //! scoped to an existing child session and turn", unless that turn is a closed cancellation
 //! target; output for a settled root turn is dropped (never attached to a settled root).
 
-use super::child::turn_of;
+use super::child::turn_at;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::hash_id;
@@ -37,11 +37,11 @@ pub(crate) fn message(
     role: &Text,
     text: &Text,
 ) -> Result<Tx, Rejected> {
-    let t = turn_of(tree, session, turn)?;
+    let (_, t) = turn_at(tree, position, session, turn)?;
     let dropped = drop_reason(t);
     // The session's message ids are found by its position (no lookup), and the message id is
     // hashed once for the duplicate check and the insert.
-    let ids = tree.message_ids_at(position);
+    let ids = &mut tree.hot_at(position).message_ids;
     let hash = hash_id(message_id);
     if ids.contains_hashed(hash, message_id) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
@@ -70,7 +70,7 @@ pub(crate) fn message(
 pub(crate) fn tool_call(
     tree: &mut Tree,
     now: i64,
-    session: &Id,
+    (session, position): (&Id, u32),
     turn: &Id,
     call: &Id,
     name: Option<&Text>,
@@ -78,7 +78,7 @@ pub(crate) fn tool_call(
     kind: Option<&Value>,
     payload: Option<&Value>,
 ) -> Result<Tx, Rejected> {
-    let t = turn_of(tree, session, turn)?;
+    let (_, t) = turn_at(tree, position, session, turn)?;
     if let Some(why) = drop_reason(t) {
         return Ok(Tx::ignore(now, why));
     }

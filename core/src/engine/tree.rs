@@ -23,9 +23,9 @@ pub(crate) struct Tree {
     pub interactions: PairMap<Interaction>,
     /// Pending interaction request ids per turn.
     pub pending: IdMap<Vec<Id>>,
-    /// Message ids seen per session (a repeat is a no-op), by the session's position in
-    /// `sessions` (sessions are tombstoned, never removed, so positions never change).
-    pub message_ids: Vec<IdSet>,
+    /// What the common events of a session need, by the session's position in `sessions`
+    /// (sessions are tombstoned, never removed, so positions never change).
+    pub hot: Vec<SessionHot>,
     /// Tool calls keyed by (session id, tool call id).
     pub tool_calls: PairTable<ToolCall>,
     /// Cancel operations.
@@ -34,20 +34,66 @@ pub(crate) struct Tree {
     pub inflight: IdMap<Id>,
 }
 
-impl Tree {
-    /// The message ids of the session at `pos` in `sessions`.
-    pub fn message_ids_at(&mut self, pos: u32) -> &mut IdSet {
-        let pos = pos as usize;
-        if self.message_ids.len() <= pos {
-            self.message_ids.resize_with(pos + 1, IdSet::default);
+/// The per-session record that message, tool call and turn progress events read: found by the
+/// session's position, so such an event hashes and probes no index for its session's latest turn
+/// or its message ids.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionHot {
+    /// Message ids seen (a repeat is a no-op); their count is the next message's `seq`.
+    pub message_ids: IdSet,
+    /// Position in `turns` of the session's latest turn: a hint, checked before use (positions
+    /// move when a deletion removes turns).
+    pub turn: u32,
+}
+
+impl Default for SessionHot {
+    fn default() -> Self {
+        SessionHot {
+            message_ids: IdSet::default(),
+            turn: u32::MAX,
         }
-        &mut self.message_ids[pos]
+    }
+}
+
+impl Tree {
+    /// The hot record of the session at `pos` in `sessions`.
+    pub fn hot_at(&mut self, pos: u32) -> &mut SessionHot {
+        let pos = pos as usize;
+        if self.hot.len() <= pos {
+            self.hot.resize_with(pos + 1, SessionHot::default);
+        }
+        &mut self.hot[pos]
     }
 
-    /// The message ids of a session of this tree.
-    pub fn message_ids_of(&mut self, session: &str) -> Option<&mut IdSet> {
+    /// The hot record of a session of this tree.
+    pub fn hot_of(&mut self, session: &str) -> Option<&mut SessionHot> {
         let pos = self.sessions.position(session)?;
-        Some(self.message_ids_at(pos))
+        Some(self.hot_at(pos))
+    }
+
+    /// Inserts a new turn of the session at `session_pos` and makes it that session's latest.
+    pub fn insert_turn(&mut self, session_pos: u32, turn: Turn) -> u32 {
+        let pos = self.turns.insert(turn.id.clone(), turn);
+        self.hot_at(session_pos).turn = pos;
+        pos
+    }
+
+    /// The position in `turns` of `turn`, a turn of the session at `session_pos` whose canonical
+    /// id is `session`. The session's latest turn (the one nearly every event is about) is
+    /// found from the hot record; any other turn through the index.
+    #[inline]
+    pub fn turn_position(&self, session_pos: u32, session: &Id, turn: &str) -> Option<u32> {
+        if let Some(hint) = self.hot.get(session_pos as usize).map(|h| h.turn) {
+            if let Some((id, t)) = self.turns.at(hint) {
+                // The session's id is the canonical allocation: a pointer comparison.
+                if **id == *turn && t.agent_session_id == *session {
+                    return Some(hint);
+                }
+            }
+        }
+        let pos = self.turns.position(turn)?;
+        let (_, t) = self.turns.at(pos)?;
+        (t.agent_session_id == *session).then_some(pos)
     }
 
     pub fn root(&self) -> Option<&Session> {
@@ -87,7 +133,9 @@ enum Key {
 
 #[derive(Debug)]
 enum Touch {
-    Entity(Key, bool),
+    /// An entity, whether it is published, and its position in its table if the handler knew
+    /// it ([`NO_HINT`] if not; checked before use).
+    Entity(Key, bool, u32),
     Message(Message),
     /// A tool call row its handler built (and versioned) itself; always published.
     ToolCall(ToolCall),
@@ -111,6 +159,20 @@ pub(crate) struct Tx {
 
 const LINEAR: usize = 16;
 
+/// No position hint.
+const NO_HINT: u32 = u32::MAX;
+
+/// The entity of `id` in `table`: at `hint` if that is where it is, else looked up.
+#[inline(always)]
+fn at_hint<'t, V>(table: &'t mut Table<V>, hint: u32, id: &str) -> Option<&'t mut V> {
+    let hit = table.at(hint).is_some_and(|(k, _)| **k == *id);
+    if hit {
+        table.at_mut(hint)
+    } else {
+        table.get_mut(id)
+    }
+}
+
 impl Tx {
     pub fn new(now: Millis) -> Tx {
         Tx {
@@ -132,13 +194,13 @@ impl Tx {
         tx
     }
 
-    fn touch(&mut self, key: Key, publish: bool) {
+    fn touch(&mut self, key: Key, publish: bool, hint: u32) {
         if self.touches.len() >= LINEAR && self.seen.is_none() {
             let set: FxSet<Key> = self
                 .touches
                 .iter()
                 .filter_map(|t| match t {
-                    Touch::Entity(k, _) => Some(k.clone()),
+                    Touch::Entity(k, ..) => Some(k.clone()),
                     _ => None,
                 })
                 .collect();
@@ -149,14 +211,17 @@ impl Tx {
             None => self
                 .touches
                 .iter()
-                .any(|t| matches!(t, Touch::Entity(k, _) if *k == key)),
+                .any(|t| matches!(t, Touch::Entity(k, ..) if *k == key)),
         };
         if known {
-            if publish {
+            if publish || hint != NO_HINT {
                 for t in self.touches.iter_mut() {
-                    if let Touch::Entity(k, p) = t {
+                    if let Touch::Entity(k, p, h) = t {
                         if *k == key {
-                            *p = true;
+                            *p |= publish;
+                            if *h == NO_HINT {
+                                *h = hint;
+                            }
                             break;
                         }
                     }
@@ -167,14 +232,14 @@ impl Tx {
         if let Some(set) = &mut self.seen {
             set.insert(key.clone());
         }
-        self.touches.push(Touch::Entity(key, publish));
+        self.touches.push(Touch::Entity(key, publish, hint));
     }
 
     /// Folds another transaction on the same tree into this one.
     pub fn absorb(&mut self, other: Tx) {
         for t in other.touches {
             match t {
-                Touch::Entity(k, p) => self.touch(k, p),
+                Touch::Entity(k, p, hint) => self.touch(k, p, hint),
                 other => self.touches.push(other),
             }
         }
@@ -187,16 +252,28 @@ impl Tx {
     }
 
     pub fn session(&mut self, id: &Id, publish: bool) {
-        self.touch(Key::Session(id.clone()), publish);
+        self.touch(Key::Session(id.clone()), publish, NO_HINT);
+    }
+    /// [`Tx::session`] for the session at `pos` in `sessions` (`finish` does not look it up).
+    pub fn session_at(&mut self, id: &Id, pos: u32, publish: bool) {
+        self.touch(Key::Session(id.clone()), publish, pos);
     }
     pub fn turn(&mut self, id: &Id, publish: bool) {
-        self.touch(Key::Turn(id.clone()), publish);
+        self.touch(Key::Turn(id.clone()), publish, NO_HINT);
+    }
+    /// [`Tx::turn`] for the turn at `pos` in `turns` (`finish` does not look it up).
+    pub fn turn_at(&mut self, id: &Id, pos: u32, publish: bool) {
+        self.touch(Key::Turn(id.clone()), publish, pos);
     }
     pub fn interaction(&mut self, turn: &Id, request: &Id) {
-        self.touch(Key::Interaction(turn.clone(), request.clone()), true);
+        self.touch(
+            Key::Interaction(turn.clone(), request.clone()),
+            true,
+            NO_HINT,
+        );
     }
     pub fn op(&mut self, id: &Id) {
-        self.touch(Key::Op(id.clone()), true);
+        self.touch(Key::Op(id.clone()), true, NO_HINT);
     }
     pub fn message(&mut self, m: Message) {
         self.touches.push(Touch::Message(m));
@@ -237,35 +314,39 @@ impl Tx {
         batch.outbox.reserve_exact(self.touches.len());
         for t in self.touches.drain(..) {
             let publish = match t {
-                Touch::Entity(Key::Session(id), p) => match tree.sessions.get_mut(&id) {
-                    Some(s) => {
-                        batch.guards.push(Guard::SessionVersion {
-                            id,
-                            version: s.version,
-                            next: s.version + 1,
-                        });
-                        s.version += 1;
-                        s.updated_at = now;
-                        batch.rows.push(Row::Session(Box::new(s.clone())));
-                        p
+                Touch::Entity(Key::Session(id), p, hint) => {
+                    match at_hint(&mut tree.sessions, hint, &id) {
+                        Some(s) => {
+                            batch.guards.push(Guard::SessionVersion {
+                                id,
+                                version: s.version,
+                                next: s.version + 1,
+                            });
+                            s.version += 1;
+                            s.updated_at = now;
+                            batch.rows.push(Row::Session(Box::new(s.clone())));
+                            p
+                        }
+                        None => continue,
                     }
-                    None => continue,
-                },
-                Touch::Entity(Key::Turn(id), p) => match tree.turns.get_mut(&id) {
-                    Some(t) => {
-                        batch.guards.push(Guard::TurnVersion {
-                            id,
-                            version: t.version,
-                            next: t.version + 1,
-                        });
-                        t.version += 1;
-                        t.updated_at = now;
-                        batch.rows.push(Row::Turn(t.clone()));
-                        p
+                }
+                Touch::Entity(Key::Turn(id), p, hint) => {
+                    match at_hint(&mut tree.turns, hint, &id) {
+                        Some(t) => {
+                            batch.guards.push(Guard::TurnVersion {
+                                id,
+                                version: t.version,
+                                next: t.version + 1,
+                            });
+                            t.version += 1;
+                            t.updated_at = now;
+                            batch.rows.push(Row::Turn(t.clone()));
+                            p
+                        }
+                        None => continue,
                     }
-                    None => continue,
-                },
-                Touch::Entity(Key::Interaction(turn, req), p) => {
+                }
+                Touch::Entity(Key::Interaction(turn, req), p, _) => {
                     match tree.interactions.get_mut(&turn, &req) {
                         Some(i) => {
                             i.version += 1;
@@ -276,7 +357,7 @@ impl Tx {
                         None => continue,
                     }
                 }
-                Touch::Entity(Key::Op(id), p) => match tree.ops.get_mut(&id) {
+                Touch::Entity(Key::Op(id), p, _) => match tree.ops.get_mut(&id) {
                     Some(o) => {
                         batch.guards.push(Guard::CancelVersion {
                             id,

@@ -344,6 +344,32 @@ fn events_reach_their_exact_turn_after_a_deletion_moved_the_turns() {
     h.check();
 }
 
+/// Message and tool call steps are built without a transaction: each is one published row of
+/// its tree, with no guard, and a repeat is an ignored step that writes nothing.
+#[test]
+fn transcript_steps_publish_exactly_one_row_of_their_tree() {
+    let mut h = tree_with_children(1);
+    let message = json!({"type":"messageAppended","agentSessionId":"C1","turnId":"CT1",
+        "messageId":"m1","role":"assistant","text":"hi"});
+    let tool = json!({"type":"toolCallUpdated","agentSessionId":"C1","turnId":"CT1",
+        "toolCallId":"x","name":"shell","status":"started"});
+    for fact in [&message, &tool] {
+        let step = h.feed(fact.clone());
+        let batch = &step.persist;
+        assert_eq!(batch.root_agent_session_id.as_deref(), Some("R"));
+        assert_eq!(batch.workspace_id.as_deref(), Some("W"));
+        assert_eq!(batch.rows.len(), 1);
+        assert_eq!(batch.outbox.as_slice(), &[0]);
+        assert!(batch.guards.is_empty());
+        assert!(step.provider.is_empty() && step.timers.is_empty() && step.reply.is_none());
+        assert!(step.ignored.is_none());
+        let again = h.feed(fact.clone());
+        assert!(again.persist.is_empty() && again.persist.root_agent_session_id.is_none());
+        assert_eq!(again.ignored, Some(tutti_core::step::Ignored::Duplicate));
+    }
+    h.check();
+}
+
 #[test]
 fn rule_11_detail_is_flat_and_lists_are_roots_only() {
     let mut h = tree_with_children(2);

@@ -340,9 +340,12 @@ impl Engine {
                 role,
                 text,
                 ..
-            } => transcript::message(
-                tree, now, canonical, loc.pos, turn_id, message_id, role, text,
-            ),
+            } => {
+                return transcript::message(
+                    tree, now, canonical, loc.pos, turn_id, message_id, role, text,
+                )
+                .map(|fact| fact.into_step(tree))
+            }
             ToolCallUpdated {
                 turn_id,
                 tool_call_id,
@@ -351,17 +354,20 @@ impl Engine {
                 kind,
                 payload,
                 ..
-            } => transcript::tool_call(
-                tree,
-                now,
-                (canonical, loc.pos),
-                turn_id,
-                tool_call_id,
-                name.as_ref(),
-                status,
-                kind.as_ref(),
-                payload.as_ref(),
-            ),
+            } => {
+                return transcript::tool_call(
+                    tree,
+                    now,
+                    (canonical, loc.pos),
+                    turn_id,
+                    tool_call_id,
+                    name.as_ref(),
+                    status,
+                    kind.as_ref(),
+                    payload.as_ref(),
+                )
+                .map(|fact| fact.into_step(tree))
+            }
             InteractionRequested {
                 agent_session_id,
                 turn_id,

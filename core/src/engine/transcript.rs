@@ -9,8 +9,41 @@ use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::hash_id;
 use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
-use crate::step::Ignored;
+use crate::step::{Ignored, Row, Step};
 use serde_json::Value;
+
+/// What a message or tool call fact comes to: exactly one published row (no guard: a message
+/// is keyed by its session and `seq`, a tool call row carries its version), or nothing.
+/// (Not boxed: it is returned once and turned into a step at once; boxing would allocate.)
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Fact {
+    /// The row to write and publish.
+    Row(Row),
+    /// Accepted, changes nothing.
+    Ignored(Ignored),
+}
+
+impl Fact {
+    /// The step of this fact on `tree`: the same step a transaction touching only this row
+    /// would finish as, built without one.
+    pub(crate) fn into_step(self, tree: &Tree) -> Step {
+        match self {
+            Fact::Row(row) => {
+                let mut step = Step::default();
+                let batch = &mut step.persist;
+                batch.root_agent_session_id = Some(tree.root_id.clone());
+                batch.workspace_id = Some(tree.workspace_id.clone());
+                batch.rows.push(row);
+                batch.outbox.push(0);
+                step
+            }
+            Fact::Ignored(why) => Step {
+                ignored: Some(why),
+                ..Step::default()
+            },
+        }
+    }
+}
 
 /// Whether late facts for this turn are dropped, and why.
 fn drop_reason(t: &Turn) -> Option<Ignored> {
@@ -36,7 +69,7 @@ pub(crate) fn message(
     message_id: &Id,
     role: &Text,
     text: &Text,
-) -> Result<Tx, Rejected> {
+) -> Result<Fact, Rejected> {
     let (_, t) = turn_at(tree, position, session, turn)?;
     let dropped = drop_reason(t);
     // The session's message ids are found by its position (no lookup), and the message id is
@@ -44,16 +77,15 @@ pub(crate) fn message(
     let ids = &mut tree.hot_at(position).message_ids;
     let hash = hash_id(message_id);
     if ids.contains_hashed(hash, message_id) {
-        return Ok(Tx::ignore(now, Ignored::Duplicate));
+        return Ok(Fact::Ignored(Ignored::Duplicate));
     }
     if let Some(why) = dropped {
-        return Ok(Tx::ignore(now, why));
+        return Ok(Fact::Ignored(why));
     }
     // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
     let seq = ids.len() as u64;
     ids.insert_hashed(hash, message_id.clone());
-    let mut tx = Tx::new(now);
-    tx.message(Message {
+    Ok(Fact::Row(Row::Message(Message {
         agent_session_id: session.clone(),
         turn_id: turn.clone(),
         message_id: message_id.clone(),
@@ -61,8 +93,7 @@ pub(crate) fn message(
         role: role.clone(),
         text: text.clone(),
         created_at: now,
-    });
-    Ok(tx)
+    })))
 }
 
 /// `toolCallUpdated`: the tool call stays on the turn that launched it.
@@ -77,10 +108,10 @@ pub(crate) fn tool_call(
     status: &Text,
     kind: Option<&Value>,
     payload: Option<&Value>,
-) -> Result<Tx, Rejected> {
+) -> Result<Fact, Rejected> {
     let (_, t) = turn_at(tree, position, session, turn)?;
     if let Some(why) = drop_reason(t) {
-        return Ok(Tx::ignore(now, why));
+        return Ok(Fact::Ignored(why));
     }
     let Some((c, fresh)) = tree.tool_calls.slot(session, call, || ToolCall {
         agent_session_id: session.clone(),
@@ -118,15 +149,13 @@ pub(crate) fn tool_call(
             changed = true;
         }
         if !changed {
-            return Ok(Tx::ignore(now, Ignored::Duplicate));
+            return Ok(Fact::Ignored(Ignored::Duplicate));
         }
     }
     // The row is built here, where the entry is at hand, instead of being looked up again.
     c.version += 1;
     c.updated_at = now;
-    let mut tx = Tx::new(now);
-    tx.tool_call_row(c.clone());
-    Ok(tx)
+    Ok(Fact::Row(Row::ToolCall(c.clone())))
 }
 
 /// `sessionMetadataUpdated`: "Goal status must not settle the root, clear its active-turn

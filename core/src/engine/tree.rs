@@ -137,8 +137,6 @@ enum Touch {
     /// it ([`NO_HINT`] if not; checked before use).
     Entity(Key, bool, u32),
     Message(Message),
-    /// A tool call row its handler built (and versioned) itself; always published.
-    ToolCall(ToolCall),
     Purge(Id),
 }
 
@@ -278,11 +276,6 @@ impl Tx {
     pub fn message(&mut self, m: Message) {
         self.touches.push(Touch::Message(m));
     }
-    /// A finished tool call row (its version already bumped by the caller), touched once in
-    /// this step. (Kept apart from [`Row`] so that a [`Touch`] stays small.)
-    pub fn tool_call_row(&mut self, call: ToolCall) {
-        self.touches.push(Touch::ToolCall(call));
-    }
     pub fn purge(&mut self, session: &Id) {
         self.touches.push(Touch::Purge(session.clone()));
     }
@@ -373,10 +366,6 @@ impl Tx {
                 },
                 Touch::Message(m) => {
                     batch.rows.push(Row::Message(m));
-                    true
-                }
-                Touch::ToolCall(c) => {
-                    batch.rows.push(Row::ToolCall(c));
                     true
                 }
                 Touch::Purge(id) => {

@@ -65,9 +65,56 @@ impl<Q> Hash for Probe<Q> {
 
 /// Equal strings, without reading them when both are the same bytes in memory (a probe made
 /// from the stored id itself, as the engine does with the canonical id of a session).
+///
+/// Ids are short (a few to a few dozen bytes): they are compared a machine word at a time
+/// inline, instead of through a call to the C library's `memcmp`, which costs more than the
+/// comparison itself at these lengths. Longer strings still go to `memcmp`.
 #[inline]
-fn same(a: &str, b: &str) -> bool {
-    (std::ptr::eq(a.as_ptr(), b.as_ptr()) && a.len() == b.len()) || a == b
+pub(crate) fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if std::ptr::eq(a.as_ptr(), b.as_ptr()) {
+        return true;
+    }
+    match n {
+        0..=3 => a == b,
+        4..=7 => word4(a, 0) == word4(b, 0) && word4(a, n - 4) == word4(b, n - 4),
+        8..=64 => {
+            let mut i = 0;
+            while i + 8 < n {
+                if word8(a, i) != word8(b, i) {
+                    return false;
+                }
+                i += 8;
+            }
+            // The last word overlaps the previous one unless `n` is a multiple of 8.
+            word8(a, n - 8) == word8(b, n - 8)
+        }
+        _ => a == b,
+    }
+}
+
+/// The 8 bytes of `s` at `at` as a word (the caller keeps `at + 8` within `s`).
+#[inline(always)]
+fn word8(s: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    if let Some(src) = s.get(at..at + 8) {
+        w.copy_from_slice(src);
+    }
+    u64::from_ne_bytes(w)
+}
+
+/// The 4 bytes of `s` at `at` as a word (the caller keeps `at + 4` within `s`).
+#[inline(always)]
+fn word4(s: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    if let Some(src) = s.get(at..at + 4) {
+        w.copy_from_slice(src);
+    }
+    u32::from_ne_bytes(w)
 }
 
 impl Equivalent<Keyed<Id>> for Probe<&str> {
@@ -486,6 +533,25 @@ mod tests {
         assert_eq!(m.len(), 5000);
         m.retain(|k, _| !k.starts_with("s1"));
         assert!(m.get("s1").is_none() && m.get("s2").is_some());
+    }
+
+    #[test]
+    fn word_comparison_agrees_with_byte_comparison_at_every_length_and_position() {
+        for n in 0..=80usize {
+            let a: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            let b = a.clone();
+            assert!(same(&a, &b), "equal, length {n}");
+            for at in 0..n {
+                let mut c = a.clone().into_bytes();
+                c[at] = b'Z';
+                let c = String::from_utf8(c).expect("ascii");
+                assert!(!same(&a, &c), "length {n}, differs at {at}");
+                assert!(!same(&c, &a), "length {n}, differs at {at} (swapped)");
+            }
+            if n > 0 {
+                assert!(!same(&a, &a[..n - 1]), "length {n} vs {}", n - 1);
+            }
+        }
     }
 
     #[test]

@@ -9,8 +9,9 @@ use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::hash_id;
 use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
-use crate::step::{Ignored, Row, Step};
+use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
+use smallvec::SmallVec;
 
 /// What a message or tool call fact comes to: exactly one published row (no guard: a message
 /// is keyed by its session and `seq`, a tool call row carries its version), or nothing.
@@ -28,15 +29,20 @@ impl Fact {
     /// would finish as, built without one.
     pub(crate) fn into_step(self, tree: &Tree) -> Step {
         match self {
-            Fact::Row(row) => {
-                let mut step = Step::default();
-                let batch = &mut step.persist;
-                batch.root_agent_session_id = Some(tree.root_id.clone());
-                batch.workspace_id = Some(tree.workspace_id.clone());
-                batch.rows.push(row);
-                batch.outbox.push(0);
-                step
-            }
+            // Built as one value: the row goes straight into its inline slot.
+            Fact::Row(row) => Step {
+                persist: PersistBatch {
+                    root_agent_session_id: Some(tree.root_id.clone()),
+                    workspace_id: Some(tree.workspace_id.clone()),
+                    guards: Vec::new(),
+                    rows: SmallVec::from_buf([row]),
+                    outbox: SmallVec::from_buf_and_len([0, 0], 1),
+                },
+                provider: Vec::new(),
+                timers: Vec::new(),
+                reply: None,
+                ignored: None,
+            },
             Fact::Ignored(why) => Step {
                 ignored: Some(why),
                 ..Step::default()

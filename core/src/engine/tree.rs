@@ -2,7 +2,7 @@
 //! builder that turns its mutations into one [`PersistBatch`].
 
 use crate::hash::FxSet;
-use crate::keyed::{hash_id, IdMap, IdSet, PairMap, PairTable, Table};
+use crate::keyed::{hash_id, same, IdMap, IdSet, PairMap, PairTable, Table};
 use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
 use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Step, TimerRequest};
 use smallvec::SmallVec;
@@ -86,14 +86,14 @@ impl Tree {
         if let Some(hint) = self.hot.get(session_pos as usize).map(|h| h.turn) {
             if let Some((id, t)) = self.turns.at(hint) {
                 // The session's id is the canonical allocation: a pointer comparison.
-                if **id == *turn && t.agent_session_id == *session {
+                if same(id, turn) && same(&t.agent_session_id, session) {
                     return Some(hint);
                 }
             }
         }
         let pos = self.turns.position(turn)?;
         let (_, t) = self.turns.at(pos)?;
-        (t.agent_session_id == *session).then_some(pos)
+        same(&t.agent_session_id, session).then_some(pos)
     }
 
     pub fn root(&self) -> Option<&Session> {
@@ -163,7 +163,7 @@ const NO_HINT: u32 = u32::MAX;
 /// The entity of `id` in `table`: at `hint` if that is where it is, else looked up.
 #[inline(always)]
 fn at_hint<'t, V>(table: &'t mut Table<V>, hint: u32, id: &str) -> Option<&'t mut V> {
-    let hit = table.at(hint).is_some_and(|(k, _)| **k == *id);
+    let hit = table.at(hint).is_some_and(|(k, _)| same(k, id));
     if hit {
         table.at_mut(hint)
     } else {

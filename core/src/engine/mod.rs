@@ -344,7 +344,6 @@ impl Engine {
                 return transcript::message(
                     tree, now, canonical, loc.pos, turn_id, message_id, role, text,
                 )
-                .map(|fact| fact.into_step(tree))
             }
             ToolCallUpdated {
                 turn_id,
@@ -366,7 +365,6 @@ impl Engine {
                     kind.as_ref(),
                     payload.as_ref(),
                 )
-                .map(|fact| fact.into_step(tree))
             }
             InteractionRequested {
                 agent_session_id,

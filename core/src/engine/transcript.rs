@@ -13,41 +13,32 @@ use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
 use smallvec::SmallVec;
 
-/// What a message or tool call fact comes to: exactly one published row (no guard: a message
-/// is keyed by its session and `seq`, a tool call row carries its version), or nothing.
-/// (Not boxed: it is returned once and turned into a step at once; boxing would allocate.)
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Fact {
-    /// The row to write and publish.
-    Row(Row),
-    /// Accepted, changes nothing.
-    Ignored(Ignored),
+/// The step of a message or tool call fact that changes something: exactly one published row
+/// (no guard: a message is keyed by its session and `seq`, a tool call row carries its
+/// version). The same step a transaction touching only this row would finish as, built as one
+/// value (the row goes straight into its inline slot) in the caller's return slot.
+#[inline(always)]
+fn publish(tree: &Tree, row: Row) -> Step {
+    Step {
+        persist: PersistBatch {
+            root_agent_session_id: Some(tree.root_id.clone()),
+            workspace_id: Some(tree.workspace_id.clone()),
+            guards: Vec::new(),
+            rows: SmallVec::from_buf([row]),
+            outbox: SmallVec::from_buf_and_len([0, 0], 1),
+        },
+        provider: Vec::new(),
+        timers: Vec::new(),
+        reply: None,
+        ignored: None,
+    }
 }
 
-impl Fact {
-    /// The step of this fact on `tree`: the same step a transaction touching only this row
-    /// would finish as, built without one.
-    pub(crate) fn into_step(self, tree: &Tree) -> Step {
-        match self {
-            // Built as one value: the row goes straight into its inline slot.
-            Fact::Row(row) => Step {
-                persist: PersistBatch {
-                    root_agent_session_id: Some(tree.root_id.clone()),
-                    workspace_id: Some(tree.workspace_id.clone()),
-                    guards: Vec::new(),
-                    rows: SmallVec::from_buf([row]),
-                    outbox: SmallVec::from_buf_and_len([0, 0], 1),
-                },
-                provider: Vec::new(),
-                timers: Vec::new(),
-                reply: None,
-                ignored: None,
-            },
-            Fact::Ignored(why) => Step {
-                ignored: Some(why),
-                ..Step::default()
-            },
-        }
+/// The step of a fact that changes nothing.
+fn ignored(why: Ignored) -> Step {
+    Step {
+        ignored: Some(why),
+        ..Step::default()
     }
 }
 
@@ -75,7 +66,7 @@ pub(crate) fn message(
     message_id: &Id,
     role: &Text,
     text: &Text,
-) -> Result<Fact, Rejected> {
+) -> Result<Step, Rejected> {
     let (_, t) = turn_at(tree, position, session, turn)?;
     let dropped = drop_reason(t);
     // The session's message ids are found by its position (no lookup), and the message id is
@@ -83,23 +74,26 @@ pub(crate) fn message(
     let ids = &mut tree.hot_at(position).message_ids;
     let hash = hash_id(message_id);
     if ids.contains_hashed(hash, message_id) {
-        return Ok(Fact::Ignored(Ignored::Duplicate));
+        return Ok(ignored(Ignored::Duplicate));
     }
     if let Some(why) = dropped {
-        return Ok(Fact::Ignored(why));
+        return Ok(ignored(why));
     }
     // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
     let seq = ids.len() as u64;
     ids.insert_hashed(hash, message_id.clone());
-    Ok(Fact::Row(Row::Message(Message {
-        agent_session_id: session.clone(),
-        turn_id: turn.clone(),
-        message_id: message_id.clone(),
-        seq,
-        role: role.clone(),
-        text: text.clone(),
-        created_at: now,
-    })))
+    Ok(publish(
+        tree,
+        Row::Message(Message {
+            agent_session_id: session.clone(),
+            turn_id: turn.clone(),
+            message_id: message_id.clone(),
+            seq,
+            role: role.clone(),
+            text: text.clone(),
+            created_at: now,
+        }),
+    ))
 }
 
 /// `toolCallUpdated`: the tool call stays on the turn that launched it.
@@ -114,10 +108,10 @@ pub(crate) fn tool_call(
     status: &Text,
     kind: Option<&Value>,
     payload: Option<&Value>,
-) -> Result<Fact, Rejected> {
+) -> Result<Step, Rejected> {
     let (_, t) = turn_at(tree, position, session, turn)?;
     if let Some(why) = drop_reason(t) {
-        return Ok(Fact::Ignored(why));
+        return Ok(ignored(why));
     }
     let Some((c, fresh)) = tree.tool_calls.slot(session, call, || ToolCall {
         agent_session_id: session.clone(),
@@ -155,13 +149,14 @@ pub(crate) fn tool_call(
             changed = true;
         }
         if !changed {
-            return Ok(Fact::Ignored(Ignored::Duplicate));
+            return Ok(ignored(Ignored::Duplicate));
         }
     }
     // The row is built here, where the entry is at hand, instead of being looked up again.
     c.version += 1;
     c.updated_at = now;
-    Ok(Fact::Row(Row::ToolCall(c.clone())))
+    let row = Row::ToolCall(c.clone());
+    Ok(publish(tree, row))
 }
 
 /// `sessionMetadataUpdated`: "Goal status must not settle the root, clear its active-turn

@@ -168,12 +168,6 @@ impl<V> IdMap<V> {
     pub fn get_mut(&mut self, k: &str) -> Option<&mut V> {
         self.0.get_mut(&probe(k))
     }
-    /// The value of `k` (hashed by the caller), to change.
-    #[inline]
-    pub fn get_mut_hashed(&mut self, hash: u64, k: &str) -> Option<&mut V> {
-        debug_assert_eq!(hash, hash_id(k));
-        self.0.get_mut(&Probe { hash, key: k })
-    }
     /// Whether `k` (hashed by the caller) is present.
     #[inline]
     pub fn contains_key_hashed(&self, hash: u64, k: &str) -> bool {
@@ -362,18 +356,6 @@ impl<V> Table<V> {
         let i = *self.index.get(k)? as usize;
         self.items.get_mut(i).map(|(_, v)| v)
     }
-    /// The entity with id `k`, whose [`hash_id`] the caller already computed.
-    #[inline]
-    pub fn get_hashed(&self, hash: u64, k: &str) -> Option<&V> {
-        let i = *self.index.get_hashed(hash, k)? as usize;
-        self.items.get(i).map(|(_, v)| v)
-    }
-    /// The entity with id `k` (hashed by the caller), to change.
-    #[inline]
-    pub fn get_mut_hashed(&mut self, hash: u64, k: &str) -> Option<&mut V> {
-        let i = *self.index.get_mut_hashed(hash, k)? as usize;
-        self.items.get_mut(i).map(|(_, v)| v)
-    }
     /// Whether `k` is present.
     pub fn contains_key(&self, k: &str) -> bool {
         self.index.contains_key(k)
@@ -381,6 +363,19 @@ impl<V> Table<V> {
     /// Number of entities (positions run from 0 to this, exclusive).
     pub fn len(&self) -> u32 {
         u32::try_from(self.items.len()).unwrap_or(u32::MAX)
+    }
+    /// The position of `k`, whose [`hash_id`] the caller already computed.
+    #[inline]
+    pub fn position_hashed(&self, hash: u64, k: &str) -> Option<u32> {
+        self.index.get_hashed(hash, k).copied()
+    }
+    /// The entity at position `pos` if its id is `k`, to change.
+    #[inline]
+    pub fn at_id_mut(&mut self, pos: u32, k: &str) -> Option<&mut V> {
+        match self.items.get_mut(pos as usize) {
+            Some((id, v)) if same(id, k) => Some(v),
+            _ => None,
+        }
     }
     /// The id and entity at position `pos` (see [`Table::position`]): no hashing, no probe.
     #[inline]
@@ -521,8 +516,6 @@ mod tests {
         assert_eq!(m.get_hashed(hash_id("s9"), "s9"), Some(&9));
         assert!(m.contains_key_hashed(hash_id("s9"), "s9"));
         assert!(!m.contains_key_hashed(hash_id("s5000"), "s5000"));
-        *m.get_mut_hashed(hash_id("s9"), "s9").expect("present") += 90;
-        assert_eq!(m.get("s9"), Some(&99));
         assert!(!IdMap::<u32>::default().contains_key_hashed(hash_id("s9"), "s9"));
         assert_eq!(m.insert(id("s7"), 70), Some(7));
         *m.get_or_insert_with(&id("s7"), || 0) += 1;
@@ -627,10 +620,15 @@ mod tests {
         );
         assert_eq!(t.position("t5"), Some(5));
         assert_eq!(t.get("t5"), Some(&55));
-        assert_eq!(t.get_hashed(hash_id("t5"), "t5"), Some(&55));
-        assert_eq!(t.get_hashed(hash_id("t1000"), "t1000"), None);
-        *t.get_mut_hashed(hash_id("t7"), "t7").expect("present") = 77;
+        assert_eq!(t.position_hashed(hash_id("t5"), "t5"), Some(5));
+        assert_eq!(t.position_hashed(hash_id("t1000"), "t1000"), None);
+        *t.at_id_mut(7, "t7").expect("present") = 77;
         assert_eq!(t.get("t7"), Some(&77));
+        assert!(
+            t.at_id_mut(7, "t8").is_none(),
+            "another id at that position"
+        );
+        assert!(t.at_id_mut(1000, "t7").is_none(), "no such position");
         *t.get_mut("t7").expect("present") = 7;
         *t.get_mut("t6").expect("present") = 66;
         t.retain(|_, v| *v % 2 == 0);

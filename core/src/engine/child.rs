@@ -1,7 +1,7 @@
 //! Child sessions and child turns: "child creation is one atomic session-and-initial-turn state
 //! transition"; progress, waiting and terminal use the same vocabulary as root turns.
 
-use super::gate::{evaluate_root, settle_turn};
+use super::gate::{evaluate_root, evaluate_root_at, settle_turn_at, RootTurn};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::model::{
@@ -84,9 +84,12 @@ pub(crate) fn create(
     if expected_root_turn.as_ref() != Some(c.root_turn_id) {
         return Err(inconsistent("rootTurnId is not the parent's root turn"));
     }
-    let root_turn = tree
+    // The root turn is found once: its position serves every later use in this step.
+    let root =
+        RootTurn::find(tree, c.root_turn_id).ok_or_else(|| inconsistent("root turn unknown"))?;
+    let (_, root_turn) = tree
         .turns
-        .get(c.root_turn_id)
+        .at(root.pos)
         .ok_or_else(|| inconsistent("root turn unknown"))?;
     if !root_turn.is_active() {
         return Err(Rejected::RootTurnSettled(c.root_turn_id.clone()));
@@ -130,7 +133,7 @@ pub(crate) fn create(
     tree.active_children
         .get_or_insert_with(c.root_turn_id, Default::default)
         .insert(c.turn_id.clone(), id.clone());
-    if let Some(rt) = tree.turns.get_mut(c.root_turn_id) {
+    if let Some(rt) = tree.turns.at_id_mut(root.pos, c.root_turn_id) {
         rt.child_session_count += 1;
     }
     tx.guard(Guard::ChildCreationOpen {
@@ -139,8 +142,8 @@ pub(crate) fn create(
     });
     tx.session_at(&id, pos, true);
     tx.turn_at(c.turn_id, turn_pos, true);
-    tx.turn(c.root_turn_id, false);
-    evaluate_root(tree, &mut tx, c.root_turn_id);
+    tx.turn_at(c.root_turn_id, root.pos, false);
+    evaluate_root_at(tree, &mut tx, root);
     Ok((tx, Some(pos)))
 }
 
@@ -396,7 +399,7 @@ pub(crate) fn turn_terminal(
         .root_turn_id
         .clone()
         .ok_or(Rejected::Invalid("child without root turn"))?;
-    let (_, t) = turn_at(tree, pos, session, turn)?;
+    let (p, t) = turn_at(tree, pos, session, turn)?;
     if !t.is_active() {
         return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
     }
@@ -405,7 +408,7 @@ pub(crate) fn turn_terminal(
         return Ok(Tx::ignore(now, Ignored::CancelInFlight));
     }
     let mut tx = Tx::new(now);
-    settle_turn(tree, &mut tx, turn, outcome, error);
+    settle_turn_at(tree, &mut tx, turn, p, outcome, error);
     evaluate_root(tree, &mut tx, &root_turn);
     Ok(tx)
 }

@@ -17,11 +17,23 @@ pub(crate) fn settle_turn(
     outcome: Outcome,
     error: Option<String>,
 ) {
+    if let Some(pos) = tree.turns.position(turn_id) {
+        settle_turn_at(tree, tx, turn_id, pos, outcome, error);
+    }
+}
+
+/// [`settle_turn`] for the turn at `pos` in `tree.turns` (nothing happens if another turn is
+/// there).
+pub(crate) fn settle_turn_at(
+    tree: &mut Tree,
+    tx: &mut Tx,
+    turn_id: &Id,
+    pos: u32,
+    outcome: Outcome,
+    error: Option<String>,
+) {
     // Positions, so that the step is built without looking the turn and session up again.
-    let Some(pos) = tree.turns.position(turn_id) else {
-        return;
-    };
-    let Some(turn) = tree.turns.at_mut(pos) else {
+    let Some(turn) = tree.turns.at_id_mut(pos, turn_id) else {
         return;
     };
     if !turn.is_active() {
@@ -59,18 +71,38 @@ pub(crate) fn settle_turn(
     }
 }
 
+/// A root turn found once: its id, the id's [`hash_id`] (it is also looked up in the maps keyed
+/// by root turn) and its position in `tree.turns`.
+#[derive(Clone, Copy)]
+pub(crate) struct RootTurn<'a> {
+    pub id: &'a Id,
+    pub hash: u64,
+    pub pos: u32,
+}
+
+impl<'a> RootTurn<'a> {
+    /// Finds the turn `id` of `tree`.
+    pub fn find(tree: &Tree, id: &'a Id) -> Option<RootTurn<'a>> {
+        let hash = hash_id(id);
+        let pos = tree.turns.position_hashed(hash, id)?;
+        Some(RootTurn { id, hash, pos })
+    }
+}
+
 /// Derives the root turn's visible phase from the provider lifecycle and its children; publishes
 /// the root turn only if the phase changed.
 pub(crate) fn refresh_root_phase(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
-    refresh_root_phase_hashed(tree, tx, hash_id(root_turn), root_turn)
+    if let Some(root) = RootTurn::find(tree, root_turn) {
+        refresh_root_phase_at(tree, tx, root);
+    }
 }
 
-/// [`refresh_root_phase`] for a root turn id whose [`hash_id`] is `hash` (the id is looked up in
-/// three maps: it is hashed once).
-fn refresh_root_phase_hashed(tree: &mut Tree, tx: &mut Tx, hash: u64, root_turn: &Id) {
+/// [`refresh_root_phase`] for a root turn already found.
+fn refresh_root_phase_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>) {
+    let (hash, root_turn) = (root.hash, root.id);
     let children = tree.active_child_count_hashed(hash, root_turn);
     let inflight = tree.inflight.contains_key_hashed(hash, root_turn);
-    let Some(turn) = tree.turns.get_mut_hashed(hash, root_turn) else {
+    let Some(turn) = tree.turns.at_id_mut(root.pos, root_turn) else {
         return;
     };
     if !turn.is_active() {
@@ -93,7 +125,7 @@ fn refresh_root_phase_hashed(tree: &mut Tree, tx: &mut Tx, hash: u64, root_turn:
     };
     if turn.phase != phase {
         turn.phase = phase;
-        tx.turn(root_turn, true);
+        tx.turn_at(root_turn, root.pos, true);
     }
 }
 
@@ -101,9 +133,16 @@ fn refresh_root_phase_hashed(tree: &mut Tree, tx: &mut Tx, hash: u64, root_turn:
 /// (and no guidance reservation holds it), no nested child turn is active, and no cancel of the
 /// root is in flight (then the cancel decides). Otherwise refreshes the root's phase.
 pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
-    // The root turn id is looked up in up to six maps here: it is hashed once.
-    let hash = hash_id(root_turn);
-    let Some(turn) = tree.turns.get_hashed(hash, root_turn) else {
+    if let Some(root) = RootTurn::find(tree, root_turn) {
+        evaluate_root_at(tree, tx, root);
+    }
+}
+
+/// [`evaluate_root`] for a root turn already found: the id is hashed once for the maps keyed by
+/// root turn, and the turn itself is reached by its position.
+pub(crate) fn evaluate_root_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>) {
+    let (hash, root_turn) = (root.hash, root.id);
+    let Some((_, turn)) = tree.turns.at(root.pos) else {
         return;
     };
     if !turn.is_active() {
@@ -126,9 +165,9 @@ pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
                 )
             })
             .unwrap_or((Outcome::Completed, None));
-        settle_turn(tree, tx, root_turn, outcome, error);
+        settle_turn_at(tree, tx, root_turn, root.pos, outcome, error);
     } else {
-        refresh_root_phase_hashed(tree, tx, hash, root_turn);
+        refresh_root_phase_at(tree, tx, root);
     }
 }
 

@@ -81,40 +81,33 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
     }
     match n {
         0..=3 => a == b,
-        4..=7 => word4(a, 0) == word4(b, 0) && word4(a, n - 4) == word4(b, n - 4),
+        4..=7 => {
+            chunk::<4>(a, 0) == chunk::<4>(b, 0) && chunk::<4>(a, n - 4) == chunk::<4>(b, n - 4)
+        }
         8..=64 => {
             let mut i = 0;
             while i + 8 < n {
-                if word8(a, i) != word8(b, i) {
+                if chunk::<8>(a, i) != chunk::<8>(b, i) {
                     return false;
                 }
                 i += 8;
             }
-            // The last word overlaps the previous one unless `n` is a multiple of 8.
-            word8(a, n - 8) == word8(b, n - 8)
+            // The last chunk overlaps the previous one unless `n` is a multiple of 8.
+            chunk::<8>(a, n - 8) == chunk::<8>(b, n - 8)
         }
         _ => a == b,
     }
 }
 
-/// The 8 bytes of `s` at `at` as a word (the caller keeps `at + 8` within `s`).
+/// The `N` bytes of `s` at `at` (the caller keeps `at + N` within `s`), as an array: comparing
+/// two of them is one machine-word comparison for `N` of 4 or 8.
 #[inline(always)]
-fn word8(s: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    if let Some(src) = s.get(at..at + 8) {
+fn chunk<const N: usize>(s: &[u8], at: usize) -> [u8; N] {
+    let mut w = [0u8; N];
+    if let Some(src) = s.get(at..at + N) {
         w.copy_from_slice(src);
     }
-    u64::from_ne_bytes(w)
-}
-
-/// The 4 bytes of `s` at `at` as a word (the caller keeps `at + 4` within `s`).
-#[inline(always)]
-fn word4(s: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    if let Some(src) = s.get(at..at + 4) {
-        w.copy_from_slice(src);
-    }
-    u32::from_ne_bytes(w)
+    w
 }
 
 impl Equivalent<Keyed<Id>> for Probe<&str> {

@@ -7,6 +7,7 @@ use crate::model::{
     ToolCall, Trigger, Turn,
 };
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Everything the engine keeps about one root tree. Vectors are in canonical order (sorted by
 /// key), so two snapshots of the same state compare equal.
@@ -48,11 +49,11 @@ impl TreeSnapshot {
 
     pub(crate) fn from_tree(tree: &Tree) -> TreeSnapshot {
         let mut s = TreeSnapshot {
-            sessions: tree.sessions.values().cloned().collect(),
-            turns: tree.turns.values().cloned().collect(),
-            interactions: tree.interactions.values().cloned().collect(),
-            tool_calls: tree.tool_calls.values().cloned().collect(),
-            cancel_operations: tree.ops.values().cloned().collect(),
+            sessions: tree.sessions.values().map(|s| (**s).clone()).collect(),
+            turns: tree.turns.values().map(|t| (**t).clone()).collect(),
+            interactions: tree.interactions.values().map(|i| (**i).clone()).collect(),
+            tool_calls: tree.tool_calls.values().map(|c| (**c).clone()).collect(),
+            cancel_operations: tree.ops.values().map(|o| (**o).clone()).collect(),
             message_ids: tree
                 .sessions
                 .keys()
@@ -92,7 +93,7 @@ impl TreeSnapshot {
                 .push(c.id.clone());
         }
         for s in self.sessions {
-            tree.sessions.insert(s.id.clone(), s);
+            tree.sessions.insert(s.id.clone(), Arc::new(s));
         }
         for t in self.turns {
             let session = tree
@@ -115,10 +116,10 @@ impl TreeSnapshot {
                     .get_or_insert_with(&rt, Default::default)
                     .insert(t.id.clone(), t.agent_session_id.clone());
             }
-            tree.turns.insert(t.id.clone(), t);
+            tree.turns.insert(t.id.clone(), Arc::new(t));
         }
         for o in self.cancel_operations {
-            tree.ops.insert(o.id.clone(), o);
+            tree.ops.insert(o.id.clone(), Arc::new(o));
         }
         for t in tree.turns.values() {
             if let Some(op) = &t.cancel_operation_id {
@@ -138,11 +139,14 @@ impl TreeSnapshot {
                     .push(i.request_id.clone());
             }
             tree.interactions
-                .insert(i.turn_id.clone(), i.request_id.clone(), i);
+                .insert(i.turn_id.clone(), i.request_id.clone(), Arc::new(i));
         }
         for c in self.tool_calls {
-            tree.tool_calls
-                .insert(c.agent_session_id.clone(), c.tool_call_id.clone(), c);
+            tree.tool_calls.insert(
+                c.agent_session_id.clone(),
+                c.tool_call_id.clone(),
+                Arc::new(c),
+            );
         }
         for (s, m) in self.message_ids {
             tree.hot_of(&s)

@@ -7,6 +7,7 @@ use crate::model::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// The result of one accepted input. The driver commits `persist` as one transaction, then runs
 /// `provider` requests in order, arms `timers`, publishes the outbox, and returns `reply`.
@@ -84,19 +85,21 @@ impl PersistBatch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "row", rename_all = "camelCase")]
 pub enum Row {
-    /// Upsert a session (a tombstone is a session with `deletedAt`). Boxed: a session is twice
-    /// the size of any other row, and most rows are messages and turns.
-    Session(Box<Session>),
-    /// Upsert a turn.
-    Turn(Turn),
-    /// Upsert an interaction.
-    Interaction(Interaction),
+    /// Upsert a session (a tombstone is a session with `deletedAt`). Shared with the engine's
+    /// own copy: publishing a session costs one reference count, not a deep copy (the engine
+    /// copies its session on write only while a step still holds it), and the row stays small
+    /// (a session is twice the size of any other row, and most rows are messages and turns).
+    Session(Arc<Session>),
+    /// Upsert a turn (shared with the engine's own copy, as a session is).
+    Turn(Arc<Turn>),
+    /// Upsert an interaction (shared with the engine's own copy).
+    Interaction(Arc<Interaction>),
     /// Insert a message (keyed by session and `seq`).
     Message(Message),
-    /// Upsert a tool call.
-    ToolCall(ToolCall),
-    /// Upsert a cancel operation.
-    CancelOperation(CancelOperation),
+    /// Upsert a tool call (shared with the engine's own copy).
+    ToolCall(Arc<ToolCall>),
+    /// Upsert a cancel operation (shared with the engine's own copy).
+    CancelOperation(Arc<CancelOperation>),
     /// Remove every turn, interaction, message and tool call of a (tombstoned) session.
     PurgeSession {
         /// The session.

@@ -120,7 +120,7 @@ impl MemoryStore {
                     batch
                         .rows
                         .iter()
-                        .any(|r| matches!(r, Row::Turn(t) if Some(t) == stored))
+                        .any(|r| matches!(r, Row::Turn(t) if Some(&**t) == stored))
                 })
             }
             Guard::CancelVersion { id, version, next } => {
@@ -129,7 +129,7 @@ impl MemoryStore {
                     batch
                         .rows
                         .iter()
-                        .any(|r| matches!(r, Row::CancelOperation(o) if Some(o) == stored))
+                        .any(|r| matches!(r, Row::CancelOperation(o) if Some(&**o) == stored))
                 })
             }
             Guard::ChildCreationOpen {

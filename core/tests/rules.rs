@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use tutti_core::store::Store;
 use tutti_core::Rejected;
 
@@ -367,6 +367,57 @@ fn transcript_steps_publish_exactly_one_row_of_their_tree() {
         assert!(again.persist.is_empty() && again.persist.root_agent_session_id.is_none());
         assert_eq!(again.ignored, Some(tutti_core::step::Ignored::Duplicate));
     }
+    h.check();
+}
+
+/// A step's rows share the engine's copy of each entity, which the engine copies on write: a
+/// step still held (queued for its commit, say) keeps every entity exactly as published, however
+/// the same entities change afterwards. Sessions, turns, tool calls, interactions and cancel
+/// operations are all published, then all changed again, while the first steps are held.
+#[test]
+fn held_steps_keep_their_rows_as_published_when_the_entities_change_later() {
+    let mut h = tree_with_children(1);
+    let held = [
+        h.feed(json!({"type":"turnStarted","agentSessionId":"C1","turnId":"CT1"})),
+        h.feed(
+            json!({"type":"toolCallUpdated","agentSessionId":"C1","turnId":"CT1",
+            "toolCallId":"x","name":"shell","status":"started"}),
+        ),
+        h.feed(
+            json!({"type":"interactionRequested","agentSessionId":"C1","turnId":"CT1",
+            "requestId":"q1","kind":"approval"}),
+        ),
+        h.cancel("op1", "R", "T"),
+    ];
+    let as_published: Vec<Value> = held
+        .iter()
+        .map(|s| serde_json::to_value(s).unwrap())
+        .collect();
+    let kinds: Vec<&str> = held
+        .iter()
+        .flat_map(|s| s.persist.rows.iter().map(|r| r.kind()))
+        .collect();
+    for kind in ["turn", "toolCall", "interaction", "cancelOperation"] {
+        assert!(kinds.contains(&kind), "{kind} not published: {kinds:?}");
+    }
+    // Every entity above changes again: the tool call, the interaction (superseded), the
+    // cancel operation, both turns and both sessions (settled, active turn cleared).
+    h.feed(
+        json!({"type":"toolCallUpdated","agentSessionId":"C1","turnId":"CT1",
+        "toolCallId":"x","status":"completed"}),
+    );
+    let resolved = h.feed(json!({"type":"cancelResult","operationId":"op1",
+        "acked":[{"agentSessionId":"C1","turnId":"CT1"}]}));
+    let changed: Vec<&str> = resolved.persist.rows.iter().map(|r| r.kind()).collect();
+    for kind in ["turn", "interaction", "cancelOperation", "session"] {
+        assert!(changed.contains(&kind), "{kind} not changed: {changed:?}");
+    }
+    for (step, before) in held.iter().zip(&as_published) {
+        assert_eq!(&serde_json::to_value(step).unwrap(), before);
+    }
+    // And the engine's own copies did change.
+    assert_eq!(h.outcome("CT1").as_deref(), Some("canceled"));
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
     h.check();
 }
 

@@ -354,7 +354,7 @@ impl<'c> Writer<'c> {
                         match mine {
                             Some(m) => self
                                 .stored(Sql::TurnJson, "turns", id)?
-                                .is_some_and(|t: tutti_core::model::Turn| t == *m),
+                                .is_some_and(|t: tutti_core::model::Turn| t == **m),
                             None => false,
                         }
                     }
@@ -366,7 +366,7 @@ impl<'c> Writer<'c> {
                         match mine {
                             Some(m) => self
                                 .stored(Sql::OpJson, "cancel_operations", id)?
-                                .is_some_and(|o: tutti_core::model::CancelOperation| o == *m),
+                                .is_some_and(|o: tutti_core::model::CancelOperation| o == **m),
                             None => false,
                         }
                     }

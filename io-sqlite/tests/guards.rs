@@ -233,21 +233,32 @@ fn reference_replay_rule_cannot_see_the_race() {
 
 /// A batch that writes a whole snapshot (to seed a reference store).
 fn seed_batch(s: &TreeSnapshot) -> PersistBatch {
+    use std::sync::Arc;
     use tutti_core::Row;
     let mut rows: Vec<Row> = s
         .sessions
         .iter()
         .cloned()
-        .map(|s| Row::Session(Box::new(s)))
+        .map(|s| Row::Session(Arc::new(s)))
         .collect();
-    rows.extend(s.turns.iter().cloned().map(Row::Turn));
-    rows.extend(s.interactions.iter().cloned().map(Row::Interaction));
-    rows.extend(s.tool_calls.iter().cloned().map(Row::ToolCall));
+    rows.extend(s.turns.iter().cloned().map(|t| Row::Turn(Arc::new(t))));
+    rows.extend(
+        s.interactions
+            .iter()
+            .cloned()
+            .map(|i| Row::Interaction(Arc::new(i))),
+    );
+    rows.extend(
+        s.tool_calls
+            .iter()
+            .cloned()
+            .map(|c| Row::ToolCall(Arc::new(c))),
+    );
     rows.extend(
         s.cancel_operations
             .iter()
             .cloned()
-            .map(Row::CancelOperation),
+            .map(|o| Row::CancelOperation(Arc::new(o))),
     );
     PersistBatch {
         rows: rows.into(),

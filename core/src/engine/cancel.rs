@@ -7,6 +7,7 @@ use crate::error::Rejected;
 use crate::input::TimerId;
 use crate::model::{CancelOperation, CancelState, Id, Outcome, Phase, Target};
 use crate::step::{Ignored, ProviderRequest, Reply, TimerRequest};
+use std::sync::Arc;
 
 /// Text recorded on a child target the provider did not confirm.
 pub const UNCONFIRMED: &str = "cancellation was not confirmed by the provider";
@@ -82,14 +83,14 @@ pub(crate) fn cancel_turn(
 
     let mut tx = Tx::new(now);
     if includes_root {
-        if let Some(rt) = tree.turns.get_mut(turn) {
+        if let Some(rt) = tree.turns.get_mut(turn).map(Arc::make_mut) {
             rt.child_creation_closed = true;
         }
     }
     for target in &targets {
         tree.inflight
             .insert(target.turn_id.clone(), operation_id.clone());
-        if let Some(t) = tree.turns.get_mut(&target.turn_id) {
+        if let Some(t) = tree.turns.get_mut(&target.turn_id).map(Arc::make_mut) {
             t.cancel_operation_id = Some(operation_id.clone());
             t.phase = Phase::Settling;
         }
@@ -102,7 +103,7 @@ pub(crate) fn cancel_turn(
         .map_or(0, |t| t.child_session_count);
     tree.ops.insert(
         operation_id.clone(),
-        CancelOperation {
+        Arc::new(CancelOperation {
             id: operation_id.clone(),
             root_agent_session_id: tree.root_id.clone(),
             agent_session_id: session.clone(),
@@ -117,7 +118,7 @@ pub(crate) fn cancel_turn(
             created_at: now,
             updated_at: now,
             version: 0,
-        },
+        }),
     );
     tx.op(operation_id);
     tx.provider.push(ProviderRequest::Cancel {
@@ -213,7 +214,7 @@ pub(crate) fn resolve(
             settle_turn(tree, &mut tx, root, Outcome::Canceled, None);
         }
     }
-    if let Some(op) = tree.ops.get_mut(operation_id) {
+    if let Some(op) = tree.ops.get_mut(operation_id).map(Arc::make_mut) {
         op.acked = acked;
         match how {
             Resolution::Acked(_) => op.state = CancelState::Completed,

@@ -8,6 +8,7 @@ use crate::model::{
     Capabilities, Id, Outcome, Phase, ProviderAliases, Session, SessionKind, Trigger, Turn,
 };
 use crate::step::{Guard, Ignored};
+use std::sync::Arc;
 
 /// The fields of a `childSessionCreated` event.
 pub(crate) struct NewChild<'a> {
@@ -125,7 +126,7 @@ pub(crate) fn create(
         version: 0,
     };
     let turn = new_turn(c.turn_id, &id, Trigger::Delegation, Phase::Submitted, now);
-    let pos = tree.sessions.insert(id.clone(), session);
+    let pos = tree.sessions.insert(id.clone(), Arc::new(session));
     let turn_pos = tree.insert_turn(pos, turn);
     tree.children
         .get_or_insert_with(c.parent_agent_session_id, Default::default)
@@ -133,7 +134,11 @@ pub(crate) fn create(
     tree.active_children
         .get_or_insert_with(c.root_turn_id, Default::default)
         .insert(c.turn_id.clone(), id.clone());
-    if let Some(rt) = tree.turns.at_id_mut(root.pos, c.root_turn_id) {
+    if let Some(rt) = tree
+        .turns
+        .at_id_mut(root.pos, c.root_turn_id)
+        .map(Arc::make_mut)
+    {
         rt.child_session_count += 1;
     }
     tx.guard(Guard::ChildCreationOpen {
@@ -217,7 +222,7 @@ pub(crate) fn turn_at<'t>(
     turn: &Id,
 ) -> Result<(u32, &'t Turn), Rejected> {
     tree.turn_position(pos, session, turn)
-        .and_then(|p| Some((p, tree.turns.at(p)?.1)))
+        .and_then(|p| Some((p, &**tree.turns.at(p)?.1)))
         .ok_or_else(|| Rejected::UnknownTurn {
             session: session.clone(),
             turn: turn.clone(),
@@ -251,18 +256,23 @@ pub(crate) fn update(
     let mut changed = false;
     if let Some(t) = title {
         if s.title.as_ref() != Some(t) {
-            s.title = Some(t.clone());
+            Arc::make_mut(s).title = Some(t.clone());
             changed = true;
         }
     }
     if let Some(p) = provider_session_id {
         if s.provider_session_id.as_ref() != Some(p) {
-            s.provider_session_id = Some(p.clone());
+            Arc::make_mut(s).provider_session_id = Some(p.clone());
             changed = true;
         }
     }
     if let Some(a) = aliases {
-        changed |= s.provider_aliases.merge(a);
+        // Merged into a copy first: an unchanged session is not copied on write.
+        let mut merged = s.provider_aliases.clone();
+        if merged.merge(a) {
+            Arc::make_mut(s).provider_aliases = merged;
+            changed = true;
+        }
     }
     if !changed {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
@@ -311,7 +321,7 @@ pub(crate) fn turn_started(
             {
                 return Ok(Tx::ignore(now, Ignored::Duplicate));
             }
-            let Some(t) = tree.turns.at_mut(p) else {
+            let Some(t) = tree.turns.at_mut(p).map(Arc::make_mut) else {
                 return Err(Rejected::TurnNotActive(turn.clone()));
             };
             t.phase = Phase::Running;
@@ -338,7 +348,7 @@ pub(crate) fn turn_started(
             let mut t = new_turn(turn, session, Trigger::Guidance, Phase::Running, now);
             t.provider_turn_id = provider_turn_id.cloned();
             let p = tree.insert_turn(pos, t);
-            if let Some(s) = tree.sessions.get_mut(session) {
+            if let Some(s) = tree.sessions.get_mut(session).map(Arc::make_mut) {
                 s.active_turn_id = Some(turn.clone());
                 s.last_turn_id = Some(turn.clone());
             }
@@ -372,7 +382,7 @@ pub(crate) fn turn_waiting(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    if let Some(t) = tree.turns.at_mut(p) {
+    if let Some(t) = tree.turns.at_mut(p).map(Arc::make_mut) {
         t.phase = Phase::Waiting;
     }
     tx.turn_at(turn, p, true);

@@ -6,6 +6,7 @@ use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::model::Id;
 use crate::step::Reply;
+use std::sync::Arc;
 
 /// The session and every nested child (depth-first, parents before children).
 pub(crate) fn subtree(tree: &Tree, session: &Id) -> Vec<Id> {
@@ -58,7 +59,7 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
         if let Some(hot) = tree.hot_of(id) {
             *hot = Default::default();
         }
-        if let Some(s) = tree.sessions.get_mut(id) {
+        if let Some(s) = tree.sessions.get_mut(id).map(Arc::make_mut) {
             s.deleted_at = Some(now);
             s.active_turn_id = None;
         }

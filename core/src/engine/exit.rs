@@ -8,6 +8,7 @@ use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::model::{CancelState, Id, Outcome, ProviderPhase};
 use crate::step::Ignored;
+use std::sync::Arc;
 
 /// `providerExited`.
 pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<Tx, Rejected> {
@@ -55,7 +56,7 @@ pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<
             Some(message.clone()),
         );
     }
-    if let Some(t) = tree.turns.get_mut(&root_turn) {
+    if let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) {
         if let Some(r) = t.root_provider_turn.as_mut() {
             if r.phase != ProviderPhase::Completed || r.reserved {
                 r.phase = ProviderPhase::Completed;

@@ -6,6 +6,7 @@ use crate::error::Rejected;
 use crate::keyed::hash_id;
 use crate::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, Turn};
 use crate::step::Ignored;
+use std::sync::Arc;
 
 /// Settles one turn: phase settled, outcome, error only where allowed ("a canonical canceled turn
 /// must not retain a transport error"), clears the session's active turn, drops it from its root's
@@ -39,6 +40,7 @@ pub(crate) fn settle_turn_at(
     if !turn.is_active() {
         return;
     }
+    let turn = Arc::make_mut(turn);
     turn.phase = Phase::Settled;
     turn.outcome = Some(outcome);
     turn.error = if outcome.allows_error() { error } else { None };
@@ -48,7 +50,7 @@ pub(crate) fn settle_turn_at(
     let session_pos = tree.sessions.position(&session_id).unwrap_or(u32::MAX);
     if let Some(s) = tree.sessions.at_mut(session_pos) {
         if s.active_turn_id.as_ref() == Some(turn_id) {
-            s.active_turn_id = None;
+            Arc::make_mut(s).active_turn_id = None;
             tx.session_at(&session_id, session_pos, true);
         }
         if s.is_child() {
@@ -63,7 +65,7 @@ pub(crate) fn settle_turn_at(
         for req in reqs {
             if let Some(i) = tree.interactions.get_mut(turn_id, &req) {
                 if i.status == InteractionStatus::Pending {
-                    i.status = InteractionStatus::Superseded;
+                    Arc::make_mut(i).status = InteractionStatus::Superseded;
                     tx.interaction(turn_id, &req);
                 }
             }
@@ -124,7 +126,7 @@ fn refresh_root_phase_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>) {
         }
     };
     if turn.phase != phase {
-        turn.phase = phase;
+        Arc::make_mut(turn).phase = phase;
         tx.turn_at(root_turn, root.pos, true);
     }
 }
@@ -243,7 +245,7 @@ pub(crate) fn provider_started(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    let Some(t) = tree.turns.get_mut(&root_turn) else {
+    let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) else {
         return Ok(tx);
     };
     let r = t.root_provider_turn.get_or_insert_with(Default::default);
@@ -283,7 +285,7 @@ pub(crate) fn provider_completed(
             return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
         }
         let mut tx = Tx::new(now);
-        let Some(t) = tree.turns.get_mut(&root_turn) else {
+        let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) else {
             return Ok(tx);
         };
         let r = t.root_provider_turn.get_or_insert_with(Default::default);
@@ -311,7 +313,7 @@ pub(crate) fn provider_completed(
         _ => {}
     }
     let mut tx = Tx::new(now);
-    let Some(t) = tree.turns.get_mut(&root_turn) else {
+    let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) else {
         return Ok(tx);
     };
     let r = t.root_provider_turn.get_or_insert_with(Default::default);

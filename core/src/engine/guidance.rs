@@ -11,6 +11,7 @@ use crate::model::{
     SessionKind, Trigger,
 };
 use crate::step::{GuideMode, Ignored, ProviderRequest, Reply};
+use std::sync::Arc;
 
 /// A new tree holding one root session.
 pub(crate) fn create_root(
@@ -28,7 +29,7 @@ pub(crate) fn create_root(
     };
     tree.sessions.insert(
         id.clone(),
-        Session {
+        Arc::new(Session {
             id: id.clone(),
             workspace_id: workspace_id.clone(),
             kind: SessionKind::Root,
@@ -49,7 +50,7 @@ pub(crate) fn create_root(
             created_at: now,
             updated_at: now,
             version: 0,
-        },
+        }),
     );
     let mut tx = Tx::new(now);
     tx.session(id, true);
@@ -109,7 +110,7 @@ pub(crate) fn submit(
         if let Some(pos) = tree.sessions.position(session) {
             tree.insert_turn(pos, turn);
         }
-        if let Some(s) = tree.sessions.get_mut(session) {
+        if let Some(s) = tree.sessions.get_mut(session).map(Arc::make_mut) {
             s.active_turn_id = Some(turn_id.clone());
             s.last_turn_id = Some(turn_id.clone());
         }
@@ -145,7 +146,7 @@ pub(crate) fn submit(
         }
     };
     if mode == GuideMode::StartOnRoot {
-        if let Some(t) = tree.turns.get_mut(&active) {
+        if let Some(t) = tree.turns.get_mut(&active).map(Arc::make_mut) {
             let r = t.root_provider_turn.get_or_insert_with(Default::default);
             r.phase = ProviderPhase::Running;
             r.reserved = true;
@@ -182,7 +183,7 @@ pub(crate) fn guide_failed(
         return Ok(Tx::ignore(now, Ignored::Stale));
     }
     let mut tx = Tx::new(now);
-    if let Some(t) = tree.turns.get_mut(turn) {
+    if let Some(t) = tree.turns.get_mut(turn).map(Arc::make_mut) {
         if let Some(r) = t.root_provider_turn.as_mut() {
             r.reserved = false;
             r.phase = ProviderPhase::Completed;

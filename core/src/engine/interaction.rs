@@ -7,6 +7,7 @@ use crate::error::Rejected;
 use crate::model::{Id, Interaction, InteractionStatus};
 use crate::step::{Ignored, ProviderRequest, Reply};
 use serde_json::Value;
+use std::sync::Arc;
 
 /// `interactionRequested` on the exact session/turn.
 #[allow(clippy::too_many_arguments)]
@@ -34,7 +35,7 @@ pub(crate) fn requested(
     tree.interactions.insert(
         turn.clone(),
         request.clone(),
-        Interaction {
+        Arc::new(Interaction {
             agent_session_id: session.clone(),
             turn_id: turn.clone(),
             request_id: request.clone(),
@@ -47,7 +48,7 @@ pub(crate) fn requested(
             created_at: now,
             updated_at: now,
             version: 0,
-        },
+        }),
     );
     tree.pending
         .get_or_insert_with(turn, Default::default)
@@ -93,7 +94,7 @@ pub(crate) fn respond(
     }
     let provider_turn_id = i.provider_turn_id.clone();
     let mut tx = Tx::new(now);
-    if let Some(i) = tree.interactions.get_mut(turn, request) {
+    if let Some(i) = tree.interactions.get_mut(turn, request).map(Arc::make_mut) {
         i.status = InteractionStatus::Answered;
         i.response = (!response.is_null()).then(|| response.clone());
     }
@@ -128,7 +129,7 @@ pub(crate) fn resolved(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    if let Some(i) = tree.interactions.get_mut(turn, request) {
+    if let Some(i) = tree.interactions.get_mut(turn, request).map(Arc::make_mut) {
         i.status = InteractionStatus::Resolved;
         i.resolution = (!resolution.is_null()).then(|| resolution.clone());
     }

@@ -546,19 +546,19 @@ impl Engine {
     /// A loaded session (tombstones included).
     pub fn session(&self, id: &str) -> Option<&Session> {
         let slot = self.session_root.get(id)?.slot;
-        self.tree_in(slot)?.sessions.get(id)
+        self.tree_in(slot)?.sessions.get(id).map(|s| &**s)
     }
 
     /// A loaded turn of a loaded session.
     pub fn turn(&self, session: &str, turn: &str) -> Option<&Turn> {
         let slot = self.session_root.get(session)?.slot;
-        self.tree_in(slot)?.turns.get(turn)
+        self.tree_in(slot)?.turns.get(turn).map(|t| &**t)
     }
 
     /// A loaded cancel operation.
     pub fn cancel_operation(&self, id: &str) -> Option<&CancelOperation> {
         let slot = *self.op_root.get(id)?;
-        self.tree_in(slot)?.ops.get(id)
+        self.tree_in(slot)?.ops.get(id).map(|o| &**o)
     }
 
     /// Cancel operations still prepared (to replay after a restart), sorted by id.
@@ -567,7 +567,7 @@ impl Engine {
             .trees()
             .flat_map(|t| t.ops.values())
             .filter(|o| o.state == CancelState::Prepared)
-            .cloned()
+            .map(|o| (**o).clone())
             .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
@@ -582,7 +582,7 @@ impl Engine {
             .interactions
             .values()
             .filter(|i| i.status == InteractionStatus::Pending)
-            .cloned()
+            .map(|i| (**i).clone())
             .collect();
         v.sort_by(|a, b| (&a.turn_id, &a.request_id).cmp(&(&b.turn_id, &b.request_id)));
         v
@@ -592,7 +592,7 @@ impl Engine {
     pub fn tool_call(&self, session: &str, call: &str) -> Option<&ToolCall> {
         let slot = self.session_root.get(session)?.slot;
         let tree = self.tree_in(slot)?;
-        tree.tool_calls.get(session, call)
+        tree.tool_calls.get(session, call).map(|c| &**c)
     }
 
     /// Number of active nested child turns under a root turn (the gate's count).

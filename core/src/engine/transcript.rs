@@ -12,6 +12,7 @@ use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
 use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// The step of a message or tool call fact that changes something: exactly one published row
 /// (no guard: a message is keyed by its session and `seq`, a tool call row carries its
@@ -113,49 +114,57 @@ pub(crate) fn tool_call(
     if let Some(why) = drop_reason(t) {
         return Ok(ignored(why));
     }
-    let Some((c, fresh)) = tree.tool_calls.slot(session, call, || ToolCall {
-        agent_session_id: session.clone(),
-        turn_id: turn.clone(),
-        tool_call_id: call.clone(),
-        name: name.cloned(),
-        status: status.clone(),
-        kind: kind.cloned(),
-        payload: payload.cloned(),
-        created_at: now,
-        updated_at: now,
-        version: 0,
+    let Some((c, fresh)) = tree.tool_calls.slot(session, call, || {
+        Arc::new(ToolCall {
+            agent_session_id: session.clone(),
+            turn_id: turn.clone(),
+            tool_call_id: call.clone(),
+            name: name.cloned(),
+            status: status.clone(),
+            kind: kind.cloned(),
+            payload: payload.cloned(),
+            created_at: now,
+            updated_at: now,
+            version: 0,
+        })
     }) else {
         return Err(Rejected::Invalid("tool call table out of step"));
     };
+    // What changes, found before the tool call is written to, so that an unchanged one is
+    // not copied (it is copied on write only while a step still holds it).
+    let mut changes = (None, None, None, None);
     if !fresh {
         if c.turn_id != *turn {
             return Err(Rejected::Invalid("tool call id reused on another turn"));
         }
-        let mut changed = false;
-        if name.is_some() && c.name.as_ref() != name {
-            c.name = name.cloned();
-            changed = true;
-        }
-        if c.status != *status {
-            c.status = status.clone();
-            changed = true;
-        }
-        if kind.is_some() && c.kind.as_ref() != kind {
-            c.kind = kind.cloned();
-            changed = true;
-        }
-        if payload.is_some() && c.payload.as_ref() != payload {
-            c.payload = payload.cloned();
-            changed = true;
-        }
-        if !changed {
+        changes = (
+            name.filter(|&n| c.name.as_ref() != Some(n)),
+            Some(status).filter(|&s| c.status != *s),
+            kind.filter(|&k| c.kind.as_ref() != Some(k)),
+            payload.filter(|&p| c.payload.as_ref() != Some(p)),
+        );
+        if changes == (None, None, None, None) {
             return Ok(ignored(Ignored::Duplicate));
         }
     }
+    let m = Arc::make_mut(c);
+    let (name, status, kind, payload) = changes;
+    if let Some(n) = name {
+        m.name = Some(n.clone());
+    }
+    if let Some(s) = status {
+        m.status = s.clone();
+    }
+    if let Some(k) = kind {
+        m.kind = Some(k.clone());
+    }
+    if let Some(p) = payload {
+        m.payload = Some(p.clone());
+    }
     // The row is built here, where the entry is at hand, instead of being looked up again.
-    c.version += 1;
-    c.updated_at = now;
-    let row = Row::ToolCall(c.clone());
+    m.version += 1;
+    m.updated_at = now;
+    let row = Row::ToolCall(Arc::clone(c));
     Ok(publish(tree, row))
 }
 
@@ -177,15 +186,15 @@ pub(crate) fn metadata(
     }
     let mut changed = false;
     if goal.is_some() && s.goal.as_ref() != goal {
-        s.goal = goal.cloned();
+        Arc::make_mut(s).goal = goal.cloned();
         changed = true;
     }
     if title.is_some() && s.title.as_ref() != title {
-        s.title = title.cloned();
+        Arc::make_mut(s).title = title.cloned();
         changed = true;
     }
     if provider_session_id.is_some() && s.provider_session_id.as_ref() != provider_session_id {
-        s.provider_session_id = provider_session_id.cloned();
+        Arc::make_mut(s).provider_session_id = provider_session_id.cloned();
         changed = true;
     }
     if !changed {

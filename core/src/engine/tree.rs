@@ -6,6 +6,7 @@ use crate::keyed::{hash_id, same, IdMap, IdSet, PairMap, PairTable, Table};
 use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
 use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Step, TimerRequest};
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// A root session, every nested child session, their turns, interactions, tool calls and cancel
 /// operations. Indexes keep per-event work independent of the tree's size.
@@ -13,23 +14,23 @@ use smallvec::SmallVec;
 pub(crate) struct Tree {
     pub root_id: Id,
     pub workspace_id: Id,
-    pub sessions: Table<Session>,
-    pub turns: Table<Turn>,
+    pub sessions: Table<Arc<Session>>,
+    pub turns: Table<Arc<Turn>>,
     /// Direct children of each session, in creation order.
     pub children: IdMap<Vec<Id>>,
     /// For each root turn: its active nested child turns (turn id -> session id), any depth.
     pub active_children: IdMap<IdMap<Id>>,
     /// Interactions keyed by (turn id, request id).
-    pub interactions: PairMap<Interaction>,
+    pub interactions: PairMap<Arc<Interaction>>,
     /// Pending interaction request ids per turn.
     pub pending: IdMap<Vec<Id>>,
     /// What the common events of a session need, by the session's position in `sessions`
     /// (sessions are tombstoned, never removed, so positions never change).
     pub hot: Vec<SessionHot>,
     /// Tool calls keyed by (session id, tool call id).
-    pub tool_calls: PairTable<ToolCall>,
+    pub tool_calls: PairTable<Arc<ToolCall>>,
     /// Cancel operations.
-    pub ops: IdMap<CancelOperation>,
+    pub ops: IdMap<Arc<CancelOperation>>,
     /// Turns that are targets of a prepared cancel operation (turn id -> operation id).
     pub inflight: IdMap<Id>,
 }
@@ -73,7 +74,7 @@ impl Tree {
 
     /// Inserts a new turn of the session at `session_pos` and makes it that session's latest.
     pub fn insert_turn(&mut self, session_pos: u32, turn: Turn) -> u32 {
-        let pos = self.turns.insert(turn.id.clone(), turn);
+        let pos = self.turns.insert(turn.id.clone(), Arc::new(turn));
         self.hot_at(session_pos).turn = pos;
         pos
     }
@@ -97,7 +98,7 @@ impl Tree {
     }
 
     pub fn root(&self) -> Option<&Session> {
-        self.sessions.get(&self.root_id)
+        self.sessions.get(&self.root_id).map(|s| &**s)
     }
 
     /// Number of active nested child turns under a root turn.
@@ -315,9 +316,10 @@ impl Tx {
                                 version: s.version,
                                 next: s.version + 1,
                             });
-                            s.version += 1;
-                            s.updated_at = now;
-                            batch.rows.push(Row::Session(Box::new(s.clone())));
+                            let m = Arc::make_mut(s);
+                            m.version += 1;
+                            m.updated_at = now;
+                            batch.rows.push(Row::Session(Arc::clone(s)));
                             p
                         }
                         None => continue,
@@ -331,9 +333,10 @@ impl Tx {
                                 version: t.version,
                                 next: t.version + 1,
                             });
-                            t.version += 1;
-                            t.updated_at = now;
-                            batch.rows.push(Row::Turn(t.clone()));
+                            let m = Arc::make_mut(t);
+                            m.version += 1;
+                            m.updated_at = now;
+                            batch.rows.push(Row::Turn(Arc::clone(t)));
                             p
                         }
                         None => continue,
@@ -342,9 +345,10 @@ impl Tx {
                 Touch::Entity(Key::Interaction(turn, req), p, _) => {
                     match tree.interactions.get_mut(&turn, &req) {
                         Some(i) => {
-                            i.version += 1;
-                            i.updated_at = now;
-                            batch.rows.push(Row::Interaction(i.clone()));
+                            let m = Arc::make_mut(i);
+                            m.version += 1;
+                            m.updated_at = now;
+                            batch.rows.push(Row::Interaction(Arc::clone(i)));
                             p
                         }
                         None => continue,
@@ -357,9 +361,10 @@ impl Tx {
                             version: o.version,
                             next: o.version + 1,
                         });
-                        o.version += 1;
-                        o.updated_at = now;
-                        batch.rows.push(Row::CancelOperation(o.clone()));
+                        let m = Arc::make_mut(o);
+                        m.version += 1;
+                        m.updated_at = now;
+                        batch.rows.push(Row::CancelOperation(Arc::clone(o)));
                         p
                     }
                     None => continue,

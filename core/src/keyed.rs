@@ -223,33 +223,86 @@ impl<V> IdMap<V> {
 }
 
 /// A set of ids (a session's message ids).
-#[derive(Debug, Clone, Default)]
-pub struct IdSet(hashbrown::HashSet<Keyed<Id>, BuildHasherDefault<PassThrough>>);
+///
+/// Most sessions hold few messages, and every message is checked against its session's set:
+/// up to [`IdSet::SMALL`] ids the set is a vector of hashed ids, searched by hash (an insert is
+/// a push, and growing it rehashes nothing); past that it becomes a hash set, so a check never
+/// scans more than `SMALL` entries, however long the session.
+#[derive(Debug, Clone)]
+pub enum IdSet {
+    /// At most [`IdSet::SMALL`] ids, in insertion order.
+    Small(Vec<Keyed<Id>>),
+    /// More than [`IdSet::SMALL`] ids.
+    Large(hashbrown::HashSet<Keyed<Id>, BuildHasherDefault<PassThrough>>),
+}
+
+impl Default for IdSet {
+    fn default() -> Self {
+        IdSet::Small(Vec::new())
+    }
+}
 
 impl IdSet {
+    /// The most ids kept as a vector.
+    pub const SMALL: usize = 16;
+
     /// Whether the set holds the id whose [`hash_id`] is `hash`.
     #[inline]
     pub fn contains_hashed(&self, hash: u64, id: &str) -> bool {
-        self.0.contains(&Probe { hash, key: id })
+        match self {
+            IdSet::Small(v) => v.iter().any(|k| k.hash == hash && same(&k.key, id)),
+            IdSet::Large(set) => set.contains(&Probe { hash, key: id }),
+        }
     }
     /// Adds `id`, whose [`hash_id`] the caller already computed; false if it was there.
     #[inline]
     pub fn insert_hashed(&mut self, hash: u64, id: Id) -> bool {
         debug_assert_eq!(hash, hash_id(&id));
-        self.0.insert(Keyed { hash, key: id })
+        if self.contains_hashed(hash, &id) {
+            return false;
+        }
+        self.insert_absent_hashed(hash, id);
+        true
+    }
+    /// Adds `id`, whose [`hash_id`] is `hash` and which the caller found absent
+    /// ([`IdSet::contains_hashed`]), without searching for it again.
+    #[inline]
+    pub fn insert_absent_hashed(&mut self, hash: u64, id: Id) {
+        debug_assert_eq!(hash, hash_id(&id));
+        let key = Keyed { hash, key: id };
+        match self {
+            IdSet::Small(v) if v.len() < Self::SMALL => v.push(key),
+            IdSet::Small(v) => {
+                let mut set = hashbrown::HashSet::with_capacity_and_hasher(
+                    2 * Self::SMALL,
+                    BuildHasherDefault::default(),
+                );
+                set.extend(v.drain(..));
+                set.insert(key);
+                *self = IdSet::Large(set);
+            }
+            IdSet::Large(set) => {
+                set.insert(key);
+            }
+        }
     }
     /// Adds `id`; false if it was there already.
     pub fn insert(&mut self, id: Id) -> bool {
-        let hash = hash_id(&id);
-        self.0.insert(Keyed { hash, key: id })
+        self.insert_hashed(hash_id(&id), id)
     }
     /// Number of ids.
     pub fn len(&self) -> usize {
-        self.0.len()
+        match self {
+            IdSet::Small(v) => v.len(),
+            IdSet::Large(set) => set.len(),
+        }
     }
     /// The ids, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = &Id> + '_ {
-        self.0.iter().map(|k| &k.key)
+    pub fn iter(&self) -> Box<dyn Iterator<Item = &Id> + '_> {
+        match self {
+            IdSet::Small(v) => Box::new(v.iter().map(|k| &k.key)),
+            IdSet::Large(set) => Box::new(set.iter().map(|k| &k.key)),
+        }
     }
 }
 
@@ -577,6 +630,29 @@ mod tests {
         all.sort();
         all.dedup();
         assert_eq!(all.len(), 5001);
+    }
+
+    /// Through the switch from a vector to a hash set: at every size, every id added so far is
+    /// found, a repeat is refused, and an absent id is not found.
+    #[test]
+    fn an_id_set_stays_exact_at_every_size_through_the_switch_to_a_hash_set() {
+        let mut s = IdSet::default();
+        for n in 0..(3 * IdSet::SMALL) {
+            assert_eq!(s.len(), n);
+            assert_eq!(matches!(s, IdSet::Small(_)), n <= IdSet::SMALL, "size {n}");
+            for i in 0..n {
+                let m = format!("message-{i}");
+                assert!(s.contains_hashed(hash_id(&m), &m), "size {n}: {m} lost");
+                assert!(!s.insert(id(&m)), "size {n}: {m} added twice");
+            }
+            let fresh = format!("message-{n}");
+            assert!(!s.contains_hashed(hash_id(&fresh), &fresh));
+            s.insert_absent_hashed(hash_id(&fresh), id(&fresh));
+        }
+        let mut all: Vec<&Id> = s.iter().collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 3 * IdSet::SMALL);
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub(crate) fn message(
     }
     // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
     let seq = ids.len() as u64;
-    ids.insert_hashed(hash, message_id.clone());
+    ids.insert_absent_hashed(hash, message_id.clone());
     Ok(publish(
         tree,
         Row::Message(Message {

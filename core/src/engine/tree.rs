@@ -303,9 +303,9 @@ impl Tx {
             ignored: self.ignored.take(),
         };
         let batch = &mut step.persist;
-        // One allocation at most for a step of several rows (none for one row).
+        // One allocation at most for a step of several rows (none for one row). The outbox
+        // indexes are not reserved: most steps publish at most two rows, which fit inline.
         batch.rows.reserve_exact(self.touches.len());
-        batch.outbox.reserve_exact(self.touches.len());
         for t in self.touches.drain(..) {
             let publish = match t {
                 Touch::Entity(Key::Session(id), p, hint) => {

@@ -4,6 +4,7 @@
 use super::gate::{evaluate_root, evaluate_root_at, settle_turn_at, RootTurn};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
+use crate::keyed::same;
 use crate::model::{
     Capabilities, Id, Outcome, Phase, ProviderAliases, Session, SessionKind, Trigger, Turn,
 };
@@ -189,7 +190,7 @@ fn child_at<'t>(
     what: &'static str,
 ) -> Result<&'t Session, Rejected> {
     match tree.sessions.at(pos) {
-        Some((id, s)) if id == session => live_child(s, session, what),
+        Some((id, s)) if same(id, session) => live_child(s, session, what),
         _ => child(tree, session, what),
     }
 }

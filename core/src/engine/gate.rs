@@ -3,7 +3,7 @@
 
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::keyed::hash_id;
+use crate::keyed::{hash_id, same};
 use crate::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, Turn};
 use crate::step::Ignored;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ pub(crate) fn settle_turn_at(
     tree.inflight.remove(turn_id);
     let session_pos = tree.sessions.position(&session_id).unwrap_or(u32::MAX);
     if let Some(s) = tree.sessions.at_mut(session_pos) {
-        if s.active_turn_id.as_ref() == Some(turn_id) {
+        if s.active_turn_id.as_ref().is_some_and(|a| same(a, turn_id)) {
             Arc::make_mut(s).active_turn_id = None;
             tx.session_at(&session_id, session_pos, true);
         }
@@ -205,7 +205,7 @@ pub(crate) fn resolve_root_turn<'t>(
             ))?,
     };
     match tree.turns.get(&id) {
-        Some(t) if t.agent_session_id == *session => Ok((id, t)),
+        Some(t) if same(&t.agent_session_id, session) => Ok((id, t)),
         _ => Err(Rejected::UnknownTurn {
             session: session.clone(),
             turn: id,

@@ -7,7 +7,7 @@
 use super::child::turn_at;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::keyed::hash_id;
+use crate::keyed::{hash_id, same};
 use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
 use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
@@ -134,7 +134,7 @@ pub(crate) fn tool_call(
     // not copied (it is copied on write only while a step still holds it).
     let mut changes = (None, None, None, None);
     if !fresh {
-        if c.turn_id != *turn {
+        if !same(&c.turn_id, turn) {
             return Err(Rejected::Invalid("tool call id reused on another turn"));
         }
         changes = (

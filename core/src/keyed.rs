@@ -83,7 +83,7 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
         0 => true,
         // Positions 0, n/2 and n-1 are every position of a string of 1 to 3 bytes.
         1..=3 => {
-            a.get(0) == b.get(0) && a.get(n / 2) == b.get(n / 2) && a.get(n - 1) == b.get(n - 1)
+            a.first() == b.first() && a.get(n / 2) == b.get(n / 2) && a.get(n - 1) == b.get(n - 1)
         }
         4..=7 => {
             chunk::<4>(a, 0) == chunk::<4>(b, 0) && chunk::<4>(a, n - 4) == chunk::<4>(b, n - 4)

@@ -147,10 +147,15 @@ fn probe(k: &str) -> Probe<&str> {
     }
 }
 
+/// Maps that are usually empty (turns being canceled, pending interactions) are checked
+/// before the id is hashed: a lookup in an empty map costs one load.
 impl<V> IdMap<V> {
     /// The value of `k`.
     #[inline]
     pub fn get(&self, k: &str) -> Option<&V> {
+        if self.0.is_empty() {
+            return None;
+        }
         self.0.get(&probe(k))
     }
     /// The value of `k`, whose [`hash_id`] the caller already computed (an id looked up in
@@ -163,6 +168,9 @@ impl<V> IdMap<V> {
     /// The value of `k`, to change.
     #[inline]
     pub fn get_mut(&mut self, k: &str) -> Option<&mut V> {
+        if self.0.is_empty() {
+            return None;
+        }
         self.0.get_mut(&probe(k))
     }
     /// Whether `k` (hashed by the caller) is present.
@@ -179,7 +187,7 @@ impl<V> IdMap<V> {
     /// Whether `k` is present.
     #[inline]
     pub fn contains_key(&self, k: &str) -> bool {
-        self.0.contains_key(&probe(k))
+        !self.0.is_empty() && self.0.contains_key(&probe(k))
     }
     /// Inserts or replaces; returns the old value.
     pub fn insert(&mut self, k: Id, v: V) -> Option<V> {
@@ -188,6 +196,9 @@ impl<V> IdMap<V> {
     }
     /// Removes `k`; returns its value.
     pub fn remove(&mut self, k: &str) -> Option<V> {
+        if self.0.is_empty() {
+            return None;
+        }
         self.0.remove(&probe(k))
     }
     /// The value of `k`, inserted by `make` if absent (the id is cloned only then): one lookup.

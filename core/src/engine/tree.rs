@@ -137,7 +137,9 @@ enum Touch {
     /// An entity, whether it is published, and its position in its table if the handler knew
     /// it ([`NO_HINT`] if not; checked before use).
     Entity(Key, bool, u32),
-    Message(Message),
+    /// A message (boxed: only a submit records one through a transaction, and a transaction is
+    /// returned by value, so its inline touches stay small).
+    Message(Box<Message>),
     Purge(Id),
 }
 
@@ -275,7 +277,7 @@ impl Tx {
         self.touch(Key::Op(id.clone()), true, NO_HINT);
     }
     pub fn message(&mut self, m: Message) {
-        self.touches.push(Touch::Message(m));
+        self.touches.push(Touch::Message(Box::new(m)));
     }
     pub fn purge(&mut self, session: &Id) {
         self.touches.push(Touch::Purge(session.clone()));
@@ -370,7 +372,7 @@ impl Tx {
                     None => continue,
                 },
                 Touch::Message(m) => {
-                    batch.rows.push(Row::Message(m));
+                    batch.rows.push(Row::Message(*m));
                     true
                 }
                 Touch::Purge(id) => {

@@ -284,6 +284,7 @@ impl IdSet {
     #[inline]
     pub fn insert_absent_hashed(&mut self, hash: u64, id: Id) {
         debug_assert_eq!(hash, hash_id(&id));
+        debug_assert!(!self.contains_hashed(hash, &id), "id already present");
         let key = Keyed { hash, key: id };
         match self {
             IdSet::Small(v) if v.len() < Self::SMALL => v.push(key),

@@ -378,6 +378,7 @@ fn transcript_steps_publish_exactly_one_row_of_their_tree() {
 fn held_steps_keep_their_rows_as_published_when_the_entities_change_later() {
     let mut h = tree_with_children(1);
     let held = [
+        h.feed(json!({"type":"childSessionUpdated","agentSessionId":"C1","title":"worker"})),
         h.feed(json!({"type":"turnStarted","agentSessionId":"C1","turnId":"CT1"})),
         h.feed(
             json!({"type":"toolCallUpdated","agentSessionId":"C1","turnId":"CT1",
@@ -397,11 +398,17 @@ fn held_steps_keep_their_rows_as_published_when_the_entities_change_later() {
         .iter()
         .flat_map(|s| s.persist.rows.iter().map(|r| r.kind()))
         .collect();
-    for kind in ["turn", "toolCall", "interaction", "cancelOperation"] {
+    for kind in [
+        "session",
+        "turn",
+        "toolCall",
+        "interaction",
+        "cancelOperation",
+    ] {
         assert!(kinds.contains(&kind), "{kind} not published: {kinds:?}");
     }
     // Every entity above changes again: the tool call, the interaction (superseded), the
-    // cancel operation, both turns and both sessions (settled, active turn cleared).
+    // cancel operation, both turns, and the child session (its active turn cleared).
     h.feed(
         json!({"type":"toolCallUpdated","agentSessionId":"C1","turnId":"CT1",
         "toolCallId":"x","status":"completed"}),
@@ -412,6 +419,9 @@ fn held_steps_keep_their_rows_as_published_when_the_entities_change_later() {
     for kind in ["turn", "interaction", "cancelOperation", "session"] {
         assert!(changed.contains(&kind), "{kind} not changed: {changed:?}");
     }
+    assert!(resolved.persist.rows.iter().any(
+        |r| matches!(r, tutti_core::step::Row::Session(s) if &*s.id == "C1" && s.active_turn_id.is_none())
+    ));
     for (step, before) in held.iter().zip(&as_published) {
         assert_eq!(&serde_json::to_value(step).unwrap(), before);
     }

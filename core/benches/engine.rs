@@ -14,14 +14,29 @@
 //! latency more than the engine (instructions per event are the same as with 10; see the README
 //! for counting them).
 //!
-//! Each pair runs side by side (see [`side_by_side`]), so a noisy shared machine slows both
+//! The runs of a pair take turns (see [`in_turns`]), so a noisy shared machine slows both
 //! alike. Inputs are generated before timing; each measured call builds the full `Step` (rows,
 //! guards, outbox indexes) exactly as a driver would receive it.
+//!
+//! Allocations go through mimalloc. With the C library's allocator (glibc), the large tree's
+//! per-event cost measured 1.14-1.25 times the small tree's, varying from process to process,
+//! with the same instructions per event. The likely cause: building the large tree frees
+//! thousands of inputs between the allocations it keeps, and the measured events' allocations
+//! (0.6 per event: new turns and tool calls, guard lists) then land in those holes all over the
+//! heap instead of next to each other. With mimalloc the ratio measured 1.00-1.13. The reference daemon keeps
+//! the C library's allocator: with mimalloc, its load benchmark's p99 latency was higher.
 
 use serde_json::json;
 use std::hint::black_box;
 use std::time::Instant;
 use tutti_core::{Engine, Input};
+
+/// The engine allocates through its application's allocator; this benchmark uses mimalloc, whose
+/// pages each hold one size of allocation, so that the figures measure the engine rather than
+/// how the C library's allocator reuses the holes that building the large tree left (see the
+/// crate docs above).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn input(v: serde_json::Value) -> Input {
     serde_json::from_value(v).expect("valid input")
@@ -198,35 +213,34 @@ fn measure(children: usize, active: usize, churn: Churn, events: usize) -> f64 {
 
 const SEED: u64 = 0x2545_F491_4F6C_DD1D;
 
-/// Events per timed chunk of [`side_by_side`].
+/// Events per timed chunk of [`in_turns`].
 const CHUNK: usize = 10_000;
 
 /// A workload's configuration: children, active children, churn.
 type Config = (usize, usize, Churn);
 
-/// Runs the streams of `configs` side by side, `passes` times (each pass on newly built
-/// engines), a chunk of [`CHUNK`] events of each configuration in turn; returns each
-/// configuration's nanoseconds per event: for every chunk, its fastest pass, summed over the
-/// chunks. Side by side, the configurations meet the same conditions of a shared machine; chunk
-/// by chunk, a pass slowed by another process for part of its run loses only that part.
-fn side_by_side(configs: &[Config], events: usize, passes: usize) -> Vec<f64> {
+/// Runs the stream of each of `configs` in turn, `passes` times, each run on a newly built
+/// engine and timed in chunks of [`CHUNK`] events; returns each configuration's nanoseconds per
+/// event: for every chunk, its fastest pass, summed over the chunks. Taking turns, the
+/// configurations meet the same conditions of a shared machine; chunk by chunk, a run slowed by
+/// another process for part of its time loses only that part. Each run has the heap to itself
+/// (the previous run is dropped first), as a single engine would.
+fn in_turns(configs: &[Config], events: usize, passes: usize) -> Vec<f64> {
     let chunks = events.div_ceil(CHUNK);
     let mut best = vec![vec![u128::MAX; chunks]; configs.len()];
     for _ in 0..passes {
-        let mut runs: Vec<(Engine, Vec<Input>)> = configs
-            .iter()
-            .map(|&(children, active, churn)| workload(children, active, churn, events, SEED))
-            .collect();
-        let mut now = 1_000_000;
-        for c in 0..chunks {
-            for ((e, inputs), best) in runs.iter_mut().zip(best.iter_mut()) {
-                let chunk = inputs.get(c * CHUNK..((c + 1) * CHUNK).min(events));
+        for (&(children, active, churn), best) in configs.iter().zip(best.iter_mut()) {
+            let (mut e, inputs) = workload(children, active, churn, events, SEED);
+            let mut now = 1_000_000;
+            for (c, chunk) in inputs.chunks(CHUNK).enumerate() {
                 let start = Instant::now();
-                for i in chunk.into_iter().flatten() {
+                for i in chunk {
                     now += 1;
-                    measured_handle(e, now, i);
+                    measured_handle(&mut e, now, i);
                 }
-                best[c] = best[c].min(start.elapsed().as_nanos());
+                if let Some(b) = best.get_mut(c) {
+                    *b = (*b).min(start.elapsed().as_nanos());
+                }
             }
         }
     }
@@ -253,12 +267,12 @@ fn main() {
     }
     // Four passes: the first also grows the heap (the kernel's first touch of each page), and
     // only a chunk's fastest pass counts.
-    let ratio = side_by_side(
+    let ratio = in_turns(
         &[(10, 10, Churn::NewTurn), (10_000, 10, Churn::NewTurn)],
         events,
         4,
     );
-    let stress = side_by_side(
+    let stress = in_turns(
         &[(10, 10, Churn::NewChild), (10_000, 10_000, Churn::NewChild)],
         events,
         4,

@@ -56,8 +56,10 @@ pub struct PersistBatch {
     /// The workspace of that tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_id: Option<Id>,
-    /// Conditions the batch was decided under, checked inside the transaction.
-    pub guards: Vec<Guard>,
+    /// Conditions the batch was decided under, checked inside the transaction. (A step that
+    /// changes a turn or a session carries one or two: stored inline, so such a step allocates
+    /// nothing for them.)
+    pub guards: SmallVec<[Guard; 2]>,
     /// Rows to write, in order. (Most steps write one row: it is stored inline, so such a step
     /// allocates nothing for its rows.)
     pub rows: SmallVec<[Row; 1]>,

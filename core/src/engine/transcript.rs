@@ -24,7 +24,7 @@ fn publish(tree: &Tree, row: Row) -> Step {
         persist: PersistBatch {
             root_agent_session_id: Some(tree.root_id.clone()),
             workspace_id: Some(tree.workspace_id.clone()),
-            guards: Vec::new(),
+            guards: SmallVec::new(),
             rows: SmallVec::from_buf([row]),
             outbox: SmallVec::from_buf_and_len([0, 0], 1),
         },

@@ -296,7 +296,7 @@ impl Tx {
         let now = self.now;
         let mut step = Step {
             persist: PersistBatch {
-                guards: std::mem::take(&mut self.guards),
+                guards: SmallVec::from_vec(std::mem::take(&mut self.guards)),
                 ..PersistBatch::default()
             },
             provider: std::mem::take(&mut self.provider),

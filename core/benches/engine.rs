@@ -19,13 +19,13 @@
 //! guards, outbox indexes) exactly as a driver would receive it.
 //!
 //! Allocations go through mimalloc. With the C library's allocator (glibc), the large tree's
-//! per-event cost measured 1.14-1.43 times the small tree's in five runs, varying from process
-//! to process, with the same instructions per event. The likely cause: building the large tree
-//! frees thousands of inputs between the allocations it keeps, and the measured events'
-//! allocations (0.6 per event: new turns and tool calls, guard lists) then land in those holes
-//! all over the heap instead of next to each other. With mimalloc the ratio measured 1.00-1.13
-//! in nine runs. The reference daemon keeps the C library's allocator: with mimalloc, its load
-//! benchmark's p99 latency was higher.
+//! per-event cost measured 1.14-1.43 times the small tree's (eight runs), varying from process
+//! to process, with the same instructions per event. The cause is not established: it is the
+//! allocator's doing (with mimalloc the ratio measured 0.94-1.13 in twelve runs), but cutting
+//! the measured events' allocations from 0.6 to 0.4 per event (guards kept inline) did not
+//! change it; the heap that building the large tree leaves behind is the likely suspect. The
+//! reference daemon keeps the C library's allocator: with mimalloc, its load benchmark's p99
+//! latency was higher.
 
 use serde_json::json;
 use std::hint::black_box;

@@ -33,9 +33,9 @@ use std::time::Instant;
 use tutti_core::{Engine, Input};
 
 /// The engine allocates through its application's allocator; this benchmark uses mimalloc, whose
-/// pages each hold one size of allocation, so that the figures measure the engine rather than
-/// how the C library's allocator reuses the holes that building the large tree left (see the
-/// crate docs above).
+/// pages each hold one size of allocation, so that the ratio measures the engine rather than
+/// how the C library's allocator lays out a heap that building the large tree has been through
+/// (see the crate docs above).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

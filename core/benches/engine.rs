@@ -20,12 +20,17 @@
 //!
 //! Allocations go through mimalloc. With the C library's allocator (glibc), the large tree's
 //! per-event cost measured 1.14-1.43 times the small tree's (eight runs), varying from process
-//! to process, with the same instructions per event. The cause is not established: it is the
-//! allocator's doing (with mimalloc the ratio measured 0.94-1.13 in twelve runs), but cutting
-//! the measured events' allocations from 0.6 to 0.4 per event (guards kept inline) did not
-//! change it; the heap that building the large tree leaves behind is the likely suspect. The
-//! reference daemon keeps the C library's allocator: with mimalloc, its load benchmark's p99
-//! latency was higher.
+//! to process, with the same instructions per event; with mimalloc, 0.94-1.18 (sixteen runs).
+//! The cause of the difference is not established: cutting the measured events' allocations
+//! from 0.6 to 0.4 per event (guards kept inline) did not change the glibc figure, and the heap
+//! that building the large tree leaves behind is the likely suspect. The reference daemon keeps
+//! the C library's allocator: with mimalloc, its load benchmark's p99 latency was higher.
+//!
+//! Instructions per event are equal in the two trees (callgrind, see the README). In one run
+//! with mimalloc, most of the remaining difference sat in a few chunks of the large tree's run
+//! (up to 1.7 times the small tree's same chunk, as the fastest of four passes); most likely
+//! the chunks where one of its larger indexes (turns, tool calls) doubles and rehashes, a cost
+//! that is constant per insert when amortized, but a run sees whichever doublings fall in it.
 
 use serde_json::json;
 use std::hint::black_box;

@@ -2,7 +2,7 @@
 //! transition"; progress, waiting and terminal use the same vocabulary as root turns.
 
 use super::gate::{evaluate_root, evaluate_root_at, settle_turn_at, RootTurn};
-use super::tree::{Tree, Tx};
+use super::tree::{at_hint, Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::same;
 use crate::model::{
@@ -349,14 +349,15 @@ pub(crate) fn turn_started(
             let mut t = new_turn(turn, session, Trigger::Guidance, Phase::Running, now);
             t.provider_turn_id = provider_turn_id.cloned();
             let p = tree.insert_turn(pos, t);
-            if let Some(s) = tree.sessions.get_mut(session).map(Arc::make_mut) {
+            // Found at `pos` without an index lookup (looked up if it is not there).
+            if let Some(s) = at_hint(&mut tree.sessions, pos, session).map(Arc::make_mut) {
                 s.active_turn_id = Some(turn.clone());
                 s.last_turn_id = Some(turn.clone());
             }
             tree.active_children
                 .get_or_insert_with(&root_turn, Default::default)
                 .insert(turn.clone(), session.clone());
-            tx.session(session, true);
+            tx.session_at(session, pos, true);
             tx.turn_at(turn, p, true);
             evaluate_root(tree, &mut tx, &root_turn);
         }

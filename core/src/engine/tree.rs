@@ -165,7 +165,7 @@ const NO_HINT: u32 = u32::MAX;
 
 /// The entity of `id` in `table`: at `hint` if that is where it is, else looked up.
 #[inline(always)]
-fn at_hint<'t, V>(table: &'t mut Table<V>, hint: u32, id: &str) -> Option<&'t mut V> {
+pub(crate) fn at_hint<'t, V>(table: &'t mut Table<V>, hint: u32, id: &str) -> Option<&'t mut V> {
     let hit = table.at(hint).is_some_and(|(k, _)| same(k, id));
     if hit {
         table.at_mut(hint)

@@ -20,7 +20,7 @@
 //!
 //! Allocations go through mimalloc. With the C library's allocator (glibc), the large tree's
 //! per-event cost measured 1.14-1.43 times the small tree's (eight runs), varying from process
-//! to process, with the same instructions per event; with mimalloc, 0.94-1.18 (sixteen runs).
+//! to process, with the same instructions per event; with mimalloc, 0.94-1.18 (twenty runs).
 //! The cause of the difference is not established: cutting the measured events' allocations
 //! from 0.6 to 0.4 per event (guards kept inline) did not change the glibc figure, and the heap
 //! that building the large tree leaves behind is the likely suspect. The reference daemon keeps

@@ -39,6 +39,8 @@ fn rule_2_child_turn_lifecycle_and_guidance_turns() {
     h.feed(json!({"type":"turnStarted","agentSessionId":"C1","turnId":"CT1b"}));
     assert_eq!(h.turn("CT1b")["trigger"], "guidance");
     assert_eq!(h.session("C1").unwrap()["rootTurnId"], "T");
+    assert_eq!(h.session("C1").unwrap()["activeTurnId"], "CT1b");
+    assert_eq!(h.session("C1").unwrap()["lastTurnId"], "CT1b");
     h.completed("R", "p1", "completed");
     assert_eq!(h.phase("T"), "waiting", "the guidance turn gates the root");
     h.terminal("C1", "CT1b", "completed");

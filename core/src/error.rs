@@ -93,6 +93,18 @@ pub enum Rejected {
         /// The active turn.
         turn: Id,
     },
+    /// A root provider event names a canonical root turn that disagrees with the root turn its
+    /// provider turn id is already recorded on ("root provider facts belong to the provider
+    /// turn they name").
+    #[error("provider turn {provider_turn_id} belongs to root turn {owner}, not {turn}")]
+    ProviderTurnOfAnotherTurn {
+        /// The provider's turn id (transport metadata).
+        provider_turn_id: String,
+        /// The root turn the event named.
+        turn: Id,
+        /// The root turn the provider turn id is recorded on.
+        owner: Id,
+    },
     /// A duplicate id on a conflicting entity (a message id, a request id).
     #[error("{0}")]
     Invalid(&'static str),

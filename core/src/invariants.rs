@@ -195,6 +195,12 @@ impl Engine {
                     }
                 }
             }
+            if !tree.provider_turns_consistent() {
+                v.push(Violation {
+                    rule: "provider turn index names the root turn each provider turn id is recorded on",
+                    id: tree.root_id.to_string(),
+                });
+            }
             let indexed: usize = tree.active_children.values().map(|m| m.len()).sum();
             let actual = snap
                 .turns

@@ -242,6 +242,27 @@ pub struct RootProviderTurn {
     /// lifecycle is reserved (phase running) until that provider turn starts or the guide fails.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reserved: bool,
+    /// Provider turn ids this root turn recorded before `providerTurnId` (a guidance or
+    /// continuation provider turn replaced them), oldest first. Kept so that "a provider turn id
+    /// already recorded on a root turn always resolves to that turn" also after the tree is
+    /// loaded from storage (transport metadata, like `providerTurnId`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_provider_turn_ids: Vec<String>,
+}
+
+impl RootProviderTurn {
+    /// Every provider turn id this root turn recorded: the earlier ones, then the current one.
+    pub fn provider_turn_ids(&self) -> impl Iterator<Item = &str> + '_ {
+        self.earlier_provider_turn_ids
+            .iter()
+            .map(String::as_str)
+            .chain(self.provider_turn_id.as_deref())
+    }
+
+    /// Whether this root turn recorded `provider_turn_id` (now or earlier).
+    pub fn records(&self, provider_turn_id: &str) -> bool {
+        self.provider_turn_ids().any(|p| p == provider_turn_id)
+    }
 }
 
 impl Default for RootProviderTurn {
@@ -252,6 +273,7 @@ impl Default for RootProviderTurn {
             retained_outcome: None,
             retained_error: None,
             reserved: false,
+            earlier_provider_turn_ids: Vec::new(),
         }
     }
 }

@@ -156,6 +156,7 @@ impl TreeSnapshot {
                 .message_ids
                 .insert(m);
         }
+        tree.rebuild_provider_turns();
         // Each session's latest turn, for the hot record.
         for pos in 0..tree.sessions.len() {
             let latest = tree

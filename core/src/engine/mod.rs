@@ -7,6 +7,7 @@ mod exit;
 mod gate;
 mod guidance;
 mod interaction;
+mod provider_turns;
 mod transcript;
 mod tree;
 

@@ -1,6 +1,7 @@
 //! One root tree's in-memory state (a cache of the database) and the per-step transaction
 //! builder that turns its mutations into one [`PersistBatch`].
 
+use super::provider_turns::ProviderTurns;
 use crate::hash::FxSet;
 use crate::keyed::{hash_id, same, IdMap, IdSet, PairMap, PairTable, Table};
 use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
@@ -33,6 +34,8 @@ pub(crate) struct Tree {
     pub ops: IdMap<Arc<CancelOperation>>,
     /// Turns that are targets of a prepared cancel operation (turn id -> operation id).
     pub inflight: IdMap<Id>,
+    /// The root session's provider turn ids -> the root turn each is recorded on.
+    pub provider_turns: ProviderTurns,
 }
 
 /// The per-session record that message, tool call and turn progress events read: found by the
@@ -95,6 +98,18 @@ impl Tree {
         let pos = self.turns.position(turn)?;
         let (_, t) = self.turns.at(pos)?;
         same(&t.agent_session_id, session).then_some(pos)
+    }
+
+    /// Rebuilds the provider turn index from the turns (after a load or a deletion).
+    pub fn rebuild_provider_turns(&mut self) {
+        self.provider_turns
+            .rebuild_from(self.turns.values().map(|t| &**t));
+    }
+
+    /// Whether the provider turn index is the one derived from the turns.
+    pub fn provider_turns_consistent(&self) -> bool {
+        self.provider_turns
+            .matches(self.turns.values().map(|t| &**t))
     }
 
     pub fn root(&self) -> Option<&Session> {

@@ -2282,3 +2282,73 @@ fn mutated_transcript_lines_never_panic_or_break_invariants() {
         assert!(v.is_empty(), "{name}: {v:?}");
     }
 }
+
+// ----- root provider facts belong to the provider turn they name (issue 18) -----------------
+
+/// "Root provider facts belong to the provider turn they name": after the user stops the last
+/// child, Claude's own follow-up turn (the SDK reacting to the stop, not reserved by the
+/// adapter) overlaps the user's next submit. Every root provider event names its canonical turn,
+/// so the follow-up's start and terminal stay with the settled turn-1 and never settle turn-2,
+/// which settles only from its own provider turn.
+#[test]
+fn claude_follow_up_after_a_stop_overlapping_the_next_submit_never_settles_the_next_turn() {
+    let mut rig = Rig::new();
+    let (c, ct) = rig.waiting_on_background_child();
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-c","agentSessionId":c,"turnId":ct}));
+    rig.ack("stopTask", true);
+    rig.notification("task-1", "tu-1", "stopped");
+    assert_eq!(rig.turn(&c, &ct).outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    // The SDK's own follow-up turn begins: a provider turn of turn-1.
+    let out = rig.text(None, "the task was stopped");
+    let started: Vec<_> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::RootProviderTurnStarted {
+                turn_id,
+                provider_turn_id,
+                ..
+            } => Some((turn_id.clone(), provider_turn_id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        started,
+        [(Some(Id::from(T1)), Some("claude-2".to_string()))],
+        "the follow-up names turn-1"
+    );
+    // The user's next submit overlaps it.
+    rig.submit("turn-2");
+    let t2 = rig.turn(R, "turn-2");
+    assert_eq!(t2.phase, Phase::Running);
+    let rpt = t2.root_provider_turn.clone().unwrap_or_default();
+    assert_eq!(rpt.provider_turn_id.as_deref(), Some("claude-3"));
+    // The follow-up's terminal completes the follow-up, on turn-1, not turn-2.
+    let out = rig.result();
+    assert!(
+        out.events.iter().all(|e| match e {
+            NormalizedEvent::RootProviderTurnCompleted {
+                turn_id,
+                provider_turn_id,
+                ..
+            } => turn_id.as_deref() == Some(T1) && provider_turn_id.as_deref() == Some("claude-2"),
+            _ => true,
+        }),
+        "{:?}",
+        out.events
+    );
+    let t2 = rig.turn(R, "turn-2");
+    assert_eq!(t2.phase, Phase::Running, "turn-2 keeps running");
+    assert_eq!(t2.outcome, None);
+    assert_eq!(
+        t2.root_provider_turn.as_ref().map(|r| r.phase),
+        Some(ProviderPhase::Running)
+    );
+    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    // turn-2's own provider turn settles it.
+    rig.text(None, "second");
+    rig.result();
+    assert_eq!(rig.turn(R, "turn-2").outcome, Some(Outcome::Completed));
+    rig.assert_clean();
+}

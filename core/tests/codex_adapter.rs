@@ -1990,3 +1990,106 @@ fn replay_reports_garbage_in_diagnostics_and_changes_nothing() {
         "nothing received"
     );
 }
+
+// ---- rule: root provider facts belong to the provider turn they name (issue 18) ------------
+
+/// "Root provider facts belong to the provider turn they name": the interrupted root turn's
+/// `turn/completed` arrives after `turn/start` of the next canonical turn. It is normalized
+/// under its own canonical turn, recorded on it (provider phase completed, canceled outcome
+/// kept), and never settles the next one; a repeat of it changes nothing.
+#[test]
+fn interrupted_turn_completed_after_the_next_turn_start_settles_only_its_own_turn() {
+    let mut r = Rig::running();
+    r.command(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":ROOT,"turnId":T1}));
+    r.respond("turn/interrupt", json!({}));
+    assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Canceled));
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":"T2","text":"again"}));
+    r.respond("turn/start", json!({"turn":{"id":"native-2"}}));
+    r.feed(turn_started(ROOT_THREAD, "native-2"));
+    assert_eq!(r.phase(ROOT, "T2"), Phase::Running);
+    for _ in 0..2 {
+        let out = r.feed(turn_completed(
+            ROOT_THREAD,
+            N1,
+            "interrupted",
+            Some("interrupted"),
+        ));
+        match &out.events[..] {
+            [NormalizedEvent::RootProviderTurnCompleted {
+                turn_id,
+                provider_turn_id,
+                ..
+            }] => {
+                assert_eq!(turn_id.as_deref(), Some(T1));
+                assert_eq!(provider_turn_id.as_deref(), Some(N1));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.phase(ROOT, "T2"), Phase::Running, "T2 is untouched");
+        let t2 = r.engine.turn(ROOT, "T2").expect("T2").clone();
+        let rpt = t2.root_provider_turn.unwrap_or_default();
+        assert_eq!(rpt.phase, ProviderPhase::Running);
+        assert_eq!(rpt.provider_turn_id.as_deref(), Some("native-2"));
+        assert_eq!(
+            r.root_provider(),
+            (ProviderPhase::Completed, Some(N1.into()))
+        );
+        assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Canceled));
+    }
+    r.feed(turn_completed(ROOT_THREAD, "native-2", "completed", None));
+    assert_eq!(r.outcome(ROOT, "T2"), Some(Outcome::Completed));
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+/// A root turn canceled before its `turn/start` answered: the answer and the native turn's
+/// `turn/started` arrive only after the next canonical turn started. That native turn is the
+/// canceled turn's (its `turn/start` named it): reported under it and interrupted, never
+/// adopted by the newer turn, whose own native turn settles it.
+#[test]
+fn late_start_of_a_canceled_turns_native_turn_is_not_adopted_by_the_next_turn() {
+    let mut r = Rig::new(CodexConfig::default());
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
+    r.command(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":ROOT,"turnId":T1}));
+    let timer = r.timers.last().cloned().expect("cancel timer");
+    r.timer(&timer.id);
+    assert_eq!(r.phase(ROOT, T1), Phase::Settled);
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":"T2","text":"again"}));
+    // T1's turn/start answers now, then T2's.
+    r.respond("turn/start", json!({"turn":{"id":N1}}));
+    r.respond("turn/start", json!({"turn":{"id":"native-2"}}));
+    let interrupts = r.requests("turn/interrupt").len();
+    let out = r.feed(turn_started(ROOT_THREAD, N1));
+    match &out.events[..] {
+        [NormalizedEvent::RootProviderTurnStarted {
+            turn_id,
+            provider_turn_id,
+            ..
+        }] => {
+            assert_eq!(turn_id.as_deref(), Some(T1));
+            assert_eq!(provider_turn_id.as_deref(), Some(N1));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        r.requests("turn/interrupt").len(),
+        interrupts + 1,
+        "the canceled turn's native turn is interrupted"
+    );
+    let t2 = r.engine.turn(ROOT, "T2").expect("T2").clone();
+    assert_eq!(
+        t2.root_provider_turn.unwrap_or_default().provider_turn_id,
+        None,
+        "T2 did not adopt it"
+    );
+    r.feed(turn_started(ROOT_THREAD, "native-2"));
+    let out = r.feed(turn_completed(ROOT_THREAD, N1, "interrupted", None));
+    assert!(out.events.iter().all(|e| match e {
+        NormalizedEvent::RootProviderTurnCompleted { turn_id, .. } =>
+            turn_id.as_deref() == Some(T1),
+        _ => true,
+    }));
+    assert_eq!(r.phase(ROOT, "T2"), Phase::Running);
+    r.feed(turn_completed(ROOT_THREAD, "native-2", "completed", None));
+    assert_eq!(r.outcome(ROOT, "T2"), Some(Outcome::Completed));
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}

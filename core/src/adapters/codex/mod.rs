@@ -657,6 +657,28 @@ impl CodexAdapter {
     }
 
     fn root_turn_started(&mut self, turn: String, out: &mut AdapterOutput) {
+        // "Root provider facts belong to the provider turn they name": a native turn whose
+        // `turn/start` answered for an earlier canonical root turn is that turn's, also when its
+        // `turn/started` arrives after the next canonical root turn began. It is reported under
+        // its own turn (the engine does not adopt it: that turn settled) and interrupted, never
+        // adopted by the newer root turn.
+        if let Some(owner) = self
+            .root_natives
+            .get(&turn)
+            .filter(|o| Some(*o) != self.root_turn.as_ref())
+            .cloned()
+        {
+            out.events.push(NormalizedEvent::RootProviderTurnStarted {
+                agent_session_id: self.root.clone(),
+                turn_id: Some(owner),
+                provider_turn_id: Some(turn.clone()),
+            });
+            out.diagnostics.push(format!(
+                "root provider turn {turn} of an earlier canonical root turn started late: interrupted, not adopted"
+            ));
+            self.interrupt_native_root(turn, Vec::new(), out);
+            return;
+        }
         if let Some(b) = self.boundary.as_mut() {
             if b.interrupted.contains(&turn) {
                 return;

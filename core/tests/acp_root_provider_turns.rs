@@ -1,0 +1,222 @@
+//! The ACP adapter and the engine together: "root provider facts belong to the provider turn
+//! they name". Every root provider event the adapter emits names its canonical turn and its
+//! provider turn (`prompt-<rpc id>`), so a prompt that answers `cancelled` after the user's next
+//! turn was submitted closes its own turn's provider lifecycle and never settles the next one.
+//!
+//! The rig wires a real `AcpAdapter` to a real `Engine` like the runtime driver: engine provider
+//! requests go to the adapter, adapter events and answers go to the engine, and the invariant
+//! checker runs after every engine step.
+
+use serde_json::{json, Value};
+use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
+use tutti_core::adapters::{Adapter, AdapterOutput, AdapterTimer};
+use tutti_core::model::{Outcome, Phase, ProviderPhase, RootProviderTurn};
+use tutti_core::{Engine, Input, NormalizedEvent};
+
+struct Rig {
+    engine: Engine,
+    adapter: AcpAdapter,
+    now: i64,
+    native: Vec<Value>,
+    timers: Vec<AdapterTimer>,
+    events: Vec<NormalizedEvent>,
+    rejected: Vec<String>,
+}
+
+impl Rig {
+    /// Root session R, the agent initialized and its session created.
+    fn new() -> Rig {
+        let mut r = Rig {
+            engine: Engine::new(),
+            adapter: AcpAdapter::new("R".into(), AcpConfig::default()),
+            now: 0,
+            native: Vec::new(),
+            timers: Vec::new(),
+            events: Vec::new(),
+            rejected: Vec::new(),
+        };
+        r.input(
+            json!({"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"acp"}),
+        );
+        r.now += 1;
+        let out = r.adapter.open(r.now);
+        r.route(out);
+        r.answer(
+            "initialize",
+            json!({"protocolVersion": 1, "agentCapabilities": {}}),
+        );
+        r.answer("session/new", json!({"sessionId": "acp-session"}));
+        r
+    }
+
+    fn input(&mut self, v: Value) {
+        let input: Input = serde_json::from_value(v).expect("valid input");
+        self.engine_input(input);
+    }
+
+    fn engine_input(&mut self, input: Input) {
+        self.now += 1;
+        match self.engine.handle(self.now, &input) {
+            Ok(step) => {
+                let v = self.engine.check_invariants();
+                assert!(v.is_empty(), "invariants: {v:?}");
+                for req in &step.provider {
+                    let out = self.adapter.on_request(self.now, req);
+                    self.route(out);
+                }
+            }
+            Err(e) => self.rejected.push(format!("{e}")),
+        }
+    }
+
+    fn route(&mut self, out: AdapterOutput) {
+        self.native.extend(out.native);
+        self.timers.extend(out.timers);
+        for e in out.events {
+            self.events.push(e.clone());
+            self.engine_input(Input::Event(e));
+        }
+        for a in out.answers {
+            self.engine_input(Input::Runtime(a));
+        }
+    }
+
+    /// The rpc id of the last request with this method.
+    fn last_request(&self, method: &str) -> u64 {
+        self.native
+            .iter()
+            .rev()
+            .find(|n| n["method"] == method && n.get("id").is_some())
+            .and_then(|n| n["id"].as_u64())
+            .unwrap_or_else(|| panic!("no {method} request in {:?}", self.native))
+    }
+
+    /// Answers the last request with this method; returns what the adapter produced.
+    fn answer(&mut self, method: &str, result: Value) -> AdapterOutput {
+        let id = self.last_request(method);
+        self.answer_id(id, result)
+    }
+
+    fn answer_id(&mut self, id: u64, result: Value) -> AdapterOutput {
+        self.now += 1;
+        let out = self
+            .adapter
+            .on_native(
+                self.now,
+                &json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            )
+            .unwrap_or_else(|e| panic!("adapter refused the answer: {e}"));
+        self.route(out.clone());
+        out
+    }
+
+    fn root_turn(&self, turn: &str) -> (Phase, Option<Outcome>, RootProviderTurn) {
+        let t = self.engine.turn("R", turn).expect("root turn exists");
+        (
+            t.phase,
+            t.outcome,
+            t.root_provider_turn.clone().unwrap_or_default(),
+        )
+    }
+}
+
+/// An ACP prompt answers `cancelled` after the canceled turn settled (the cancel timed out) and
+/// the user's next turn was submitted: its `rootProviderTurnCompleted` names the canceled turn
+/// and `prompt-<id>`, completes that turn's provider lifecycle without changing its outcome,
+/// and never settles the next turn, whose own prompt is sent only now and settles it.
+#[test]
+fn prompt_answering_cancelled_after_the_next_submit_settles_only_its_own_turn() {
+    let mut r = Rig::new();
+    r.input(json!({"type":"submit","agentSessionId":"R","turnId":"T1","text":"first"}));
+    let p1 = r.last_request("session/prompt");
+    let (phase, _, rpt) = r.root_turn("T1");
+    assert_eq!(phase, Phase::Running);
+    assert_eq!(rpt.provider_turn_id, Some(format!("prompt-{p1}")));
+
+    r.input(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":"R","turnId":"T1"}));
+    assert!(r
+        .native
+        .iter()
+        .any(|n| n["method"] == "session/cancel" && n.get("id").is_none()));
+    // The agent is slow to answer: the cancel's bound passes and the turn settles.
+    let timer = r.timers.last().cloned().expect("cancel timer");
+    r.now = r.now.max(timer.at);
+    let out = r.adapter.on_timer(r.now, &timer.id);
+    r.route(out);
+    let (phase, outcome, _) = r.root_turn("T1");
+    assert_eq!(phase, Phase::Settled);
+    let t1_outcome = outcome;
+
+    // The user's next turn: its prompt waits for the running one to answer.
+    r.input(json!({"type":"submit","agentSessionId":"R","turnId":"T2","text":"second"}));
+    assert_eq!(r.last_request("session/prompt"), p1, "no second prompt yet");
+    assert_eq!(r.root_turn("T2").0, Phase::Submitted);
+
+    // The canceled prompt answers now.
+    let out = r.answer_id(p1, json!({"stopReason": "cancelled"}));
+    let completed: Vec<_> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::RootProviderTurnCompleted {
+                turn_id,
+                provider_turn_id,
+                outcome,
+                ..
+            } => Some((turn_id.clone(), provider_turn_id.clone(), *outcome)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        completed,
+        [(
+            Some("T1".into()),
+            Some(format!("prompt-{p1}")),
+            Outcome::Interrupted
+        )]
+    );
+    let (phase, outcome, rpt) = r.root_turn("T1");
+    assert_eq!(
+        (phase, outcome),
+        (Phase::Settled, t1_outcome),
+        "T1 unchanged"
+    );
+    assert_eq!(
+        rpt.phase,
+        ProviderPhase::Completed,
+        "no stale running phase"
+    );
+    assert_eq!(rpt.retained_outcome, Some(Outcome::Interrupted));
+
+    // Only now is T2's prompt sent; T2 runs its own provider turn.
+    let p2 = r.last_request("session/prompt");
+    assert_ne!(p2, p1);
+    let (phase, outcome, rpt) = r.root_turn("T2");
+    assert_eq!((phase, outcome), (Phase::Running, None));
+    assert_eq!(rpt.phase, ProviderPhase::Running);
+    assert_eq!(rpt.provider_turn_id, Some(format!("prompt-{p2}")));
+
+    // Every root provider event named its canonical turn and its provider turn.
+    for e in &r.events {
+        match e {
+            NormalizedEvent::RootProviderTurnStarted {
+                turn_id,
+                provider_turn_id,
+                ..
+            }
+            | NormalizedEvent::RootProviderTurnCompleted {
+                turn_id,
+                provider_turn_id,
+                ..
+            } => assert!(turn_id.is_some() && provider_turn_id.is_some(), "{e:?}"),
+            _ => {}
+        }
+    }
+
+    r.answer_id(p2, json!({"stopReason": "end_turn"}));
+    let (phase, outcome, _) = r.root_turn("T2");
+    assert_eq!((phase, outcome), (Phase::Settled, Some(Outcome::Completed)));
+    let (_, outcome, _) = r.root_turn("T1");
+    assert_eq!(outcome, t1_outcome);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}

@@ -540,3 +540,62 @@ fn restore_refuses_message_ids_of_a_session_outside_the_tree() {
         "every message id comes back under its session"
     );
 }
+
+/// Rule 3 ("the root turn stays running while any nested child turn is active"): a root turn
+/// whose provider turn has not started yet but which already has an active child (a provider that
+/// reports the child before its own turn id) shows `running`, not `submitted`; when the child
+/// settles and no provider turn is running, it is `submitted` again.
+#[test]
+fn rule_3_root_with_active_child_before_its_provider_turn_shows_running() {
+    let mut h = H::new();
+    h.root("R");
+    h.submit("R", "T");
+    assert_eq!(h.phase("T"), "submitted");
+    let step = h.child("C1", "CT1", "R", "T", "R", "T");
+    assert_eq!(
+        h.phase("T"),
+        "running",
+        "an active child runs the root turn"
+    );
+    assert!(
+        step.outbox_turns().any(|t| &**t == "T"),
+        "the root's phase change is published"
+    );
+    h.terminal("C1", "CT1", "completed");
+    assert_eq!(h.phase("T"), "submitted", "no provider turn and no child");
+    assert_eq!(
+        h.outcome("T"),
+        None,
+        "no provider outcome: the root stays open"
+    );
+    h.check();
+}
+
+/// Rule 7 ("an exact child-only cancel ... without adding the root as a cancel target"): preparing
+/// a child-only cancel settles only that child's turn; the root keeps its phase (running while its
+/// provider turn runs, waiting once the provider finished) and is not republished.
+#[test]
+fn rule_7_preparing_a_child_only_cancel_leaves_the_root_phase_alone() {
+    for provider_done in [false, true] {
+        let mut h = tree_with_children(2);
+        if provider_done {
+            h.completed("R", "p1", "completed");
+        }
+        let root_before = h.turn("T");
+        let step = h.cancel("op1", "C1", "CT1");
+        assert_eq!(h.phase("CT1"), "settling");
+        assert_eq!(h.phase("CT2"), "submitted", "the sibling is not a target");
+        assert_eq!(h.turn("T"), root_before, "the root turn is unchanged");
+        assert_eq!(
+            h.phase("T"),
+            if provider_done { "waiting" } else { "running" }
+        );
+        let published: Vec<String> = step.outbox_turns().map(|t| t.to_string()).collect();
+        assert_eq!(
+            published,
+            vec!["CT1".to_string()],
+            "only the target is published"
+        );
+        h.check();
+    }
+}

@@ -8,7 +8,27 @@ use tutti_core::Rejected;
 
 #[test]
 fn rule_1_child_relation_is_immutable_and_creation_is_atomic_and_idempotent() {
-    let mut h = tree_with_children(1);
+    let mut h = H::new();
+    h.root("R");
+    h.submit("R", "T");
+    h.started("R", "p1");
+    // Atomic: the child session, its first turn and the root turn's child count are written by
+    // one step (one batch, one transaction), never one without the others.
+    let step = h.child("C1", "CT1", "R", "T", "R", "T");
+    let rows = &step.persist.rows;
+    let session_row = rows.iter().any(|r| {
+        matches!(r, tutti_core::step::Row::Session(s) if &*s.id == "C1" && s.parent_agent_session_id.as_deref() == Some("R"))
+    });
+    let child_turn_row = rows
+        .iter()
+        .any(|r| matches!(r, tutti_core::step::Row::Turn(t) if &*t.id == "CT1"));
+    let root_turn_row = rows.iter().any(|r| {
+        matches!(r, tutti_core::step::Row::Turn(t) if &*t.id == "T" && t.child_session_count == 1)
+    });
+    assert!(
+        session_row && child_turn_row && root_turn_row,
+        "one batch holds the child session, its turn and the root's count: {rows:?}"
+    );
     let s = h.session("C1").unwrap();
     assert_eq!(s["kind"], "child");
     assert_eq!(s["parentAgentSessionId"], "R");
@@ -174,7 +194,22 @@ fn rule_6_root_cancel_records_exact_targets_closes_creation_and_settles_on_resul
     let req = &provider_requests(&step)[0];
     assert_eq!(req["type"], "cancel");
     assert_eq!(req["rootAgentSessionId"], "R");
-    assert_eq!(req["targets"].as_array().unwrap().len(), 3);
+    let exact = json!([
+        {"agentSessionId":"R","turnId":"T"},
+        {"agentSessionId":"C1","turnId":"CT1"},
+        {"agentSessionId":"C2","turnId":"CT2"},
+    ]);
+    assert_eq!(
+        req["targets"], exact,
+        "the root and every active child, nothing else"
+    );
+    let op = h.store.cancel_operation("op1").unwrap().unwrap();
+    assert_eq!(
+        serde_json::to_value(&op.targets).unwrap(),
+        exact,
+        "the operation records the same exact targets before any provider I/O"
+    );
+    assert_eq!(op.state, tutti_core::model::CancelState::Prepared);
     assert_eq!(step.timers.len(), 1, "a cancel deadline is armed");
     let e = h.reject(
         json!({"type":"childSessionCreated","agentSessionId":"C3","turnId":"CT3",
@@ -250,10 +285,24 @@ fn rule_8_nothing_resurrects_after_cancel() {
 
 #[test]
 fn rule_8_late_child_history_is_kept_unless_closed_target() {
-    let mut h = tree_with_children(1);
+    let mut h = tree_with_children(2);
+    // A child that settled normally: its late output is history and is kept.
     h.terminal("C1", "CT1", "completed");
     h.feed(json!({"type":"messageAppended","agentSessionId":"C1","turnId":"CT1","messageId":"m1","role":"assistant","text":"late but fine"}));
-    assert_eq!(h.store.messages("C1", None, 10).unwrap().len(), 1);
+    let kept = h.store.messages("C1", None, 10).unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(&*kept[0].text, "late but fine");
+    // A child that was a cancel target (a closed target): its late output is dropped.
+    h.cancel("op1", "C2", "CT2");
+    h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[{"agentSessionId":"C2","turnId":"CT2"}]}));
+    assert_eq!(h.outcome("CT2").as_deref(), Some("canceled"));
+    let before = h.store.outbox().len();
+    h.feed(json!({"type":"messageAppended","agentSessionId":"C2","turnId":"CT2","messageId":"m2","role":"assistant","text":"too late"}));
+    assert!(
+        h.store.messages("C2", None, 10).unwrap().is_empty(),
+        "a closed cancel target keeps no late output"
+    );
+    assert_eq!(h.store.outbox().len(), before, "and publishes nothing");
     h.check();
 }
 

@@ -648,3 +648,65 @@ fn rule_7_preparing_a_child_only_cancel_leaves_the_root_phase_alone() {
         h.check();
     }
 }
+
+/// Rule 6 ("cancel is idempotent by operation id"): the same operation id repeated for the same
+/// turn answers the same operation; the same id for another turn of the same session is refused
+/// (an operation id names one exact cancel, not one session).
+#[test]
+fn rule_6_an_operation_id_names_one_exact_turn() {
+    let mut h = tree_with_children(0);
+    h.cancel("op1", "R", "T");
+    let again = h.cancel("op1", "R", "T");
+    assert!(
+        again.persist.is_empty() && again.provider.is_empty(),
+        "a repeat is a no-op"
+    );
+    h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[]}));
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    h.submit("R", "T2");
+    let e = h.reject(
+        json!({"type":"cancelTurn","operationId":"op1","agentSessionId":"R","turnId":"T2"}),
+    );
+    assert!(matches!(e, Rejected::OperationExists(_)), "{e:?}");
+    assert_eq!(
+        h.phase("T2"),
+        "submitted",
+        "the second turn is not canceled"
+    );
+    h.check();
+}
+
+/// Rule 6 ("a root cancel records every active nested child turn", including one a child-only
+/// cancel already targets): once the root cancel took the child target over, the earlier
+/// operation's answer settles that child only if the provider confirmed it; an unconfirmed or
+/// failed earlier answer leaves the child to the root cancel.
+#[test]
+fn rule_6_a_taken_over_child_target_is_left_to_the_later_cancel_unless_confirmed() {
+    for first in ["acked none", "failed"] {
+        let mut h = tree_with_children(2);
+        h.cancel("op1", "C1", "CT1");
+        h.cancel("op2", "R", "T");
+        let step = if first == "failed" {
+            h.feed(json!({"type":"cancelFailed","operationId":"op1","error":"write failed"}))
+        } else {
+            h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[]}))
+        };
+        assert_eq!(
+            h.phase("CT1"),
+            "settling",
+            "{first}: CT1 belongs to op2 now"
+        );
+        assert_eq!(h.outcome("CT1"), None, "{first}");
+        assert_eq!(step.outbox_turns().count(), 0, "{first}: nothing settled");
+        h.feed(json!({"type":"cancelResult","operationId":"op2",
+            "acked":[{"agentSessionId":"R","turnId":"T"},{"agentSessionId":"C1","turnId":"CT1"}]}));
+        assert_eq!(
+            h.outcome("CT1").as_deref(),
+            Some("canceled"),
+            "{first}: op2 confirmed it"
+        );
+        assert_eq!(h.outcome("CT2").as_deref(), Some("interrupted"), "{first}");
+        assert_eq!(h.outcome("T").as_deref(), Some("canceled"), "{first}");
+        h.check();
+    }
+}

@@ -710,3 +710,45 @@ fn rule_6_a_taken_over_child_target_is_left_to_the_later_cancel_unless_confirmed
         h.check();
     }
 }
+
+/// Rule 3 ("the root turn settles when the root provider turn is terminal ..."): only the
+/// running provider turn's terminal counts. A repeated terminal of the completed provider turn
+/// is a duplicate; a terminal naming another provider turn is stale, while that turn runs and
+/// after it completed; neither changes the root.
+#[test]
+fn rule_3_only_the_running_provider_turns_terminal_counts() {
+    use tutti_core::step::Ignored;
+    let mut h = tree_with_children(1);
+    let stale = h.completed("R", "p9", "failed");
+    assert_eq!(
+        stale.ignored,
+        Some(Ignored::StaleProviderTurn),
+        "p9 is not running"
+    );
+    assert!(stale.persist.is_empty());
+    assert_eq!(h.turn("T")["rootProviderTurn"]["phase"], "running");
+    let done = h.completed("R", "p1", "completed");
+    assert_eq!(done.ignored, None);
+    assert_eq!(h.phase("T"), "waiting", "the child still runs");
+    let again = h.completed("R", "p1", "failed");
+    assert_eq!(
+        again.ignored,
+        Some(Ignored::Duplicate),
+        "a repeat of p1's terminal"
+    );
+    assert!(again.persist.is_empty());
+    let other = h.completed("R", "p8", "failed");
+    assert_eq!(
+        other.ignored,
+        Some(Ignored::StaleProviderTurn),
+        "p8 never ran"
+    );
+    assert!(other.persist.is_empty());
+    h.terminal("C1", "CT1", "completed");
+    assert_eq!(
+        h.outcome("T").as_deref(),
+        Some("completed"),
+        "p1's outcome, not a repeat's"
+    );
+    h.check();
+}

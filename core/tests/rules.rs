@@ -752,3 +752,34 @@ fn rule_3_only_the_running_provider_turns_terminal_counts() {
     );
     h.check();
 }
+
+/// Rule 3: a root provider turn whose provider gives it no id (transport metadata is optional)
+/// still starts: the root provider phase and the root turn are `running`, and its terminal
+/// (also without an id) settles the root.
+#[test]
+fn rule_3_a_root_provider_turn_without_a_provider_id_is_adopted() {
+    let mut h = H::new();
+    h.root("R");
+    h.submit("R", "T");
+    let step = h.feed(json!({"type":"rootProviderTurnStarted","agentSessionId":"R"}));
+    assert_eq!(step.ignored, None, "not taken for a duplicate");
+    assert_eq!(h.turn("T")["rootProviderTurn"]["phase"], "running");
+    assert_eq!(h.phase("T"), "running");
+    h.feed(json!({"type":"rootProviderTurnCompleted","agentSessionId":"R","outcome":"completed"}));
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    h.check();
+}
+
+/// Rule 3: a root provider event that names a canonical turn must name a turn of its own root
+/// session; a child's turn named by a root provider event is refused and changes nothing.
+#[test]
+fn rule_3_root_provider_events_name_a_turn_of_their_own_session() {
+    let mut h = tree_with_children(1);
+    let e = h.reject(json!({"type":"rootProviderTurnStarted","agentSessionId":"R","turnId":"CT1","providerTurnId":"px"}));
+    assert!(matches!(e, Rejected::UnknownTurn { .. }), "{e:?}");
+    let e = h.reject(json!({"type":"rootProviderTurnCompleted","agentSessionId":"R","turnId":"CT1","providerTurnId":"p1","outcome":"failed"}));
+    assert!(matches!(e, Rejected::UnknownTurn { .. }), "{e:?}");
+    assert_eq!(h.phase("CT1"), "submitted");
+    assert!(h.turn("CT1").get("rootProviderTurn").is_none());
+    h.check();
+}

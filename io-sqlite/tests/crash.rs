@@ -1,6 +1,8 @@
 //! Crash safety: a child process applies realistic engine steps to a file in group commits; the
-//! test kills it with SIGKILL at random moments until fifty kills landed after progress, and after every kill
-//! checks the file: `PRAGMA integrity_check` is ok; the file holds exactly a prefix of whole
+//! test kills it with SIGKILL at random moments until fifty kills landed after progress (the
+//! file held more whole batches than before the kill; a run that cannot get them in ten times
+//! as many kills fails), and after every kill checks the file: `PRAGMA integrity_check` is ok;
+//! the file holds exactly a prefix of whole
 //! batches (it equals a `MemoryStore` that replayed the same deterministic batches up to some
 //! batch, trees and outbox alike, and that prefix never shrinks); the outbox has no gap; every
 //! reloaded tree passes the invariant checker and restores into an engine.

@@ -9,11 +9,19 @@
 //! `{"interaction": REQUEST_ID, "turnId": T, ...}`, `{"cancelOperation": ID, ...}`,
 //! `{"messages": SESSION_ID, "texts": [...]}` (exact texts in order) and
 //! `{"detail": SESSION_ID, "childSessions": [IDS]}` (the set of nested child ids).
+//!
+//! The runner is strict about the format, so that a typo fails instead of passing silently: a
+//! key an expectation does not know (a field the entity does not have, a key of `expectLast`
+//! other than `rejected`, `reply`, `providerRequests`, `outboxTurns`), a value of the wrong type
+//! (`"rejected": "yes"`), an expectation that names nothing to check (`{"turn": "T"}` alone:
+//! write `"exists": true` to check only existence; `{"messages": S}` without `texts` or
+//! `count`; an empty `expectLast`), `expectInvariants` other than `true`, or a key of an input
+//! line other than `at` and `input` is a format error of that file, reported with its line.
 
 use crate::engine::Engine;
 use crate::input::Input;
 use crate::invariants::check_tree;
-use crate::model::Millis;
+use crate::model::{CancelOperation, Interaction, Millis, Session, Turn};
 use crate::step::Step;
 use crate::store::Store;
 use serde_json::{Map, Value};
@@ -41,7 +49,13 @@ pub fn run<S: Store>(text: &str, engine: &mut Engine, store: &mut S) -> Result<u
             serde_json::from_str(line).map_err(|e| format!("line {line_no}: not JSON: {e}"))?;
         let fail = |msg: String| format!("line {line_no}: {msg}");
         if let Some(input) = v.get("input") {
-            let at: Millis = v.get("at").and_then(Value::as_i64).unwrap_or(0);
+            only_keys(&v, &["at", "input"]).map_err(fail)?;
+            let at: Millis = match v.get("at") {
+                None => 0,
+                Some(at) => at
+                    .as_i64()
+                    .ok_or_else(|| fail(format!("`at` must be an integer, got {at}")))?,
+            };
             let input: Input = serde_json::from_value(input.clone())
                 .map_err(|e| fail(format!("bad input: {e}")))?;
             last = match engine.handle(at, &input) {
@@ -54,12 +68,18 @@ pub fn run<S: Store>(text: &str, engine: &mut Engine, store: &mut S) -> Result<u
                 Err(e) => Last::Rejected(e.to_string()),
             };
         } else if let Some(exp) = v.get("expect") {
+            only_keys(&v, &["expect"]).map_err(fail)?;
             expect(exp, store).map_err(fail)?;
             checks += 1;
         } else if let Some(exp) = v.get("expectLast") {
+            only_keys(&v, &["expectLast"]).map_err(fail)?;
             expect_last(exp, &last).map_err(fail)?;
             checks += 1;
-        } else if v.get("expectInvariants").is_some() {
+        } else if let Some(flag) = v.get("expectInvariants") {
+            only_keys(&v, &["expectInvariants"]).map_err(fail)?;
+            if *flag != Value::Bool(true) {
+                return Err(fail(format!("`expectInvariants` must be true, got {flag}")));
+            }
             invariants(engine, store).map_err(fail)?;
             checks += 1;
         } else {
@@ -97,6 +117,60 @@ fn to<T: serde::Serialize>(x: Option<T>) -> Option<Value> {
     x.map(|x| serde_json::to_value(x).unwrap_or(Value::Null))
 }
 
+/// A format error unless every key of the line's object is one of `allowed`.
+fn only_keys(v: &Value, allowed: &[&str]) -> Result<(), String> {
+    let Some(obj) = v.as_object() else {
+        return Err("a line must be a JSON object".into());
+    };
+    match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(format!("unknown key `{k}` (allowed here: {allowed:?})")),
+        None => Ok(()),
+    }
+}
+
+/// The wire names of the fields of `T` (what `#[derive(Deserialize)]` of a struct declares), so
+/// that an expectation naming a field the entity does not have is a format error rather than a
+/// comparison with an absent field that passes for `null`.
+fn field_names<'de, T: serde::Deserialize<'de>>() -> &'static [&'static str] {
+    struct Fields(Option<&'static [&'static str]>);
+    #[derive(Debug)]
+    struct Stop;
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("field names read")
+        }
+    }
+    impl std::error::Error for Stop {}
+    impl serde::de::Error for Stop {
+        fn custom<M: std::fmt::Display>(_: M) -> Self {
+            Stop
+        }
+    }
+    impl<'de> serde::Deserializer<'de> for &mut Fields {
+        type Error = Stop;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0 = Some(fields);
+            Err(Stop)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut f = Fields(None);
+    let _ = T::deserialize(&mut f);
+    f.0.unwrap_or(&[])
+}
+
 fn id_of<'a>(exp: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
     exp.get(key).and_then(Value::as_str)
 }
@@ -104,14 +178,25 @@ fn id_of<'a>(exp: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
 fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
     let exp = exp.as_object().ok_or("expect takes an object")?;
     let e = |r: Result<Option<Value>, S::Error>| r.map_err(|e| e.to_string());
-    let (what, found, skip): (String, Option<Value>, &[&str]) = if let Some(id) = id_of(exp, "turn")
-    {
-        (format!("turn {id}"), e(store.turn(id).map(to))?, &["turn"])
+    type Found = (
+        String,
+        Option<Value>,
+        &'static [&'static str],
+        &'static [&'static str],
+    );
+    let (what, found, skip, fields): Found = if let Some(id) = id_of(exp, "turn") {
+        (
+            format!("turn {id}"),
+            e(store.turn(id).map(to))?,
+            &["turn"],
+            field_names::<Turn>(),
+        )
     } else if let Some(id) = id_of(exp, "session") {
         (
             format!("session {id}"),
             e(store.session(id).map(to))?,
             &["session"],
+            field_names::<Session>(),
         )
     } else if let Some(id) = id_of(exp, "interaction") {
         let turn = id_of(exp, "turnId").ok_or("interaction expectations need turnId")?;
@@ -119,14 +204,22 @@ fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
             format!("interaction {id}"),
             e(store.interaction(turn, id).map(to))?,
             &["interaction", "turnId"],
+            field_names::<Interaction>(),
         )
     } else if let Some(id) = id_of(exp, "cancelOperation") {
         (
             format!("cancel operation {id}"),
             e(store.cancel_operation(id).map(to))?,
             &["cancelOperation"],
+            field_names::<CancelOperation>(),
         )
     } else if let Some(id) = id_of(exp, "messages") {
+        only_keys(&Value::Object(exp.clone()), &["messages", "texts", "count"])?;
+        if !exp.contains_key("texts") && !exp.contains_key("count") {
+            return Err(format!(
+                "messages of {id}: names neither `texts` nor `count`"
+            ));
+        }
         let msgs = store
             .messages(id, None, usize::MAX)
             .map_err(|e| e.to_string())?;
@@ -135,28 +228,41 @@ fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
             .map(|m| Value::String(m.text.to_string()))
             .collect();
         if let Some(want) = exp.get("texts") {
+            if !want
+                .as_array()
+                .is_some_and(|w| w.iter().all(Value::is_string))
+            {
+                return Err(format!("`texts` must be an array of strings, got {want}"));
+            }
             if *want != Value::Array(texts.clone()) {
                 return Err(format!("messages of {id}: want {want}, got {texts:?}"));
             }
         }
-        if let Some(n) = exp.get("count").and_then(Value::as_u64) {
+        if let Some(n) = exp.get("count") {
+            let n = n
+                .as_u64()
+                .ok_or_else(|| format!("`count` must be a whole number, got {n}"))?;
             if n as usize != msgs.len() {
                 return Err(format!("messages of {id}: want {n}, got {}", msgs.len()));
             }
         }
         return Ok(());
     } else if let Some(id) = id_of(exp, "detail") {
+        only_keys(&Value::Object(exp.clone()), &["detail", "childSessions"])?;
         let d = store
             .session_detail(id)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("no session detail for {id}"))?;
         let mut got: Vec<String> = d.child_sessions.iter().map(|s| s.id.to_string()).collect();
         got.sort();
-        if let Some(want) = exp.get("childSessions").and_then(Value::as_array) {
+        let want = exp
+            .get("childSessions")
+            .ok_or_else(|| format!("detail of {id}: names no `childSessions`"))?;
+        {
             let mut want: Vec<String> = want
-                .iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect();
+                .as_array()
+                .and_then(|w| w.iter().map(|v| v.as_str().map(String::from)).collect())
+                .ok_or_else(|| format!("`childSessions` must be an array of ids, got {want}"))?;
             want.sort();
             if want != got {
                 return Err(format!(
@@ -168,7 +274,23 @@ fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
     } else {
         return Err("expect names no entity (turn, session, interaction, ...)".into());
     };
-    let exists = exp.get("exists").and_then(Value::as_bool).unwrap_or(true);
+    if let Some(k) = exp
+        .keys()
+        .find(|k| !skip.contains(&k.as_str()) && *k != "exists" && !fields.contains(&k.as_str()))
+    {
+        return Err(format!("{what}: unknown key `{k}` (not a field of it)"));
+    }
+    if exp.len() == skip.len() {
+        return Err(format!(
+            "{what}: names no field to check (write \"exists\": true to check existence)"
+        ));
+    }
+    let exists = match exp.get("exists") {
+        None => true,
+        Some(b) => b
+            .as_bool()
+            .ok_or_else(|| format!("`exists` must be a boolean, got {b}"))?,
+    };
     match (exists, &found) {
         (false, None) => return Ok(()),
         (false, Some(_)) => return Err(format!("{what} exists")),
@@ -205,6 +327,29 @@ pub fn matches(want: &Value, got: &Value) -> bool {
 
 fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
     let exp = exp.as_object().ok_or("expectLast takes an object")?;
+    only_keys(
+        &Value::Object(exp.clone()),
+        &["rejected", "reply", "providerRequests", "outboxTurns"],
+    )?;
+    if exp.is_empty() {
+        return Err("expectLast names nothing to check".into());
+    }
+    let typed = |k: &str, ok: fn(&Value) -> bool, what: &str| match exp.get(k) {
+        Some(v) if !ok(v) => Err(format!("`{k}` must be {what}, got {v}")),
+        _ => Ok(()),
+    };
+    typed("rejected", Value::is_boolean, "a boolean")?;
+    typed("reply", Value::is_string, "a string")?;
+    typed(
+        "providerRequests",
+        |v| v.as_array().is_some_and(|a| a.iter().all(Value::is_object)),
+        "an array of objects",
+    )?;
+    typed(
+        "outboxTurns",
+        |v| v.as_array().is_some_and(|a| a.iter().all(Value::is_string)),
+        "an array of turn ids",
+    )?;
     if let Some(want) = exp.get("rejected").and_then(Value::as_bool) {
         let got = matches!(last, Last::Rejected(_));
         if want != got {
@@ -274,4 +419,132 @@ fn assign(want: &[Value], got: &[Value], used: &mut Vec<bool>) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    const SETUP: &str = r#"{"input":{"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"test"}}
+{"at":1,"input":{"type":"submit","agentSessionId":"R","turnId":"T","text":"hi"}}
+"#;
+
+    /// Runs `SETUP` then `line` (line 3) and returns the runner's answer.
+    fn run_with(line: &str) -> Result<usize, String> {
+        let text = format!("{SETUP}{line}\n");
+        run(&text, &mut Engine::new(), &mut MemoryStore::new())
+    }
+
+    /// "a format error of that file (FAIL with the line), not a silent pass".
+    fn assert_format_error(line: &str, needle: &str) {
+        match run_with(line) {
+            Ok(n) => panic!("{line}: passed with {n} checks, want a format error"),
+            Err(e) => {
+                assert!(
+                    e.starts_with("line 3: "),
+                    "{line}: error names no line: {e}"
+                );
+                assert!(e.contains(needle), "{line}: want {needle:?} in {e:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn well_formed_expectations_pass_and_count_as_checks() {
+        let ok = r#"{"expect":{"turn":"T","phase":"submitted","outcome":null}}"#;
+        assert_eq!(run_with(ok), Ok(1));
+        assert_eq!(run_with(r#"{"expect":{"turn":"T","exists":true}}"#), Ok(1));
+        assert_eq!(run_with(r#"{"expect":{"turn":"X","exists":false}}"#), Ok(1));
+        assert_eq!(run_with(r#"{"expectLast":{"rejected":false}}"#), Ok(1));
+        assert_eq!(run_with(r#"{"expect":{"messages":"R","count":1}}"#), Ok(1));
+        assert_eq!(
+            run_with(r#"{"expect":{"detail":"R","childSessions":[]}}"#),
+            Ok(1)
+        );
+        assert_eq!(run_with(r#"{"expectInvariants":true}"#), Ok(1));
+    }
+
+    #[test]
+    fn a_wrong_value_still_fails_as_a_mismatch() {
+        assert_format_error(
+            r#"{"expect":{"turn":"T","phase":"running"}}"#,
+            "field phase",
+        );
+        assert_format_error(r#"{"expectLast":{"rejected":true}}"#, "want rejected");
+    }
+
+    #[test]
+    fn an_unknown_key_in_expect_is_a_format_error() {
+        // A misspelt field compared with an absent one would pass for `null`.
+        assert_format_error(
+            r#"{"expect":{"turn":"T","outcom":null}}"#,
+            "unknown key `outcom`",
+        );
+        assert_format_error(
+            r#"{"expect":{"session":"R","phase":"running"}}"#,
+            "unknown key `phase`",
+        );
+        assert_format_error(
+            r#"{"expect":{"messages":"R","text":["a"]}}"#,
+            "unknown key `text`",
+        );
+        assert_format_error(
+            r#"{"expect":{"detail":"R","children":[]}}"#,
+            "unknown key `children`",
+        );
+        assert_format_error(r#"{"expect":{"turn":"T","exists":"yes"}}"#, "`exists`");
+        assert_format_error(
+            r#"{"expect":{"turn":"T","exists":true},"x":1}"#,
+            "unknown key `x`",
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_or_wrong_type_in_expect_last_is_a_format_error() {
+        assert_format_error(
+            r#"{"expectLast":{"rejectd":true}}"#,
+            "unknown key `rejectd`",
+        );
+        assert_format_error(r#"{"expectLast":{"rejected":"yes"}}"#, "`rejected` must be");
+        assert_format_error(r#"{"expectLast":{"reply":1}}"#, "`reply` must be");
+        assert_format_error(
+            r#"{"expectLast":{"outboxTurns":"T"}}"#,
+            "`outboxTurns` must be",
+        );
+        assert_format_error(
+            r#"{"expectLast":{"providerRequests":["cancel"]}}"#,
+            "`providerRequests` must be",
+        );
+    }
+
+    #[test]
+    fn an_expectation_that_names_nothing_to_check_is_a_format_error() {
+        assert_format_error(r#"{"expect":{"turn":"T"}}"#, "names no field");
+        assert_format_error(r#"{"expect":{"messages":"R"}}"#, "neither");
+        assert_format_error(r#"{"expect":{"detail":"R"}}"#, "no `childSessions`");
+        assert_format_error(r#"{"expectLast":{}}"#, "nothing to check");
+        assert_format_error(r#"{"expect":{}}"#, "names no entity");
+        assert_format_error(r#"{"expectInvariants":false}"#, "must be true");
+    }
+
+    #[test]
+    fn a_malformed_input_line_is_a_format_error() {
+        assert_format_error(
+            r#"{"at":"soon","input":{"type":"createSession","agentSessionId":"Q","workspaceId":"W","provider":"test"}}"#,
+            "`at` must be an integer",
+        );
+        assert_format_error(
+            r#"{"at":2,"inptu":{},"input":{"type":"createSession","agentSessionId":"Q","workspaceId":"W","provider":"test"}}"#,
+            "unknown key `inptu`",
+        );
+    }
+
+    #[test]
+    fn field_names_are_the_wire_names_of_the_entity() {
+        let turn = field_names::<Turn>();
+        assert!(turn.contains(&"phase") && turn.contains(&"rootProviderTurn"));
+        assert!(!turn.contains(&"root_provider_turn"));
+        assert!(field_names::<Session>().contains(&"parentAgentSessionId"));
+    }
 }

@@ -376,6 +376,11 @@ fn agent_tool_use_creates_child_and_submitted_turn_before_task_started_or_root_r
     rig.started();
     let out = rig.agent(None, "tu-1", false);
     let (cs, ct) = child("tu-1");
+    // Written out, not derived with `child_ids`: a change in the id derivation fails here.
+    assert_eq!(
+        (cs.as_str(), ct.as_str()),
+        ("R~task-tu-1", "R~task-tu-1~turn-1")
+    );
     assert_eq!(count(&out.events, "childSessionCreated"), 1);
     let s = rig
         .engine

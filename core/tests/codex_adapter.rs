@@ -422,8 +422,16 @@ fn spawn_edge_collab_agent_tool_call_creates_completed_delegation_call_child_ses
     let call = r.engine.tool_call(ROOT, "call-1").unwrap();
     assert_eq!(&*call.status, "completed", "delegation accepted");
     assert_eq!(*call.turn_id, *T1, "the call stays on the parent turn");
-    let s = r.engine.session(&child("c1")).expect("child session");
+    // Written out, not derived with `child_ids`: a change in the id derivation (which would
+    // orphan every stored child) fails here.
+    assert_eq!(child("c1"), "R~thread-c1");
+    assert_eq!(child_turn("c1", 1), "R~thread-c1~turn-1");
+    let s = r.engine.session("R~thread-c1").expect("child session");
     assert!(s.is_child());
+    assert!(
+        r.engine.turn("R~thread-c1", "R~thread-c1~turn-1").is_some(),
+        "its first turn"
+    );
     assert_eq!(s.parent_agent_session_id.as_deref(), Some(ROOT));
     assert_eq!(s.parent_turn_id.as_deref(), Some(T1));
     assert_eq!(s.parent_tool_call_id.as_deref(), Some("call-1"));
@@ -1634,13 +1642,18 @@ fn garbage_lines_give_adapter_error_and_change_nothing() {
 }
 
 #[test]
-fn unknown_methods_and_unknown_response_ids_are_dropped_with_diagnostics() {
+/// Notifications the adapter does not use (Codex sends many, such as token usage) are dropped
+/// without a diagnostic; a response to no request of ours and an unknown timer are dropped with
+/// one diagnostic each.
+fn unknown_methods_are_dropped_silently_unknown_response_ids_and_timers_with_a_diagnostic() {
     let mut r = Rig::running();
     let out =
         r.feed(json!({"method":"thread/tokenUsage/updated","params":{"threadId":ROOT_THREAD}}));
     assert!(out.events.is_empty() && out.native.is_empty());
+    assert!(out.diagnostics.is_empty(), "{:?}", out.diagnostics);
     let out = r.feed(json!({"method":"brand/new","params":{}}));
-    assert!(out.events.is_empty());
+    assert!(out.events.is_empty() && out.native.is_empty());
+    assert!(out.diagnostics.is_empty(), "{:?}", out.diagnostics);
     let out = r.feed(json!({"id": 999, "result": {}}));
     assert!(out.events.is_empty());
     assert_eq!(out.diagnostics.len(), 1);

@@ -8,7 +8,27 @@ use tutti_core::Rejected;
 
 #[test]
 fn rule_1_child_relation_is_immutable_and_creation_is_atomic_and_idempotent() {
-    let mut h = tree_with_children(1);
+    let mut h = H::new();
+    h.root("R");
+    h.submit("R", "T");
+    h.started("R", "p1");
+    // Atomic: the child session, its first turn and the root turn's child count are written by
+    // one step (one batch, one transaction), never one without the others.
+    let step = h.child("C1", "CT1", "R", "T", "R", "T");
+    let rows = &step.persist.rows;
+    let session_row = rows.iter().any(|r| {
+        matches!(r, tutti_core::step::Row::Session(s) if &*s.id == "C1" && s.parent_agent_session_id.as_deref() == Some("R"))
+    });
+    let child_turn_row = rows
+        .iter()
+        .any(|r| matches!(r, tutti_core::step::Row::Turn(t) if &*t.id == "CT1"));
+    let root_turn_row = rows.iter().any(|r| {
+        matches!(r, tutti_core::step::Row::Turn(t) if &*t.id == "T" && t.child_session_count == 1)
+    });
+    assert!(
+        session_row && child_turn_row && root_turn_row,
+        "one batch holds the child session, its turn and the root's count: {rows:?}"
+    );
     let s = h.session("C1").unwrap();
     assert_eq!(s["kind"], "child");
     assert_eq!(s["parentAgentSessionId"], "R");
@@ -174,7 +194,22 @@ fn rule_6_root_cancel_records_exact_targets_closes_creation_and_settles_on_resul
     let req = &provider_requests(&step)[0];
     assert_eq!(req["type"], "cancel");
     assert_eq!(req["rootAgentSessionId"], "R");
-    assert_eq!(req["targets"].as_array().unwrap().len(), 3);
+    let exact = json!([
+        {"agentSessionId":"R","turnId":"T"},
+        {"agentSessionId":"C1","turnId":"CT1"},
+        {"agentSessionId":"C2","turnId":"CT2"},
+    ]);
+    assert_eq!(
+        req["targets"], exact,
+        "the root and every active child, nothing else"
+    );
+    let op = h.store.cancel_operation("op1").unwrap().unwrap();
+    assert_eq!(
+        serde_json::to_value(&op.targets).unwrap(),
+        exact,
+        "the operation records the same exact targets before any provider I/O"
+    );
+    assert_eq!(op.state, tutti_core::model::CancelState::Prepared);
     assert_eq!(step.timers.len(), 1, "a cancel deadline is armed");
     let e = h.reject(
         json!({"type":"childSessionCreated","agentSessionId":"C3","turnId":"CT3",
@@ -250,10 +285,24 @@ fn rule_8_nothing_resurrects_after_cancel() {
 
 #[test]
 fn rule_8_late_child_history_is_kept_unless_closed_target() {
-    let mut h = tree_with_children(1);
+    let mut h = tree_with_children(2);
+    // A child that settled normally: its late output is history and is kept.
     h.terminal("C1", "CT1", "completed");
     h.feed(json!({"type":"messageAppended","agentSessionId":"C1","turnId":"CT1","messageId":"m1","role":"assistant","text":"late but fine"}));
-    assert_eq!(h.store.messages("C1", None, 10).unwrap().len(), 1);
+    let kept = h.store.messages("C1", None, 10).unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(&*kept[0].text, "late but fine");
+    // A child that was a cancel target (a closed target): its late output is dropped.
+    h.cancel("op1", "C2", "CT2");
+    h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[{"agentSessionId":"C2","turnId":"CT2"}]}));
+    assert_eq!(h.outcome("CT2").as_deref(), Some("canceled"));
+    let before = h.store.outbox().len();
+    h.feed(json!({"type":"messageAppended","agentSessionId":"C2","turnId":"CT2","messageId":"m2","role":"assistant","text":"too late"}));
+    assert!(
+        h.store.messages("C2", None, 10).unwrap().is_empty(),
+        "a closed cancel target keeps no late output"
+    );
+    assert_eq!(h.store.outbox().len(), before, "and publishes nothing");
     h.check();
 }
 
@@ -539,4 +588,198 @@ fn restore_refuses_message_ids_of_a_session_outside_the_tree() {
         good.message_ids,
         "every message id comes back under its session"
     );
+}
+
+/// Rule 3 ("the root turn stays running while any nested child turn is active"): a root turn
+/// whose provider turn has not started yet but which already has an active child (a provider that
+/// reports the child before its own turn id) shows `running`, not `submitted`; when the child
+/// settles and no provider turn is running, it is `submitted` again.
+#[test]
+fn rule_3_root_with_active_child_before_its_provider_turn_shows_running() {
+    let mut h = H::new();
+    h.root("R");
+    h.submit("R", "T");
+    assert_eq!(h.phase("T"), "submitted");
+    let step = h.child("C1", "CT1", "R", "T", "R", "T");
+    assert_eq!(
+        h.phase("T"),
+        "running",
+        "an active child runs the root turn"
+    );
+    assert!(
+        step.outbox_turns().any(|t| &**t == "T"),
+        "the root's phase change is published"
+    );
+    h.terminal("C1", "CT1", "completed");
+    assert_eq!(h.phase("T"), "submitted", "no provider turn and no child");
+    assert_eq!(
+        h.outcome("T"),
+        None,
+        "no provider outcome: the root stays open"
+    );
+    h.check();
+}
+
+/// Rule 7 ("an exact child-only cancel ... without adding the root as a cancel target"): preparing
+/// a child-only cancel settles only that child's turn; the root keeps its phase (running while its
+/// provider turn runs, waiting once the provider finished) and is not republished.
+#[test]
+fn rule_7_preparing_a_child_only_cancel_leaves_the_root_phase_alone() {
+    for provider_done in [false, true] {
+        let mut h = tree_with_children(2);
+        if provider_done {
+            h.completed("R", "p1", "completed");
+        }
+        let root_before = h.turn("T");
+        let step = h.cancel("op1", "C1", "CT1");
+        assert_eq!(h.phase("CT1"), "settling");
+        assert_eq!(h.phase("CT2"), "submitted", "the sibling is not a target");
+        assert_eq!(h.turn("T"), root_before, "the root turn is unchanged");
+        assert_eq!(
+            h.phase("T"),
+            if provider_done { "waiting" } else { "running" }
+        );
+        let published: Vec<String> = step.outbox_turns().map(|t| t.to_string()).collect();
+        assert_eq!(
+            published,
+            vec!["CT1".to_string()],
+            "only the target is published"
+        );
+        h.check();
+    }
+}
+
+/// Rule 6 ("cancel is idempotent by operation id"): the same operation id repeated for the same
+/// turn answers the same operation; the same id for another turn of the same session is refused
+/// (an operation id names one exact cancel, not one session).
+#[test]
+fn rule_6_an_operation_id_names_one_exact_turn() {
+    let mut h = tree_with_children(0);
+    h.cancel("op1", "R", "T");
+    let again = h.cancel("op1", "R", "T");
+    assert!(
+        again.persist.is_empty() && again.provider.is_empty(),
+        "a repeat is a no-op"
+    );
+    h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[]}));
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    h.submit("R", "T2");
+    let e = h.reject(
+        json!({"type":"cancelTurn","operationId":"op1","agentSessionId":"R","turnId":"T2"}),
+    );
+    assert!(matches!(e, Rejected::OperationExists(_)), "{e:?}");
+    assert_eq!(
+        h.phase("T2"),
+        "submitted",
+        "the second turn is not canceled"
+    );
+    h.check();
+}
+
+/// Rule 6 ("a root cancel records every active nested child turn", including one a child-only
+/// cancel already targets): once the root cancel took the child target over, the earlier
+/// operation's answer settles that child only if the provider confirmed it; an unconfirmed or
+/// failed earlier answer leaves the child to the root cancel.
+#[test]
+fn rule_6_a_taken_over_child_target_is_left_to_the_later_cancel_unless_confirmed() {
+    for first in ["acked none", "failed"] {
+        let mut h = tree_with_children(2);
+        h.cancel("op1", "C1", "CT1");
+        h.cancel("op2", "R", "T");
+        let step = if first == "failed" {
+            h.feed(json!({"type":"cancelFailed","operationId":"op1","error":"write failed"}))
+        } else {
+            h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[]}))
+        };
+        assert_eq!(
+            h.phase("CT1"),
+            "settling",
+            "{first}: CT1 belongs to op2 now"
+        );
+        assert_eq!(h.outcome("CT1"), None, "{first}");
+        assert_eq!(step.outbox_turns().count(), 0, "{first}: nothing settled");
+        h.feed(json!({"type":"cancelResult","operationId":"op2",
+            "acked":[{"agentSessionId":"R","turnId":"T"},{"agentSessionId":"C1","turnId":"CT1"}]}));
+        assert_eq!(
+            h.outcome("CT1").as_deref(),
+            Some("canceled"),
+            "{first}: op2 confirmed it"
+        );
+        assert_eq!(h.outcome("CT2").as_deref(), Some("interrupted"), "{first}");
+        assert_eq!(h.outcome("T").as_deref(), Some("canceled"), "{first}");
+        h.check();
+    }
+}
+
+/// Rule 3 ("the root turn settles when the root provider turn is terminal ..."): only the
+/// running provider turn's terminal counts. A repeated terminal of the completed provider turn
+/// is a duplicate; a terminal naming another provider turn is stale, while that turn runs and
+/// after it completed; neither changes the root.
+#[test]
+fn rule_3_only_the_running_provider_turns_terminal_counts() {
+    use tutti_core::step::Ignored;
+    let mut h = tree_with_children(1);
+    let stale = h.completed("R", "p9", "failed");
+    assert_eq!(
+        stale.ignored,
+        Some(Ignored::StaleProviderTurn),
+        "p9 is not running"
+    );
+    assert!(stale.persist.is_empty());
+    assert_eq!(h.turn("T")["rootProviderTurn"]["phase"], "running");
+    let done = h.completed("R", "p1", "completed");
+    assert_eq!(done.ignored, None);
+    assert_eq!(h.phase("T"), "waiting", "the child still runs");
+    let again = h.completed("R", "p1", "failed");
+    assert_eq!(
+        again.ignored,
+        Some(Ignored::Duplicate),
+        "a repeat of p1's terminal"
+    );
+    assert!(again.persist.is_empty());
+    let other = h.completed("R", "p8", "failed");
+    assert_eq!(
+        other.ignored,
+        Some(Ignored::StaleProviderTurn),
+        "p8 never ran"
+    );
+    assert!(other.persist.is_empty());
+    h.terminal("C1", "CT1", "completed");
+    assert_eq!(
+        h.outcome("T").as_deref(),
+        Some("completed"),
+        "p1's outcome, not a repeat's"
+    );
+    h.check();
+}
+
+/// Rule 3: a root provider turn whose provider gives it no id (transport metadata is optional)
+/// still starts: the root provider phase and the root turn are `running`, and its terminal
+/// (also without an id) settles the root.
+#[test]
+fn rule_3_a_root_provider_turn_without_a_provider_id_is_adopted() {
+    let mut h = H::new();
+    h.root("R");
+    h.submit("R", "T");
+    let step = h.feed(json!({"type":"rootProviderTurnStarted","agentSessionId":"R"}));
+    assert_eq!(step.ignored, None, "not taken for a duplicate");
+    assert_eq!(h.turn("T")["rootProviderTurn"]["phase"], "running");
+    assert_eq!(h.phase("T"), "running");
+    h.feed(json!({"type":"rootProviderTurnCompleted","agentSessionId":"R","outcome":"completed"}));
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    h.check();
+}
+
+/// Rule 3: a root provider event that names a canonical turn must name a turn of its own root
+/// session; a child's turn named by a root provider event is refused and changes nothing.
+#[test]
+fn rule_3_root_provider_events_name_a_turn_of_their_own_session() {
+    let mut h = tree_with_children(1);
+    let e = h.reject(json!({"type":"rootProviderTurnStarted","agentSessionId":"R","turnId":"CT1","providerTurnId":"px"}));
+    assert!(matches!(e, Rejected::UnknownTurn { .. }), "{e:?}");
+    let e = h.reject(json!({"type":"rootProviderTurnCompleted","agentSessionId":"R","turnId":"CT1","providerTurnId":"p1","outcome":"failed"}));
+    assert!(matches!(e, Rejected::UnknownTurn { .. }), "{e:?}");
+    assert_eq!(h.phase("CT1"), "submitted");
+    assert!(h.turn("CT1").get("rootProviderTurn").is_none());
+    h.check();
 }

@@ -1,6 +1,8 @@
 //! Crash safety: a child process applies realistic engine steps to a file in group commits; the
-//! test kills it with SIGKILL at random moments, more than fifty times, and after every kill
-//! checks the file: `PRAGMA integrity_check` is ok; the file holds exactly a prefix of whole
+//! test kills it with SIGKILL at random moments until fifty kills landed after progress (the
+//! file held more whole batches than before the kill; a run that cannot get them in ten times
+//! as many kills fails), and after every kill checks the file: `PRAGMA integrity_check` is ok;
+//! the file holds exactly a prefix of whole
 //! batches (it equals a `MemoryStore` that replayed the same deterministic batches up to some
 //! batch, trees and outbox alike, and that prefix never shrinks); the outbox has no gap; every
 //! reloaded tree passes the invariant checker and restores into an engine.
@@ -20,7 +22,10 @@ use tutti_core::Engine;
 use tutti_sqlite::SqliteStore;
 
 const FILES: u64 = 10;
+/// Kills that land after progress, per file.
 const KILLS_PER_FILE: u64 = 5;
+/// At most this many kills per kill that must land after progress.
+const MAX_TRIES_PER_KILL: u64 = 10;
 
 fn check(path: &std::path::Path, seed: u64, floor: u64) -> Result<u64, String> {
     let db = SqliteStore::open(path).map_err(|e| format!("reopen after kill: {e}"))?;
@@ -82,7 +87,17 @@ fn sigkill_at_random_moments_never_tears_a_batch() {
         let (_dir, path) = support::temp_db();
         let seed = run_seed.rotate_left(7) ^ f;
         let mut committed = 0;
-        for _ in 0..KILLS_PER_FILE {
+        // Kills count only when they land after progress (the file holds more whole batches
+        // than before the kill); a run that cannot get that many in a bounded number of kills
+        // fails instead of passing with kills that proved nothing.
+        let mut landed = 0;
+        let mut tries = 0;
+        while landed < KILLS_PER_FILE {
+            tries += 1;
+            assert!(
+                tries <= KILLS_PER_FILE * MAX_TRIES_PER_KILL,
+                "TUTTI_CRASH_SEED={run_seed} file {f}: only {landed} of {tries} kills landed after progress"
+            );
             let mut child = Command::new(bin)
                 .arg("--db")
                 .arg(&path)
@@ -127,14 +142,19 @@ fn sigkill_at_random_moments_never_tears_a_batch() {
             });
             if k > committed {
                 mid_run += 1;
+                landed += 1;
             }
             committed = k;
         }
-        println!("file {f}: {committed} batches committed over {KILLS_PER_FILE} kills");
+        println!("file {f}: {committed} batches committed over {tries} kills");
     }
     println!(
         "{kills} kills ({mid_run} after progress) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    assert!(kills >= 50);
+    assert_eq!(
+        mid_run,
+        FILES * KILLS_PER_FILE,
+        "every file took {KILLS_PER_FILE} kills after progress"
+    );
 }

@@ -834,6 +834,17 @@ mod tests {
             sink.send(&cancel).await.is_err(),
             "a cancel after the exit fails"
         );
+        // One exit and nothing after it: no made-up answer to the open prompt (id 1), no
+        // second exit. The channel closes once the transport's tasks end.
+        drop(sink);
+        let mut after = Vec::new();
+        while let Some(item) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("the transport's channel closes after the exit")
+        {
+            after.push(item);
+        }
+        assert!(after.is_empty(), "items after the exit: {after:?}");
     }
 
     #[tokio::test]

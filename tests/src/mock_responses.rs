@@ -1498,9 +1498,11 @@ mod tests {
             .await
             .unwrap();
         let mut conn = BufReader::new(TcpStream::connect(mock.addr()).await.unwrap());
+        let seen_by_client = gate.clone();
         let pending = tokio::spawn(async move {
             let r = post(&mut conn, &[], &json!({}), false).await;
-            (r, conn)
+            // Whether the gate was open when the answer reached the client.
+            (r, conn, seen_by_client.is_open())
         });
         let held = mock
             .wait_for_request(Duration::from_secs(2), |r| r.seq == 0)
@@ -1509,9 +1511,12 @@ mod tests {
         assert!(held.reply.contains("once gated"), "{}", held.reply);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!pending.is_finished(), "answered before the gate opened");
-        assert!(!gate.is_open());
         gate.open();
-        let ((status, sse), mut conn) = pending.await.unwrap();
+        let ((status, sse), mut conn, open_when_answered) = pending.await.unwrap();
+        assert!(
+            open_when_answered,
+            "the mock answered the held request before the gate opened"
+        );
         assert_eq!(status, 200);
         assert!(sse.contains("released"));
         // An open gate no longer holds anything.

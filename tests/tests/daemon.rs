@@ -103,13 +103,13 @@ fn sse_resume_after_disconnect_loses_nothing() {
     let first = d.events(None, Some(0), 5, 5);
     let last = first.last().unwrap()["seq"].as_u64().unwrap();
     let rest = d.events(None, Some(last), all.len() - 5, 5);
-    let mut got: Vec<u64> = first
+    let got: Vec<u64> = first
         .iter()
         .chain(rest.iter())
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
-    got.dedup();
-    assert_eq!(got, seqs);
+    // Not deduplicated: a row delivered twice across the resume is a failure.
+    assert_eq!(got, seqs, "every row exactly once, in order");
 }
 
 #[test]
@@ -136,6 +136,7 @@ fn kill_9_mid_turn_then_restart_leaves_no_turn_active_and_no_event_lost() {
     }
     let after = d.events(Some(0), None, usize::MAX, 1);
     let seqs: BTreeSet<u64> = after.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs.len(), after.len(), "a row was delivered twice");
     for e in &before {
         assert!(seqs.contains(&e["seq"].as_u64().unwrap()), "event lost");
     }

@@ -18,17 +18,22 @@ mod fuzzing;
 
 use std::path::{Path, PathBuf};
 
+/// The checked-in seeds of `target`. A missing or empty seed folder is an error, not zero seeds
+/// (a renamed target or folder would otherwise pass on random inputs alone).
 fn seeds(target: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fuzz/seeds")
         .join(target);
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file())
-                .collect()
-        })
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("{target}: cannot read seed folder {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    assert!(
+        !v.is_empty(),
+        "{target}: seed folder {} holds no seeds",
+        dir.display()
+    );
     v.sort();
     v
 }

@@ -140,7 +140,8 @@ fn seeded_simulation() {
 //
 // Each test below is the minimal reproduction of a failing seed, through the real adapter and
 // engine ([`sim::fuzzing::LineDriver`]: `<<` lines come from the provider, `!` lines are the
-// user). "OPEN" means the bug was reported to the lead and the test fails until it is fixed.
+// user). Every bug below is fixed; each comment describes the bug as it was found, and the test
+// fails if it comes back.
 
 /// Feeds ACP lines; returns the driver.
 fn acp(lines: &[&str]) -> sim::fuzzing::LineDriver<tutti_core::adapters::acp::AcpAdapter> {
@@ -185,7 +186,7 @@ const ACP_HANDSHAKE: [&str; 2] = [
     r#"<< {"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}}"#,
 ];
 
-/// OPEN (simulation seed 1): "every root turn must settle". A user message while an ACP prompt
+/// Regression (simulation seed 1): "every root turn must settle". A user message while an ACP prompt
 /// runs is queued by the adapter and sent as the next prompt when the first one answers (no
 /// completion is reported in between). The adapter then reports `rootProviderTurnCompleted` with
 /// the *second* prompt's provider turn id (`prompt-3`), while `rootProviderTurnStarted` announced
@@ -214,7 +215,7 @@ fn regression_acp_guidance_folded_into_the_next_prompt_still_settles_the_root() 
     );
 }
 
-/// OPEN (simulation seed 123, direct provider): a duplicate `rootProviderTurnStarted` delivered
+/// Regression (simulation seed 123, direct provider): a duplicate `rootProviderTurnStarted` delivered
 /// after that same provider turn completed (same `providerTurnId`) reopens the root provider
 /// lifecycle (phase `running` again). While a child still runs, the root then waits forever for a
 /// provider terminal that already came. A provider turn cannot start after it completed: the
@@ -246,7 +247,7 @@ fn regression_duplicate_root_provider_start_after_its_completion_changes_nothing
     );
 }
 
-/// OPEN (simulation seed 56): a child-only cancel of an ACP child that did not advertise
+/// Regression (simulation seed 56): a child-only cancel of an ACP child that did not advertise
 /// `capabilities.cancel` while it waits for a permission answer. The adapter sends nothing, the
 /// cancel deadline settles the child `interrupted` and supersedes its interaction, so nobody can
 /// answer the permission request any more, but the agent still waits for it: a foreground child
@@ -276,7 +277,7 @@ fn regression_acp_child_cancel_answers_the_childs_pending_permission() {
     );
 }
 
-/// OPEN (simulation seeds 388, 530, 1070): the engine decides a `steer` while the Claude root
+/// Regression (simulation seeds 388, 530, 1070): the engine decides a `steer` while the Claude root
 /// provider turn runs, but the SDK's `result` for that turn reaches the adapter before the guide
 /// request does (two independent channels). The canonical root settles from the `result`; the
 /// adapter then still writes `input`, the SDK runs it as a new turn, and the adapter attributes
@@ -331,7 +332,7 @@ fn regression_claude_steer_after_the_steered_turn_ended_fails_instead_of_orphani
     assert!(failed && !wrote_input, "a steer for an ended provider turn must fail, not start SDK work (input written: {wrote_input})");
 }
 
-/// OPEN (simulation seed 751): guidance while only a background child runs (`guide` mode
+/// Regression (simulation seed 751): guidance while only a background child runs (`guide` mode
 /// `startOnRoot`, decided by the engine) reaches the Claude adapter after the child's
 /// `task_notification` made the adapter open the notification continuation `synthetic-1`. The
 /// spec says "Guidance submitted during the notification wait remains part of the same canonical
@@ -431,7 +432,7 @@ fn regression_claude_guidance_during_the_notification_continuation_joins_it() {
     );
 }
 
-/// OPEN (simulation seed 1077): a new canonical root turn starts while the ACP prompt of the
+/// Regression (simulation seed 1077): a new canonical root turn starts while the ACP prompt of the
 /// previous, canceled turn has not answered yet (the cancel settled at its deadline). The adapter
 /// queues the new turn's text as *guidance* of the canceled prompt and re-targets its root turn,
 /// so the canceled prompt's `cancelled` answer is reported as the new turn's root provider
@@ -467,7 +468,7 @@ fn regression_acp_new_turn_while_the_canceled_prompt_still_runs_gets_its_own_pro
     );
 }
 
-/// OPEN (simulation seeds 1362, 4725): the same race as the Claude one above, on ACP. The engine
+/// Regression (simulation seeds 1362, 4725): the same race as the Claude one above, on ACP. The engine
 /// decides a `steer` while the root prompt runs; the prompt's answer reaches the adapter first
 /// and the root settles; then the guide request arrives and the adapter, seeing no prompt
 /// running, sends a new *announced* prompt for the settled root turn. The engine ignores

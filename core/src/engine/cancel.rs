@@ -1,7 +1,7 @@
 //! Cancellation: "cancel is a fan-out operation over one root turn". The exact target set is
 //! decided and recorded before any provider I/O; the provider's answer settles the targets.
 
-use super::gate::{evaluate_root, refresh_root_phase, settle_turn};
+use super::gate::{evaluate_root, settle_turn};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::input::TimerId;
@@ -135,9 +135,10 @@ pub(crate) fn cancel_turn(
     tx.reply = Some(Reply::CancelAccepted {
         operation_id: operation_id.clone(),
     });
-    if !includes_root {
-        refresh_root_phase(tree, &mut tx, &root_turn);
-    }
+    // No root-phase refresh here: preparing a cancel changes none of the root phase's inputs
+    // for a child-only cancel (the child target stays active until the cancel resolves, the
+    // root is not in flight, its provider turn is untouched), and a root cancel has already set
+    // the root `settling` above. The phase changes when the operation resolves.
     Ok(tx)
 }
 

@@ -120,7 +120,8 @@ fn refresh_root_phase_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>) {
     } else {
         match provider {
             ProviderPhase::Running => Phase::Running,
-            ProviderPhase::Completed if children > 0 => Phase::Waiting,
+            // With or without active children: the retained outcome waits for the gate (no
+            // separate arm per case, which would only differ in a guard that changes nothing).
             ProviderPhase::Completed => Phase::Waiting,
             ProviderPhase::Idle if children > 0 => Phase::Running,
             ProviderPhase::Idle => Phase::Submitted,

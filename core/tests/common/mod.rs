@@ -38,20 +38,32 @@ impl H {
             .unwrap_or_else(|e| panic!("input rejected: {e}: {label}"))
     }
 
+    /// Feeds an input that must be rejected, and checks that the engine changed nothing ("bad
+    /// input gets a typed error and changes nothing"): every tree's snapshot and the set of
+    /// roots are what they were before. (The store cannot change here: a rejected input has no
+    /// step to apply.)
     pub fn reject(&mut self, v: Value) -> Rejected {
         let label = v.to_string();
-        let before = self.store.outbox().len();
+        let before = self.engine_state();
         match self.try_feed(v) {
             Ok(_) => panic!("input accepted but should be rejected: {label}"),
             Err(e) => {
-                assert_eq!(
-                    before,
-                    self.store.outbox().len(),
-                    "a rejected input persisted"
+                assert!(
+                    before == self.engine_state(),
+                    "a rejected input changed the engine: {label}"
                 );
                 e
             }
         }
+    }
+
+    /// The engine's whole state: each root with its tree's snapshot.
+    pub fn engine_state(&self) -> Vec<(String, Option<tutti_core::TreeSnapshot>)> {
+        self.engine
+            .roots()
+            .into_iter()
+            .map(|r| (r.to_string(), self.engine.snapshot(&r)))
+            .collect()
     }
 
     pub fn turn(&self, id: &str) -> Value {

@@ -31,6 +31,11 @@
 //! * `TUTTI_DEMO_SPEED`: time divisor for the pauses between updates (default `1`, about
 //!   1.2 s per prompt).
 //! * `TUTTI_DEMO_GARBAGE=1`: write one non-JSON line to stdout before the first real message.
+//! * `TUTTI_PLAIN_LATE_SENT=PATH`: after a `late=1` update was written, the agent sends the
+//!   client one `fs/read_text_file` request (which a client without file-system capabilities
+//!   answers with an error) and, once any answer came back, writes `PATH`. The client read its
+//!   input in order, so when `PATH` exists the client has certainly read the late update: a
+//!   test waits for the file instead of sleeping.
 //!
 //! Logs go to stderr and carry identifiers, counts and lengths only, never prompt text.
 
@@ -43,8 +48,9 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Implementation,
     InitializeRequest, InitializeResponse, NewSessionRequest, NewSessionResponse, PromptRequest,
-    PromptResponse, SessionNotification, SessionUpdate, StopReason, TextContent, ToolCall,
-    ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    PromptResponse, ReadTextFileRequest, SessionNotification, SessionUpdate, StopReason,
+    TextContent, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
+    ToolKind,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client, Error};
@@ -135,6 +141,20 @@ impl Plain {
     fn update(&self, session: &str, update: SessionUpdate) -> Result<(), Error> {
         self.cx
             .send_notification(SessionNotification::new(session.to_owned(), update))
+    }
+
+    /// `TUTTI_PLAIN_LATE_SENT`: a round trip behind the late update, then the report file.
+    async fn report_late_update_read(&self, session: &str) {
+        let Some(path) = std::env::var_os("TUTTI_PLAIN_LATE_SENT") else {
+            return;
+        };
+        let request = ReadTextFileRequest::new(session.to_owned(), "/tutti-plain/late-update-sent");
+        // Any answer, an error included, means the client read past the late update.
+        let answered = self.cx.send_request(request).block_task().await;
+        log!("late update round trip answered (ok: {})", answered.is_ok());
+        if let Err(error) = std::fs::write(&path, b"late update sent\n") {
+            log!("late report not written: {:?}", error.kind());
+        }
     }
 
     fn say(&self, session: &str, text: impl Into<String>) -> Result<(), Error> {
@@ -230,8 +250,9 @@ impl Plain {
         if script.late {
             tokio::time::sleep(LATE_UPDATE_DELAY).await;
             log!("session {session} turn {turn} sends a late update");
-            if let Err(error) = self.say(&session, "(late) One more thing.") {
-                log!("late update not sent: {}", error.code);
+            match self.say(&session, "(late) One more thing.") {
+                Err(error) => log!("late update not sent: {}", error.code),
+                Ok(()) => self.report_late_update_read(&session).await,
             }
         }
     }

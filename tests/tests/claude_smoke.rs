@@ -633,7 +633,7 @@ const CAPTURE_DIR_ENV: &str = "TUTTI_CLAUDE_CAPTURE_DIR";
 /// their task notifications reach the SDK within a few ms of each other. Every root request whose
 /// last message carries a `<task-notification>` is answered `ROOT_FOLLOWUP_<n>` (n counts those
 /// requests), guidance (`GUIDANCE`) is answered `ROOT_GUIDED`.
-fn together_script(child_delay: Duration) -> Script {
+fn together_script(child_delay: Duration, guided_delay: Duration) -> Script {
     let mut script = Script::new();
     for n in 1..=4 {
         script = script.rule(
@@ -649,7 +649,7 @@ fn together_script(child_delay: Duration) -> Script {
         .on(
             "root-guided",
             Match::root().last_message_contains("GUIDANCE"),
-            Reply::text("ROOT_GUIDED: noted while the children run"),
+            Reply::text("ROOT_GUIDED: noted while the children run").after(guided_delay),
         )
         .on(
             "child-one",
@@ -695,8 +695,13 @@ fn together_agent(description: &str, prompt: &str) -> tutti_tests::mock_messages
 /// shared capture format the adapter tests read (`sidecar_line`): an SDK message verbatim, a
 /// `__hook` row, a `__canUseTool` row, each with `__t` (ms since start), plus one
 /// `{"__input": "guidance", "__t"}` row where the guidance was sent.
-async fn capture_together(name: &str, guidance: Option<&str>) -> Vec<Value> {
-    let mock = MockMessages::start(together_script(Duration::from_millis(2500))).expect("mock");
+async fn capture_together(
+    name: &str,
+    guidance: Option<&str>,
+    guided_delay: Duration,
+) -> Vec<Value> {
+    let mock = MockMessages::start(together_script(Duration::from_millis(2500), guided_delay))
+        .expect("mock");
     let dirs = OfflineDirs::new().unwrap();
     let mut sc = sidecar().await;
     let started = std::time::Instant::now();
@@ -738,7 +743,9 @@ async fn capture_together(name: &str, guidance: Option<&str>) -> Vec<Value> {
                 m["__t"] = json!(t);
                 Some(m)
             }
-            Some("hook") => Some(json!({"__t": t, "__hook": line["event"], "input": line["input"]})),
+            Some("hook") => {
+                Some(json!({"__t": t, "__hook": line["event"], "input": line["input"]}))
+            }
             Some("canUseTool") => Some(json!({"__t": t, "__canUseTool": line["toolName"],
                 "input": line["input"], "opts": line["options"]})),
             _ => None,
@@ -762,7 +769,10 @@ async fn capture_together(name: &str, guidance: Option<&str>) -> Vec<Value> {
             std::fs::write(&path, text).expect("write the capture");
             eprintln!("[{name}] wrote {} rows to {}", rows.len(), path.display());
         }
-        None => eprintln!("[{name}] {} rows (set {CAPTURE_DIR_ENV} to keep them)", rows.len()),
+        None => eprintln!(
+            "[{name}] {} rows (set {CAPTURE_DIR_ENV} to keep them)",
+            rows.len()
+        ),
     }
     rows
 }
@@ -784,7 +794,7 @@ fn follow_ups(rows: &[Value]) -> Vec<&Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "capture mode: writes adapter test data, run by hand"]
 async fn capture_two_background_children_finishing_together() {
-    let rows = capture_together("bg_two_together", None).await;
+    let rows = capture_together("bg_two_together", None, Duration::ZERO).await;
     let notes = rows
         .iter()
         .filter(|r| r["subtype"] == "task_notification")
@@ -802,6 +812,7 @@ async fn capture_two_background_children_finishing_together_with_guidance() {
     let rows = capture_together(
         "bg_two_together_guided",
         Some("GUIDANCE: also mention the weather"),
+        Duration::ZERO,
     )
     .await;
     assert!(rows.iter().any(|r| r["__input"] == "guidance"));
@@ -811,4 +822,23 @@ async fn capture_two_background_children_finishing_together_with_guidance() {
         .count();
     assert_eq!(notes, 2, "both children notified");
     assert!(!follow_ups(&rows).is_empty(), "at least one follow-up");
+}
+
+/// Capture mode: the guidance turn's model reply takes 4 s, so both children finish (and the SDK
+/// delivers both notifications) while that root turn still runs; writes
+/// `bg_two_during_guidance.jsonl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "capture mode: writes adapter test data, run by hand"]
+async fn capture_two_background_children_finishing_during_a_guidance_turn() {
+    let rows = capture_together(
+        "bg_two_during_guidance",
+        Some("GUIDANCE: also mention the weather"),
+        Duration::from_secs(4),
+    )
+    .await;
+    let notes = rows
+        .iter()
+        .filter(|r| r["subtype"] == "task_notification")
+        .count();
+    assert_eq!(notes, 2, "both children notified");
 }

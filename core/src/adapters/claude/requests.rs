@@ -167,6 +167,8 @@ impl ClaudeAdapter {
         for t in targets {
             if t.agent_session_id == self.root {
                 self.canceled_roots.insert(t.turn_id.clone());
+                // A canceled root needs no follow-up: its notifications are no longer awaited.
+                self.notifications.forget(&t.turn_id);
                 for p in self.turns.iter_mut().filter(|p| p.turn == t.turn_id) {
                     // "It cancels the reserved synthetic provider turn, disarms its timeout."
                     p.timer = None;
@@ -327,7 +329,8 @@ impl ClaudeAdapter {
 
     pub(super) fn timer(&mut self, _now: Millis, id: &str) -> AdapterOutput {
         let mut out = AdapterOutput::default();
-        if let Some(pid) = id.strip_prefix(CONTINUATION_TIMER) {
+        if let Some(rest) = id.strip_prefix(CONTINUATION_TIMER) {
+            let pid = rest.rsplit_once('#').map_or(rest, |(p, _)| p);
             self.continuation_expired(pid, id, &mut out);
         } else if let Some(op) = id.strip_prefix(CANCEL_TIMER) {
             let op: Id = op.into();
@@ -362,11 +365,20 @@ impl ClaudeAdapter {
         };
         t.timer = None;
         t.stale = true;
-        let turn = t.turn.clone();
+        let (turn, held) = (t.turn.clone(), t.held);
+        // "A follow-up that never comes ends the reservation as today, with a diagnostic naming
+        // the outstanding notification count." The ledger forgets them: a follow-up arriving
+        // later is stale output of this continuation.
+        let outstanding = self.notifications.forget(&turn);
         let error = format!(
-            "stop_reason=timeout: no root continuation within {} ms",
+            "stop_reason=timeout: no root continuation within {} ms ({outstanding} task \
+             notification(s) outstanding)",
             self.config.continuation_timeout_ms
         );
+        out.diagnostics.push(format!(
+            "claude: continuation {pid} on {turn} timed out (held after a result: {held}); \
+             {outstanding} task notification(s) outstanding"
+        ));
         out.events
             .push(self.completed(&turn, pid, Outcome::Interrupted, Some(error)));
         if matches!(self.query, Query::Starting | Query::Running) {

@@ -2591,20 +2591,38 @@ fn a_follow_up_after_the_root_settled_is_logged_with_ids_and_counts() {
 }
 
 #[test]
-fn root_cancel_while_held_closes_the_held_provider_turn_as_canceled() {
+fn root_cancel_while_held_closes_the_held_provider_turn_as_canceled_at_once() {
     let name = "bg_two_together";
     let lines = together(name);
     let first = lines.iter().position(is_follow_up).unwrap();
     let mut rig = golden_start();
     feed_together(&mut rig, name, &lines, 0..first + 1);
     assert!(rig.adapter.live_provider_turn().is_some());
+    let before = rig.events.len();
     rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
     assert_eq!(rig.adapter.outstanding_notifications(), 0);
-    rig.ack("interrupt", true);
+    // Its SDK turn already ended: nothing is left for the interrupt to confirm.
     assert!(
         rig.adapter.live_provider_turn().is_none(),
         "the held turn is closed"
     );
+    assert!(rig.events[before..].iter().any(|e| matches!(
+        e,
+        NormalizedEvent::RootProviderTurnCompleted {
+            outcome: Outcome::Canceled,
+            ..
+        }
+    )));
+    // The interrupt's ack comes only after the cancel's deadline (as in the simulation's seed
+    // 7259): the cancel answers unconfirmed; the root settles canceled all the same.
+    let deadline = rig
+        .timers
+        .iter()
+        .rfind(|t| t.id.starts_with("claude:cancel:"))
+        .cloned()
+        .expect("the cancel deadline");
+    rig.timer(&deadline.id, deadline.at);
+    rig.ack("interrupt", true);
     let root = rig.root();
     assert_eq!(root.outcome, Some(Outcome::Canceled));
     assert_eq!(
@@ -2616,5 +2634,15 @@ fn root_cancel_while_held_closes_the_held_provider_turn_as_canceled() {
     feed_together(&mut rig, name, &lines, first + 1..lines.len());
     assert_eq!(count(&rig.events[before..], "messageAppended"), 0);
     assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    // A new canonical turn gets its own output; no held turn sits in front of it.
+    rig.submit("turn-2");
+    rig.msg(init());
+    rig.text(None, "answer to turn 2");
+    rig.result();
+    let t2 = rig.turn(R, "turn-2");
+    assert_eq!(t2.outcome, Some(Outcome::Completed));
+    assert!(rig.events.iter().any(|e| matches!(e,
+        NormalizedEvent::MessageAppended { turn_id, text, .. }
+        if turn_id.as_ref() == "turn-2" && &**text == "answer to turn 2")));
     rig.assert_clean();
 }

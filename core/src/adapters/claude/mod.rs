@@ -63,11 +63,13 @@
 //! - A held turn (see above) is held only after a successful `result` with nothing queued behind
 //!   it; its timeout completes it `interrupted` like a reservation that never began (the spec's
 //!   "as today"), and the outstanding notifications are forgotten, so their later follow-ups are
-//!   stale output. A root cancel closes a held turn `canceled` when the interrupt is acknowledged
-//!   (its SDK turn already ended). A follow-up that nothing reserved (it arrives after the
-//!   reservation ended) is still projected on its canonical root turn, which records it only
-//!   while that turn is active ("it cannot reopen the settled root"); the adapter logs it with
-//!   ids and counts (`unreserved follow-up`), as it logs a dropped timed-out continuation.
+//!   stale output. A root cancel closes a held turn `canceled` at once, before the interrupt is
+//!   acknowledged: its SDK turn already ended, so nothing is left for the interrupt to confirm
+//!   (only a turn whose follow-up output already began waits for its own `result`). A
+//!   follow-up that nothing reserved (it arrives after the reservation ended) is still projected
+//!   on its canonical root turn, which records it only while that turn is active ("it cannot
+//!   reopen the settled root"); the adapter logs it with ids and counts (`unreserved
+//!   follow-up`), as it logs a dropped timed-out continuation.
 //! - Output of a timed-out continuation is dropped up to its `result`. If a newer provider turn is
 //!   already queued behind it and a `result` arrives that is not a task-notification continuation
 //!   (`origin.kind`), the continuation never ran: its buffered output is re-attributed to the newer
@@ -131,7 +133,7 @@ impl Default for ClaudeConfig {
     }
 }
 
-/// Prefix of the continuation timer ids (`claude:continuation:<providerTurnId>`).
+/// Prefix of the continuation timer ids (`claude:continuation:<providerTurnId>#<n>`).
 const CONTINUATION_TIMER: &str = "claude:continuation:";
 /// Prefix of the cancel timer ids (`claude:cancel:<operationId>`).
 const CANCEL_TIMER: &str = "claude:cancel:";
@@ -186,6 +188,7 @@ struct ProviderTurn {
     stale: bool,
     /// Its SDK `result` arrived, but task notifications of its canonical root turn are still
     /// owed a follow-up: the provider lifecycle stays reserved and the next follow-up joins it.
+    /// Cleared again as soon as that follow-up's output begins.
     held: bool,
     /// Root messages attributed to it (for the logs).
     messages: u32,

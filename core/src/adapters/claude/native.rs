@@ -267,6 +267,10 @@ impl ClaudeAdapter {
             return;
         }
         front.began = true;
+        if kind != RootKind::Result {
+            // The next SDK turn runs on it: no longer only waiting for a follow-up to begin.
+            front.held = false;
+        }
         if matches!(front.kind, TurnKind::Control | TurnKind::Rejected) {
             // Control traffic and rejected turns emit nothing; their result releases them.
             if kind == RootKind::Result {
@@ -1364,8 +1368,7 @@ impl ClaudeAdapter {
     fn root_interrupt_acked(&mut self, out: &mut AdapterOutput) {
         let mut kept = std::collections::VecDeque::with_capacity(self.turns.len());
         while let Some(t) = self.turns.pop_front() {
-            // A held turn already had its SDK `result`: nothing of it runs any more.
-            if self.canceled_roots.contains(&t.turn) && (!t.began || t.held) {
+            if self.canceled_roots.contains(&t.turn) && !t.began {
                 if t.announced && t.is_live() {
                     out.events
                         .push(self.completed(&t.turn, &t.id, Outcome::Canceled, None));

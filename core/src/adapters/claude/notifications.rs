@@ -107,6 +107,14 @@ impl NotificationLedger {
         before - self.expected.len()
     }
 
+    /// Forgets the notifications of every canonical root turn but `keep` (a new canonical root
+    /// turn started: the earlier one has settled, and a late follow-up of it is only logged).
+    pub(super) fn forget_others(&mut self, keep: &Id) -> usize {
+        let before = self.expected.len();
+        self.expected.retain(|e| &e.root_turn == keep);
+        before - self.expected.len()
+    }
+
     /// Forgets everything (the query ended: no follow-up can come).
     pub(super) fn clear(&mut self) {
         self.expected.clear();
@@ -222,6 +230,9 @@ mod tests {
         let y = l.answer(&t, &follow_up(None, 1)).unwrap();
         assert_eq!((y.answered, y.outstanding), (1, 1));
         assert_eq!(l.outstanding(&"other".into()), 0);
+        assert_eq!(l.forget_others(&t), 0);
+        assert_eq!(l.forget_others(&"other".into()), 1);
+        l.expect("c", None, &t);
         assert_eq!(l.forget(&t), 1);
         assert_eq!(l.total(), 0);
     }

@@ -59,6 +59,13 @@ impl ClaudeAdapter {
     /// boundary of an earlier one.
     fn start(&mut self, turn_id: &Id, text: &str, out: &mut AdapterOutput) {
         self.canonical_turn = Some(turn_id.clone());
+        let forgotten = self.notifications.forget_others(turn_id);
+        if forgotten > 0 {
+            out.diagnostics.push(format!(
+                "claude: new root turn {turn_id}: {forgotten} task notification(s) of an earlier \
+                 root turn no longer awaited"
+            ));
+        }
         let id = self.provider_turn_id(false);
         self.turns.push_back(ProviderTurn::new(
             id.clone(),
@@ -169,6 +176,7 @@ impl ClaudeAdapter {
                 self.canceled_roots.insert(t.turn_id.clone());
                 // A canceled root needs no follow-up: its notifications are no longer awaited.
                 self.notifications.forget(&t.turn_id);
+                self.close_held(&t.turn_id, out);
                 for p in self.turns.iter_mut().filter(|p| p.turn == t.turn_id) {
                     // "It cancels the reserved synthetic provider turn, disarms its timeout."
                     p.timer = None;
@@ -284,6 +292,26 @@ impl ClaudeAdapter {
             id: format!("{CANCEL_TIMER}{op}"),
             at: now.saturating_add(self.config.cancel_timeout_ms),
         });
+    }
+
+    /// A held provider turn of a canceled root (its SDK turn already ended with a `result`, and
+    /// it only waited for a follow-up to begin) has nothing left that the root-query interrupt
+    /// could confirm: its lifecycle closes `canceled` now. Waiting for the interrupt's `ack`
+    /// would leave it queued in front of the next canonical turn if that `ack` came after the
+    /// cancel's own deadline.
+    fn close_held(&mut self, turn: &Id, out: &mut AdapterOutput) {
+        let mut kept = std::collections::VecDeque::with_capacity(self.turns.len());
+        while let Some(t) = self.turns.pop_front() {
+            if t.held && t.turn == *turn {
+                if t.announced && t.is_live() {
+                    out.events
+                        .push(self.completed(&t.turn, &t.id, Outcome::Canceled, None));
+                }
+                continue;
+            }
+            kept.push_back(t);
+        }
+        self.turns = kept;
     }
 
     /// `RespondInteraction` → `permission`. The sidecar finds the pending SDK callback by its

@@ -350,6 +350,7 @@ fn raw_transcript(name: &str) -> &'static str {
             include_str!("data/claude/bg_two_together_guided_empty.jsonl")
         }
         "bg_two_during_guidance" => include_str!("data/claude/bg_two_during_guidance.jsonl"),
+        "bg_two_during_tool_round" => include_str!("data/claude/bg_two_during_tool_round.jsonl"),
         "fg_fwd" => include_str!("data/claude/fg_fwd.jsonl"),
         "fg_partial" => include_str!("data/claude/fg_partial.jsonl"),
         "fg_childtool" => include_str!("data/claude/fg_childtool.jsonl"),
@@ -2644,5 +2645,41 @@ fn root_cancel_while_held_closes_the_held_provider_turn_as_canceled_at_once() {
     assert!(rig.events.iter().any(|e| matches!(e,
         NormalizedEvent::MessageAppended { turn_id, text, .. }
         if turn_id.as_ref() == "turn-2" && &**text == "answer to turn 2")));
+    rig.assert_clean();
+}
+
+#[test]
+fn notifications_folded_into_a_tool_round_of_the_running_turn_are_answered_by_its_result() {
+    // The root's turn runs a foreground `Bash` round while both children finish: the SDK puts
+    // both notifications into that turn's next model call and sends no follow-up.
+    let name = "bg_two_during_tool_round";
+    let lines = together(name);
+    assert!(
+        !lines.iter().any(is_follow_up),
+        "no follow-up in this capture"
+    );
+    let last = lines.iter().rposition(is_result).unwrap();
+    let mut rig = golden_start();
+    // (The Bash permission the capture allowed is resolved by the tool's own result.)
+    for i in 0..lines.len() {
+        feed_together(&mut rig, name, &lines, i..i + 1);
+        if i < last {
+            assert!(rig.root().phase.is_active(), "line {i}");
+        }
+    }
+    assert_eq!(rig.adapter.outstanding_notifications(), 0);
+    assert!(rig.adapter.live_provider_turn().is_none(), "nothing held");
+    let root = rig.root();
+    assert_eq!(root.outcome, Some(Outcome::Completed));
+    assert!(
+        rig.diagnostics
+            .iter()
+            .any(|d| d.contains("2 task notification(s) folded")),
+        "{:?}",
+        rig.diagnostics
+    );
+    assert!(rig.events.iter().any(|e| matches!(e,
+        NormalizedEvent::MessageAppended { turn_id, text, .. }
+        if turn_id.as_ref() == T1 && text.starts_with("ROOT_FOLLOWUP"))));
     rig.assert_clean();
 }

@@ -633,7 +633,7 @@ const CAPTURE_DIR_ENV: &str = "TUTTI_CLAUDE_CAPTURE_DIR";
 /// their task notifications reach the SDK within a few ms of each other. Every root request whose
 /// last message carries a `<task-notification>` is answered `ROOT_FOLLOWUP_<n>` (n counts those
 /// requests), guidance (`GUIDANCE`) is answered `ROOT_GUIDED`.
-fn together_script(child_delay: Duration, guided_delay: Duration) -> Script {
+fn together_script(child_delay: Duration, guided_delay: Duration, bash_sleep: bool) -> Script {
     let mut script = Script::new();
     for n in 1..=4 {
         script = script.rule(
@@ -662,9 +662,19 @@ fn together_script(child_delay: Duration, guided_delay: Duration) -> Script {
             Reply::text("CHILD_TWO_DONE").after(child_delay),
         )
         .on(
+            "root-after-bash",
+            Match::root().min_tool_results(3),
+            Reply::text("ROOT_AFTER_BASH: the command ran"),
+        )
+        .on(
             "root-launched",
             Match::root().min_tool_results(2),
-            Reply::text("ROOT_LAUNCHED: delegated two jobs"),
+            if bash_sleep {
+                // A foreground tool round that outlasts the children.
+                Reply::bash("sleep 4", false)
+            } else {
+                Reply::text("ROOT_LAUNCHED: delegated two jobs")
+            },
         )
         .on(
             "root-spawn",
@@ -699,9 +709,14 @@ async fn capture_together(
     name: &str,
     guidance: Option<&str>,
     guided_delay: Duration,
+    bash_sleep: bool,
 ) -> Vec<Value> {
-    let mock = MockMessages::start(together_script(Duration::from_millis(2500), guided_delay))
-        .expect("mock");
+    let mock = MockMessages::start(together_script(
+        Duration::from_millis(2500),
+        guided_delay,
+        bash_sleep,
+    ))
+    .expect("mock");
     let dirs = OfflineDirs::new().unwrap();
     let mut sc = sidecar().await;
     let started = std::time::Instant::now();
@@ -746,8 +761,14 @@ async fn capture_together(
             Some("hook") => {
                 Some(json!({"__t": t, "__hook": line["event"], "input": line["input"]}))
             }
-            Some("canUseTool") => Some(json!({"__t": t, "__canUseTool": line["toolName"],
-                "input": line["input"], "opts": line["options"]})),
+            Some("canUseTool") => {
+                // Capture mode allows every tool (the Bash round of `bash_sleep`).
+                if let Some(req) = line["requestId"].as_str() {
+                    sc.allow(req).await.unwrap();
+                }
+                Some(json!({"__t": t, "__canUseTool": line["toolName"],
+                "input": line["input"], "opts": line["options"]}))
+            }
             _ => None,
         };
         if let Some(r) = row {
@@ -794,7 +815,7 @@ fn follow_ups(rows: &[Value]) -> Vec<&Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "capture mode: writes adapter test data, run by hand"]
 async fn capture_two_background_children_finishing_together() {
-    let rows = capture_together("bg_two_together", None, Duration::ZERO).await;
+    let rows = capture_together("bg_two_together", None, Duration::ZERO, false).await;
     let notes = rows
         .iter()
         .filter(|r| r["subtype"] == "task_notification")
@@ -813,6 +834,7 @@ async fn capture_two_background_children_finishing_together_with_guidance() {
         "bg_two_together_guided",
         Some("GUIDANCE: also mention the weather"),
         Duration::ZERO,
+        false,
     )
     .await;
     assert!(rows.iter().any(|r| r["__input"] == "guidance"));
@@ -834,6 +856,7 @@ async fn capture_two_background_children_finishing_during_a_guidance_turn() {
         "bg_two_during_guidance",
         Some("GUIDANCE: also mention the weather"),
         Duration::from_secs(4),
+        false,
     )
     .await;
     let notes = rows
@@ -841,4 +864,19 @@ async fn capture_two_background_children_finishing_during_a_guidance_turn() {
         .filter(|r| r["subtype"] == "task_notification")
         .count();
     assert_eq!(notes, 2, "both children notified");
+}
+
+/// Capture mode: the root's turn goes on with a foreground `Bash` round (`sleep 4`) while both
+/// children finish, so the SDK could fold their notifications into that running turn between
+/// tool rounds; writes `bg_two_during_tool_round.jsonl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "capture mode: writes adapter test data, run by hand"]
+async fn capture_two_background_children_finishing_during_a_tool_round() {
+    let rows = capture_together("bg_two_during_tool_round", None, Duration::ZERO, true).await;
+    // Both children's notifications, plus the Bash command's own task notification.
+    let notes = rows
+        .iter()
+        .filter(|r| r["subtype"] == "task_notification")
+        .count();
+    assert_eq!(notes, 3, "both children notified");
 }

@@ -826,8 +826,14 @@ impl ClaudeAdapter {
         }
         let run_id = run_id.map(str::to_string).or_else(|| c.run_id.clone());
         let root_turn = c.root_turn.clone();
+        // The root provider turn whose model call is in flight right now, if any.
+        let during = self
+            .turns
+            .front()
+            .filter(|t| t.is_live() && t.began && !t.held)
+            .map(|t| t.id.clone());
         self.notifications
-            .expect(key, run_id.as_deref(), &root_turn);
+            .expect(key, run_id.as_deref(), &root_turn, during.as_deref());
     }
 
     /// A closed child whose `stopTask` was still owed ended: that target stays unconfirmed.

@@ -312,11 +312,23 @@ impl ClaudeAdapter {
             RootKind::Init => {}
             RootKind::Stream => self.stream_event(&owner, m, out),
             RootKind::Assistant => self.assistant_blocks(&owner, m, out),
-            RootKind::User => self.user_blocks(now, &owner, m, out),
+            RootKind::User => {
+                if has_tool_result(m) {
+                    self.notifications.tool_round(&pid);
+                }
+                self.user_blocks(now, &owner, m, out)
+            }
             RootKind::Result => {
                 let (outcome, error) = result_outcome(m);
                 if outcome == Outcome::Completed {
                     self.complete_launches(&turn, out);
+                }
+                let folded = self.notifications.take_folded(&pid);
+                if folded > 0 {
+                    out.diagnostics.push(format!(
+                        "claude: {pid} on {turn} answered {folded} task notification(s) folded \
+                         into its tool rounds"
+                    ));
                 }
                 if self.hold_for_follow_ups(now, &turn, &pid, turn_kind, outcome, m, out) {
                     return;
@@ -1454,6 +1466,14 @@ impl ClaudeAdapter {
             t.terminal = true;
         }
     }
+}
+
+/// Whether a `user` message carries a `tool_result` block (a completed tool round).
+fn has_tool_result(m: &Value) -> bool {
+    m.get("message")
+        .and_then(|x| x.get("content"))
+        .and_then(Value::as_array)
+        .is_some_and(|blocks| blocks.iter().any(|b| s(b, "type") == Some("tool_result")))
 }
 
 /// A `toolCallUpdated` for a recorded tool call, on the turn that launched it.

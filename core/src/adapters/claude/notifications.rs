@@ -26,10 +26,15 @@
 //!   follow-up naming run `X` answers `X` and every notification of that root turn expected
 //!   before it. A follow-up without `runId` (older CLIs) answers the oldest. A follow-up naming a
 //!   run the ledger never counted (a stopped task's) answers nothing.
-//! - **Also during a root turn.** Notifications delivered while a root provider turn still runs
-//!   are not folded into it: the capture `bg_two_during_guidance` shows the guidance turn's own
-//!   `result`, then the follow-ups. So any root `result` that leaves a notification outstanding
-//!   keeps the reservation, not only a follow-up's.
+//! - **Also during a root turn.** A notification delivered while a root provider turn runs its
+//!   last model call is answered by a follow-up after that turn's `result` (capture
+//!   `bg_two_during_guidance`), so any root `result` that leaves a notification outstanding keeps
+//!   the reservation, not only a follow-up's. But when that running turn then completes a tool
+//!   round (a root `user` message with a `tool_result`), its next model call carries the queued
+//!   notifications and no follow-up comes (capture `bg_two_during_tool_round`: both
+//!   `<task-notification>` blocks in the model request after the `Bash` round, no follow-up in
+//!   the 4 s after the `result`). Such notifications are *folded*: that turn's `result` answers
+//!   them.
 //! - **Empty follow-ups.** A follow-up with `num_turns: 0` made no model call: its notification
 //!   was consumed by another turn. It "counts as an answer only when no other notification is
 //!   outstanding" (then it answers that last one); otherwise the real follow-up still comes.
@@ -46,6 +51,10 @@ struct Expected {
     run_id: Option<String>,
     /// The canonical root turn whose follow-up it is.
     root_turn: Id,
+    /// The root provider turn that was running (its model call in flight) when it was counted.
+    during: Option<String>,
+    /// That turn completed a tool round since: its next model call carries the notification.
+    folded: bool,
 }
 
 /// What a follow-up `result` did to the ledger.
@@ -75,8 +84,15 @@ pub(super) fn is_follow_up(result: &Value) -> bool {
 }
 
 impl NotificationLedger {
-    /// Counts the notification of `child` (idempotent per child).
-    pub(super) fn expect(&mut self, child: &str, run_id: Option<&str>, root_turn: &Id) {
+    /// Counts the notification of `child` (idempotent per child); `during` is the root provider
+    /// turn running at that moment, if any.
+    pub(super) fn expect(
+        &mut self,
+        child: &str,
+        run_id: Option<&str>,
+        root_turn: &Id,
+        during: Option<&str>,
+    ) {
         if self.expected.iter().any(|e| e.child == child) {
             return;
         }
@@ -84,7 +100,28 @@ impl NotificationLedger {
             child: child.to_string(),
             run_id: run_id.map(str::to_string),
             root_turn: root_turn.clone(),
+            during: during.map(str::to_string),
+            folded: false,
         });
+    }
+
+    /// The running root provider turn `provider_turn` completed a tool round: the notifications
+    /// delivered during it go into its next model call.
+    pub(super) fn tool_round(&mut self, provider_turn: &str) {
+        for e in &mut self.expected {
+            if e.during.as_deref() == Some(provider_turn) {
+                e.folded = true;
+            }
+        }
+    }
+
+    /// The `result` of `provider_turn`: the notifications folded into it are answered. Returns
+    /// how many.
+    pub(super) fn take_folded(&mut self, provider_turn: &str) -> usize {
+        let before = self.expected.len();
+        self.expected
+            .retain(|e| !(e.folded && e.during.as_deref() == Some(provider_turn)));
+        before - self.expected.len()
     }
 
     /// Notifications still owed a follow-up for this canonical root turn.
@@ -183,9 +220,9 @@ mod tests {
     fn two() -> (NotificationLedger, Id) {
         let t: Id = "T".into();
         let mut l = NotificationLedger::default();
-        l.expect("a", Some("run-a"), &t);
-        l.expect("b", Some("run-b"), &t);
-        l.expect("a", Some("run-a"), &t);
+        l.expect("a", Some("run-a"), &t, None);
+        l.expect("b", Some("run-b"), &t, None);
+        l.expect("a", Some("run-a"), &t, None);
         (l, t)
     }
 
@@ -232,8 +269,24 @@ mod tests {
         assert_eq!(l.outstanding(&"other".into()), 0);
         assert_eq!(l.forget_others(&t), 0);
         assert_eq!(l.forget_others(&"other".into()), 1);
-        l.expect("c", None, &t);
+        l.expect("c", None, &t, None);
         assert_eq!(l.forget(&t), 1);
         assert_eq!(l.total(), 0);
+    }
+
+    #[test]
+    fn notifications_delivered_before_a_tool_round_of_the_running_turn_are_folded_into_it() {
+        let t: Id = "T".into();
+        let mut l = NotificationLedger::default();
+        l.expect("a", Some("run-a"), &t, Some("claude-1"));
+        l.expect("b", Some("run-b"), &t, Some("claude-2"));
+        l.tool_round("claude-1");
+        assert_eq!(
+            l.take_folded("claude-2"),
+            0,
+            "not folded: no tool round of claude-2"
+        );
+        assert_eq!(l.take_folded("claude-1"), 1);
+        assert_eq!(l.outstanding(&t), 1);
     }
 }

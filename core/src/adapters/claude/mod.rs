@@ -39,12 +39,13 @@
 //!   the SDK answers their task notifications with more than one follow-up turn (or an empty one
 //!   and then a real one). The adapter counts the notifications it expects and the follow-ups
 //!   that answer them (`origin.kind == "task-notification"`, matched by `origin.runId`; the rule
-//!   and its evidence are in the `notifications` module). A root `result` that leaves one
-//!   outstanding for its canonical root turn does not complete the provider turn: the turn is
-//!   *held*, the next follow-up's messages land on the same canonical root turn, and only the
-//!   `result` that answers the last notification emits `rootProviderTurnCompleted`. The 30 s
-//!   bound is armed while held; on expiry it ends the reservation as above, naming the
-//!   outstanding notification count.
+//!   and its evidence are in the `notifications` module; a notification delivered before a tool
+//!   round of the running root turn is folded into that turn and answered by its `result`). A
+//!   root `result` that leaves one outstanding for its canonical root turn does not complete the
+//!   provider turn: the turn is *held*, the next follow-up's messages land on the same canonical
+//!   root turn, and only the `result` that answers the last notification emits
+//!   `rootProviderTurnCompleted`. The 30 s bound is armed while held; on expiry it ends the
+//!   reservation as above, naming the outstanding notification count.
 //! - **Cancel.** Every supplied target is first recorded as a closed projection boundary; a target
 //!   set with the root uses the root-query `interrupt`, a child-only set one `stopTask` per child.
 //!   The engine gets a `cancelResult` with exactly the acknowledged subset (an `ack` with

@@ -30,6 +30,11 @@ struct Rig {
     rejections: Vec<String>,
     /// `interactionRequested` events the engine did not take (given to `on_dropped`).
     dropped: Vec<NormalizedEvent>,
+    /// Every input the engine took but ignored (kind and reason), e.g. a message on a settled
+    /// turn.
+    ignored: Vec<String>,
+    /// Every adapter diagnostic.
+    diagnostics: Vec<String>,
     uuid: u64,
 }
 
@@ -49,6 +54,8 @@ impl Rig {
             timers: Vec::new(),
             rejections: Vec::new(),
             dropped: Vec::new(),
+            ignored: Vec::new(),
+            diagnostics: Vec::new(),
             uuid: 0,
         };
         rig.cmd(json!({"type":"createSession","agentSessionId":R,"workspaceId":"W","provider":"claude"}));
@@ -68,7 +75,8 @@ impl Rig {
                 return None;
             }
         };
-        if step.ignored.is_some() {
+        if let Some(why) = &step.ignored {
+            self.ignored.push(format!("{label}: {why:?}"));
             self.tell_dropped(&input);
         }
         let v = self.engine.check_invariants();
@@ -98,6 +106,7 @@ impl Rig {
     fn apply(&mut self, out: AdapterOutput) {
         self.native.extend(out.native.iter().cloned());
         self.timers.extend(out.timers.iter().cloned());
+        self.diagnostics.extend(out.diagnostics.iter().cloned());
         for e in out.events {
             self.events.push(e.clone());
             self.input(Input::Event(e));
@@ -334,6 +343,14 @@ fn transcript(name: &str) -> Vec<Value> {
 
 fn raw_transcript(name: &str) -> &'static str {
     match name {
+        "bg_two_together" => include_str!("data/claude/bg_two_together.jsonl"),
+        "bg_two_together_empty" => include_str!("data/claude/bg_two_together_empty.jsonl"),
+        "bg_two_together_guided" => include_str!("data/claude/bg_two_together_guided.jsonl"),
+        "bg_two_together_guided_empty" => {
+            include_str!("data/claude/bg_two_together_guided_empty.jsonl")
+        }
+        "bg_two_during_guidance" => include_str!("data/claude/bg_two_during_guidance.jsonl"),
+        "bg_two_during_tool_round" => include_str!("data/claude/bg_two_during_tool_round.jsonl"),
         "fg_fwd" => include_str!("data/claude/fg_fwd.jsonl"),
         "fg_partial" => include_str!("data/claude/fg_partial.jsonl"),
         "fg_childtool" => include_str!("data/claude/fg_childtool.jsonl"),
@@ -1074,7 +1091,7 @@ fn first_root_stream_or_assistant_event_disarms_the_continuation_timer() {
         "the continuation follows its normal lifecycle"
     );
     rig.text(None, "reply");
-    rig.result();
+    rig.result_with_origin();
     assert_eq!(rig.root().outcome, Some(Outcome::Completed));
     rig.assert_clean();
 }
@@ -1262,7 +1279,14 @@ fn guidance_while_only_children_run_opens_a_synthetic_provider_turn() {
     assert!(out.timers.is_empty());
     assert!(!rig.turn(&cs, &ct).phase.is_active());
     rig.text(None, "about your guidance");
+    // The guidance turn's result answers no notification: the SDK still owes the follow-up
+    // (captured: `bg_two_during_guidance`), so the provider lifecycle stays reserved.
     rig.result();
+    assert!(rig.root().phase.is_active());
+    assert_eq!(rig.adapter.outstanding_notifications(), 1);
+    rig.msg(init());
+    rig.text(None, "the child reported back");
+    rig.result_with_origin();
     assert_eq!(rig.root().outcome, Some(Outcome::Completed));
     rig.assert_clean();
 }
@@ -2355,5 +2379,382 @@ fn claude_follow_up_after_a_stop_overlapping_the_next_submit_never_settles_the_n
     rig.text(None, "second");
     rig.result();
     assert_eq!(rig.turn(R, "turn-2").outcome, Some(Outcome::Completed));
+    rig.assert_clean();
+}
+
+// ===== background children finishing together (real SDK 0.3.332 captures) ======================
+//
+// Captured with `tests/tests/claude_smoke.rs` in capture mode (see
+// `capture_two_background_children_finishing_together`): the root launches two background
+// `Agent` children whose replies take the same time, so both task notifications reach the SDK
+// within a few ms. The SDK then answers with two real follow-ups (`bg_two_together*`), or with an
+// empty one (`num_turns: 0`, no model call) followed by one real one (`*_empty`); `*_guided*`
+// had a guidance `input` appended while the children ran, and `bg_two_during_guidance` had both
+// notifications delivered while the guidance turn itself still ran.
+
+/// A "children finish together" capture as sidecar lines; `{"kind":"__input"}` marks where the
+/// guidance was sent.
+fn together(name: &str) -> Vec<Value> {
+    raw_transcript(name)
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            let v: Value = serde_json::from_str(l).expect("captured line is JSON");
+            if v.get("__input").is_some() {
+                return json!({"kind": "__input"});
+            }
+            sidecar_line(&v, n + 1).expect("a captured Claude row")
+        })
+        .collect()
+}
+
+fn is_result(l: &Value) -> bool {
+    l["kind"] == "message" && l["message"]["type"] == "result"
+}
+
+fn is_follow_up(l: &Value) -> bool {
+    is_result(l) && l["message"]["origin"]["kind"] == "task-notification"
+}
+
+/// Root-scoped assistant texts of a capture (in order).
+fn root_texts(lines: &[Value]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| {
+            l["message"]["type"] == "assistant" && l["message"]["parent_tool_use_id"].is_null()
+        })
+        .flat_map(|l| {
+            l["message"]["message"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|b| b["text"].as_str().map(String::from))
+        .collect()
+}
+
+/// Feeds `lines[range]`; at an `__input` row submits guidance (`turn-x`) as the daemon would and
+/// acknowledges its `input`.
+fn feed_together(rig: &mut Rig, name: &str, lines: &[Value], range: std::ops::Range<usize>) {
+    for l in &lines[range] {
+        if l["kind"] == "__input" {
+            let step = rig.submit("turn-x");
+            assert!(
+                matches!(step.provider.first(), Some(ProviderRequest::Guide { .. })),
+                "{name}: the guidance is appended to the active root turn"
+            );
+            rig.ack("input", true);
+            continue;
+        }
+        rig.line(l.clone());
+    }
+}
+
+/// The whole capture; asserts the root stays active until the last `result` and settles
+/// completed with it, with every follow-up reply a message of the one root turn.
+fn assert_together(name: &str) -> Rig {
+    let lines = together(name);
+    let last = lines.iter().rposition(is_result).expect("a result");
+    assert!(
+        lines.iter().filter(|l| is_follow_up(l)).count() >= 2,
+        "{name}: the SDK answered with more than one follow-up"
+    );
+    let mut rig = golden_start();
+    for i in 0..lines.len() {
+        feed_together(&mut rig, name, &lines, i..i + 1);
+        if i < last {
+            assert!(
+                rig.root().phase.is_active(),
+                "{name}: the root settled at line {i}, before the last follow-up's result\n{:#?}",
+                rig.diagnostics
+            );
+        }
+    }
+    let root = rig.root();
+    assert_eq!(root.outcome, Some(Outcome::Completed), "{name}");
+    assert_eq!(
+        root.root_provider_turn.as_ref().unwrap().phase,
+        ProviderPhase::Completed
+    );
+    // One canonical root turn; guidance never became another.
+    let snap = rig.engine.snapshot(R).unwrap();
+    assert_eq!(
+        snap.turns
+            .iter()
+            .filter(|t| t.agent_session_id.as_ref() == R)
+            .count(),
+        1,
+        "{name}"
+    );
+    assert!(rig.engine.turn(R, "turn-x").is_none(), "{name}");
+    // Every follow-up reply is a message of that root turn, and the engine took each of them.
+    let follow_texts: Vec<String> = root_texts(&lines)
+        .into_iter()
+        .filter(|t| t.starts_with("ROOT_FOLLOWUP"))
+        .collect();
+    assert!(!follow_texts.is_empty(), "{name}");
+    for text in &follow_texts {
+        assert!(
+            rig.events.iter().any(|e| matches!(e,
+                NormalizedEvent::MessageAppended { agent_session_id, turn_id, text: t, .. }
+                if agent_session_id.as_ref() == R && turn_id.as_ref() == T1 && &**t == text)),
+            "{name}: {text} is not a message of the root turn"
+        );
+    }
+    assert!(
+        !rig.ignored.iter().any(|i| i.starts_with("messageAppended")),
+        "{name}: the engine ignored messages: {:?}",
+        rig.ignored
+    );
+    // Both children completed on their own turns.
+    let kids: Vec<_> = snap.sessions.iter().filter(|s| s.is_child()).collect();
+    assert_eq!(kids.len(), 2, "{name}");
+    for k in kids {
+        let t = snap
+            .turns
+            .iter()
+            .find(|t| t.agent_session_id == k.id)
+            .unwrap();
+        assert_eq!(t.outcome, Some(Outcome::Completed), "{name}");
+    }
+    assert_eq!(rig.adapter.outstanding_notifications(), 0, "{name}");
+    assert!(rig.adapter.live_provider_turn().is_none(), "{name}");
+    rig.assert_clean();
+    rig
+}
+
+#[test]
+fn two_children_finishing_together_both_follow_ups_are_messages_of_the_one_root_turn() {
+    let rig = assert_together("bg_two_together");
+    // Both follow-ups joined one held root provider turn, completed once at the end.
+    assert_eq!(
+        count(&rig.events, "rootProviderTurnCompleted"),
+        2,
+        "launch + follow-ups"
+    );
+}
+
+#[test]
+fn two_children_finishing_together_an_empty_follow_up_does_not_settle_the_root() {
+    let lines = together("bg_two_together_empty");
+    let empty = lines
+        .iter()
+        .position(|l| is_follow_up(l) && l["message"]["num_turns"] == 0)
+        .expect("the capture has an empty follow-up");
+    assert!(
+        lines[empty + 1..].iter().any(is_follow_up),
+        "a real follow-up comes after the empty one"
+    );
+    assert_together("bg_two_together_empty");
+}
+
+#[test]
+fn two_children_finishing_together_after_guidance_keep_both_follow_ups_on_the_root_turn() {
+    for name in ["bg_two_together_guided", "bg_two_together_guided_empty"] {
+        let rig = assert_together(name);
+        assert!(
+            rig.events.iter().any(|e| matches!(e,
+                NormalizedEvent::MessageAppended { turn_id, text, .. }
+                if turn_id.as_ref() == T1 && text.starts_with("ROOT_GUIDED"))),
+            "{name}: the guidance reply is on the root turn"
+        );
+    }
+}
+
+#[test]
+fn notifications_delivered_during_a_guidance_turn_hold_the_root_until_their_follow_up() {
+    let name = "bg_two_during_guidance";
+    let lines = together(name);
+    let guided = lines
+        .iter()
+        .position(|l| {
+            is_result(l)
+                && !is_follow_up(l)
+                && l["message"]["result"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("ROOT_GUIDED"))
+        })
+        .expect("the guidance turn's result");
+    let mut rig = golden_start();
+    feed_together(&mut rig, name, &lines, 0..guided + 1);
+    assert_eq!(
+        rig.adapter.outstanding_notifications(),
+        2,
+        "both notifications were delivered while the guidance turn ran"
+    );
+    assert!(
+        rig.root().phase.is_active(),
+        "held after the guidance result"
+    );
+    assert_together(name);
+}
+
+#[test]
+fn a_follow_up_that_never_comes_ends_the_reservation_naming_the_outstanding_count() {
+    let name = "bg_two_together";
+    let lines = together(name);
+    let first = lines.iter().position(is_follow_up).unwrap();
+    let mut rig = golden_start();
+    feed_together(&mut rig, name, &lines, 0..first + 1);
+    assert!(rig.root().phase.is_active());
+    assert_eq!(rig.adapter.outstanding_notifications(), 1);
+    // The hold armed the 30 s bound again (the first follow-up had disarmed the first one).
+    let timer = rig.timers.last().cloned().expect("the bound is armed");
+    let out = rig.timer(&timer.id, timer.at);
+    let error = out
+        .events
+        .iter()
+        .find_map(|e| match e {
+            NormalizedEvent::RootProviderTurnCompleted { outcome, error, .. } => {
+                assert_eq!(*outcome, Outcome::Interrupted);
+                error.clone()
+            }
+            _ => None,
+        })
+        .expect("the reservation ends");
+    assert!(
+        error.contains("timeout") && error.contains("1 task notification(s) outstanding"),
+        "{error}"
+    );
+    assert!(out
+        .diagnostics
+        .iter()
+        .any(|d| d.contains("1 task notification(s) outstanding")));
+    assert_eq!(out.native[0]["op"], "interrupt");
+    assert!(!rig.root().phase.is_active(), "the gate settles the root");
+    let outcome = rig.root().outcome;
+    // The late follow-up is stale: dropped, but logged with ids and counts.
+    let before = rig.diagnostics.len();
+    feed_together(&mut rig, name, &lines, first + 1..lines.len());
+    let logged = rig.diagnostics[before..]
+        .iter()
+        .find(|d| d.contains("timed-out continuation") && d.contains("ended"))
+        .unwrap_or_else(|| panic!("{:?}", &rig.diagnostics[before..]));
+    assert!(logged.contains(T1) && logged.contains("run "), "{logged}");
+    assert_eq!(rig.root().outcome, outcome, "nothing reopens the root");
+    rig.assert_clean();
+}
+
+#[test]
+fn a_follow_up_after_the_root_settled_is_logged_with_ids_and_counts() {
+    let mut rig = Rig::with(ClaudeConfig {
+        continuation_timeout_ms: 50,
+        ..ClaudeConfig::default()
+    });
+    rig.waiting_on_background_child();
+    let out = rig.notification("task-1", "tu-1", "completed");
+    let timer = out.timers[0].clone();
+    rig.timer(&timer.id, timer.at);
+    assert!(!rig.root().phase.is_active());
+    assert_eq!(rig.adapter.outstanding_notifications(), 0, "forgotten");
+    // The stale continuation ends, then one more follow-up nothing reserved.
+    rig.result_with_origin();
+    let before = rig.diagnostics.len();
+    rig.msg(init());
+    rig.text(None, "late reply");
+    rig.result_with_origin();
+    let logged = rig.diagnostics[before..]
+        .iter()
+        .find(|d| d.contains("unreserved follow-up"))
+        .unwrap_or_else(|| panic!("{:?}", &rig.diagnostics[before..]));
+    assert!(
+        logged.contains(T1) && logged.contains("1 root message(s)"),
+        "{logged}"
+    );
+    assert!(!rig.root().phase.is_active(), "never reopened");
+    rig.assert_clean();
+}
+
+#[test]
+fn root_cancel_while_held_closes_the_held_provider_turn_as_canceled_at_once() {
+    let name = "bg_two_together";
+    let lines = together(name);
+    let first = lines.iter().position(is_follow_up).unwrap();
+    let mut rig = golden_start();
+    feed_together(&mut rig, name, &lines, 0..first + 1);
+    assert!(rig.adapter.live_provider_turn().is_some());
+    let before = rig.events.len();
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
+    assert_eq!(rig.adapter.outstanding_notifications(), 0);
+    // Its SDK turn already ended: nothing is left for the interrupt to confirm.
+    assert!(
+        rig.adapter.live_provider_turn().is_none(),
+        "the held turn is closed"
+    );
+    assert!(rig.events[before..].iter().any(|e| matches!(
+        e,
+        NormalizedEvent::RootProviderTurnCompleted {
+            outcome: Outcome::Canceled,
+            ..
+        }
+    )));
+    // The interrupt's ack comes only after the cancel's deadline (as in the simulation's seed
+    // 7259): the cancel answers unconfirmed; the root settles canceled all the same.
+    let deadline = rig
+        .timers
+        .iter()
+        .rfind(|t| t.id.starts_with("claude:cancel:"))
+        .cloned()
+        .expect("the cancel deadline");
+    rig.timer(&deadline.id, deadline.at);
+    rig.ack("interrupt", true);
+    let root = rig.root();
+    assert_eq!(root.outcome, Some(Outcome::Canceled));
+    assert_eq!(
+        root.root_provider_turn.as_ref().unwrap().phase,
+        ProviderPhase::Completed
+    );
+    // The second follow-up is output of the canceled root execution: nothing lands.
+    let before = rig.events.len();
+    feed_together(&mut rig, name, &lines, first + 1..lines.len());
+    assert_eq!(count(&rig.events[before..], "messageAppended"), 0);
+    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    // A new canonical turn gets its own output; no held turn sits in front of it.
+    rig.submit("turn-2");
+    rig.msg(init());
+    rig.text(None, "answer to turn 2");
+    rig.result();
+    let t2 = rig.turn(R, "turn-2");
+    assert_eq!(t2.outcome, Some(Outcome::Completed));
+    assert!(rig.events.iter().any(|e| matches!(e,
+        NormalizedEvent::MessageAppended { turn_id, text, .. }
+        if turn_id.as_ref() == "turn-2" && &**text == "answer to turn 2")));
+    rig.assert_clean();
+}
+
+#[test]
+fn notifications_folded_into_a_tool_round_of_the_running_turn_are_answered_by_its_result() {
+    // The root's turn runs a foreground `Bash` round while both children finish: the SDK puts
+    // both notifications into that turn's next model call and sends no follow-up.
+    let name = "bg_two_during_tool_round";
+    let lines = together(name);
+    assert!(
+        !lines.iter().any(is_follow_up),
+        "no follow-up in this capture"
+    );
+    let last = lines.iter().rposition(is_result).unwrap();
+    let mut rig = golden_start();
+    // (The Bash permission the capture allowed is resolved by the tool's own result.)
+    for i in 0..lines.len() {
+        feed_together(&mut rig, name, &lines, i..i + 1);
+        if i < last {
+            assert!(rig.root().phase.is_active(), "line {i}");
+        }
+    }
+    assert_eq!(rig.adapter.outstanding_notifications(), 0);
+    assert!(rig.adapter.live_provider_turn().is_none(), "nothing held");
+    let root = rig.root();
+    assert_eq!(root.outcome, Some(Outcome::Completed));
+    assert!(
+        rig.diagnostics
+            .iter()
+            .any(|d| d.contains("2 task notification(s) folded")),
+        "{:?}",
+        rig.diagnostics
+    );
+    assert!(rig.events.iter().any(|e| matches!(e,
+        NormalizedEvent::MessageAppended { turn_id, text, .. }
+        if turn_id.as_ref() == T1 && text.starts_with("ROOT_FOLLOWUP"))));
     rig.assert_clean();
 }

@@ -1550,3 +1550,175 @@ fn a_root_permission_after_the_root_settled_is_denied_and_the_query_keeps_going(
         .all(|t| !active(t) && t["outcome"] == "completed"));
     eprintln!("{}", diag());
 }
+
+// ----- (g) two background children finishing together ------------------------------------------
+
+/// Follow-up rules answer once each, `ROOT_FOLLOWUP_<n>`, so every follow-up reply is told apart.
+const FOLLOW_UP_RULES: usize = 16;
+
+/// The root launches two background children whose replies take the same time, so their task
+/// notifications reach the SDK within a few ms of each other (real SDK 0.3.332: two follow-up
+/// turns, or an empty one and then a real one; see `core/tests/data/claude/bg_two_*.jsonl`).
+fn together_script() -> Script {
+    let mut script = Script::new();
+    for n in 1..=FOLLOW_UP_RULES {
+        script = script.rule(
+            tutti_tests::mock_messages::Rule::new(
+                &format!("root-followup-{n}"),
+                Match::root().last_message_contains("<task-notification>"),
+                Reply::text(&format!("ROOT_FOLLOWUP_{n}: the children reported back")),
+            )
+            .times(1),
+        );
+    }
+    script
+        .on(
+            "child-one",
+            Match::subagent().first_user_contains("CHILD_ONE_TASK"),
+            Reply::text("CHILD_ONE_DONE").after(Duration::from_millis(2000)),
+        )
+        .on(
+            "child-two",
+            Match::subagent().first_user_contains("CHILD_TWO_TASK"),
+            Reply::text("CHILD_TWO_DONE").after(Duration::from_millis(2000)),
+        )
+        .on(
+            "root-launched",
+            Match::root().min_tool_results(2),
+            Reply::text("ROOT_LAUNCHED: delegated two jobs"),
+        )
+        .on(
+            "root-spawn",
+            Match::root().first_user_contains("SPAWN_TOGETHER"),
+            Reply::blocks(vec![
+                agent_block("First child", "CHILD_ONE_TASK: quick job"),
+                agent_block("Second child", "CHILD_TWO_TASK: equally quick job"),
+            ]),
+        )
+}
+
+/// Spec: "the continuation produced after a background child notification belongs to the same
+/// canonical root turn", and no provider output is silently dropped while its owner can still
+/// record it. Two background children finish together; the SDK answers with more than one
+/// follow-up turn. Every follow-up reply the model sent is a message of the one root turn, and
+/// the root settles completed only after the last of them. Run several times in a row (the
+/// follow-ups' order is timing-dependent), each on a new root session of the same daemon.
+#[test]
+fn children_finishing_together_every_follow_up_reply_is_a_message_of_the_one_root_turn() {
+    const RUNS: usize = 3;
+    let rig = Rig::start(together_script(), None);
+    let follow_up_results = |rig: &Rig| {
+        rig.sidecar_log()
+            .iter()
+            .filter(|l| l.contains("type=result") && l.contains("origin=task-notification"))
+            .count()
+    };
+    let mut shapes = Vec::new();
+    for run in 1..=RUNS {
+        let requests_before = rig.mock.message_requests().len();
+        let results_before = follow_up_results(&rig);
+        let id = rig.create();
+        let (reply, turn) = rig.submit(&id, "SPAWN_TOGETHER: delegate two jobs at once");
+        assert_eq!(reply, "started");
+        let end = rig.wait(&id, "the root settled", |v| settled(v, &id));
+        // Any follow-up the SDK still had to send would arrive now: wait for quiet.
+        quiesce(&rig);
+        let end = {
+            let again = rig.detail(&id);
+            assert_eq!(
+                again["turns"], end["turns"],
+                "run {run}: nothing changed after settling"
+            );
+            again
+        };
+        let diag = || format!("run {run}\n{}", rig.diagnostics(&id));
+        assert_eq!(
+            outcome(&end, &id).as_deref(),
+            Some("completed"),
+            "{}",
+            diag()
+        );
+        let kids = child_ids(&end);
+        assert_eq!(kids.len(), 2, "{}", diag());
+        for k in &kids {
+            assert_eq!(outcome(&end, k).as_deref(), Some("completed"), "{}", diag());
+        }
+        // The follow-up replies the model sent during this run.
+        let replies: Vec<String> = rig.mock.message_requests()[requests_before..]
+            .iter()
+            .filter_map(|r| {
+                r.rule
+                    .as_deref()?
+                    .strip_prefix("root-followup-")
+                    .map(String::from)
+            })
+            .map(|n| format!("ROOT_FOLLOWUP_{n}"))
+            .collect();
+        assert!(!replies.is_empty(), "no follow-up at all\n{}", diag());
+        let results = follow_up_results(&rig) - results_before;
+        shapes.push(format!(
+            "run {run}: {results} follow-up result(s), {} model reply(ies)",
+            replies.len()
+        ));
+        // Each is a message of the one root turn.
+        let msgs = rig.messages(&id);
+        for r in &replies {
+            let m = msgs
+                .iter()
+                .find(|m| {
+                    m["text"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with(r.as_str()))
+                })
+                .unwrap_or_else(|| panic!("{r} is in no message of the root\n{}", diag()));
+            assert_eq!(m["turnId"], turn.as_str(), "{}", diag());
+        }
+        // One canonical root turn, settled after the last follow-up message, never reopened.
+        let feed = rig.feed.rows();
+        let root_rows: Vec<(usize, &Value)> = feed
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r["kind"] == "turn" && r["payload"]["agentSessionId"] == id.as_str())
+            .collect();
+        assert!(
+            root_rows
+                .iter()
+                .all(|(_, r)| r["payload"]["id"] == turn.as_str()),
+            "one root turn\n{}",
+            diag()
+        );
+        let settled_at = root_rows
+            .iter()
+            .find(|(_, r)| !active(&r["payload"]))
+            .map(|(i, _)| *i)
+            .unwrap_or_else(|| panic!("the feed never showed the root settled\n{}", diag()));
+        assert!(root_rows
+            .iter()
+            .filter(|(i, _)| *i > settled_at)
+            .all(|(_, r)| !active(&r["payload"])));
+        let last_reply = feed
+            .iter()
+            .rposition(|r| {
+                r["kind"] == "message"
+                    && r["payload"]["agentSessionId"] == id.as_str()
+                    && r["payload"]["text"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("ROOT_FOLLOWUP"))
+            })
+            .unwrap_or_else(|| panic!("no follow-up message in the feed\n{}", diag()));
+        assert!(
+            last_reply < settled_at,
+            "the root settled before the last follow-up reply\n{}",
+            diag()
+        );
+        assert_eq!(end["session"].get("activeTurnId"), None);
+    }
+    eprintln!("{}", shapes.join("\n"));
+    // The runs exercised the case at all: the SDK sent more than one follow-up at least once.
+    assert!(
+        shapes
+            .iter()
+            .any(|s| !s.contains(": 1 follow-up result(s)")),
+        "no run had two follow-ups: {shapes:?}"
+    );
+}

@@ -35,6 +35,17 @@
 //!   the reserved turn with a timeout stop reason, interrupts the pending continuation, and drops
 //!   every later output of that continuation. "A user-initiated stop needs no model follow-up":
 //!   a `stopped` / `killed` terminal opens nothing.
+//! - **Every notification is answered first.** When background children finish close together,
+//!   the SDK answers their task notifications with more than one follow-up turn (or an empty one
+//!   and then a real one). The adapter counts the notifications it expects and the follow-ups
+//!   that answer them (`origin.kind == "task-notification"`, matched by `origin.runId`; the rule
+//!   and its evidence are in the `notifications` module; a notification delivered before a tool
+//!   round of the running root turn is folded into that turn and answered by its `result`). A
+//!   root `result` that leaves one outstanding for its canonical root turn does not complete the
+//!   provider turn: the turn is *held*, the next follow-up's messages land on the same canonical
+//!   root turn, and only the `result` that answers the last notification emits
+//!   `rootProviderTurnCompleted`. The 30 s bound is armed while held; on expiry it ends the
+//!   reservation as above, naming the outstanding notification count.
 //! - **Cancel.** Every supplied target is first recorded as a closed projection boundary; a target
 //!   set with the root uses the root-query `interrupt`, a child-only set one `stopTask` per child.
 //!   The engine gets a `cancelResult` with exactly the acknowledged subset (an `ack` with
@@ -50,6 +61,16 @@
 //! - The continuation timeout completes the reserved turn with outcome `interrupted` and the error
 //!   `stop_reason=timeout: ...` (the wire model carries a stop reason only as the error of a failed
 //!   or interrupted outcome). The gate may then settle the canonical root from it.
+//! - A held turn (see above) is held only after a successful `result` with nothing queued behind
+//!   it; its timeout completes it `interrupted` like a reservation that never began (the spec's
+//!   "as today"), and the outstanding notifications are forgotten, so their later follow-ups are
+//!   stale output. A root cancel closes a held turn `canceled` at once, before the interrupt is
+//!   acknowledged: its SDK turn already ended, so nothing is left for the interrupt to confirm
+//!   (only a turn whose follow-up output already began waits for its own `result`). A
+//!   follow-up that nothing reserved (it arrives after the reservation ended) is still projected
+//!   on its canonical root turn, which records it only while that turn is active ("it cannot
+//!   reopen the settled root"); the adapter logs it with ids and counts (`unreserved
+//!   follow-up`), as it logs a dropped timed-out continuation.
 //! - Output of a timed-out continuation is dropped up to its `result`. If a newer provider turn is
 //!   already queued behind it and a `result` arrives that is not a task-notification continuation
 //!   (`origin.kind`), the continuation never ran: its buffered output is re-attributed to the newer
@@ -74,6 +95,7 @@
 //!   always become `sessionMetadataUpdated` on the root (goal `{status: active|complete, value}`).
 
 mod native;
+mod notifications;
 mod replay;
 mod requests;
 
@@ -84,6 +106,7 @@ use crate::hash::{FxMap, FxSet};
 use crate::input::NormalizedEvent;
 use crate::model::{Id, Millis, Outcome, ProviderAliases, Target};
 use crate::step::ProviderRequest;
+use notifications::NotificationLedger;
 use serde_json::{json, Map, Value};
 use std::collections::VecDeque;
 
@@ -111,7 +134,7 @@ impl Default for ClaudeConfig {
     }
 }
 
-/// Prefix of the continuation timer ids (`claude:continuation:<providerTurnId>`).
+/// Prefix of the continuation timer ids (`claude:continuation:<providerTurnId>#<n>`).
 const CONTINUATION_TIMER: &str = "claude:continuation:";
 /// Prefix of the cancel timer ids (`claude:cancel:<operationId>`).
 const CANCEL_TIMER: &str = "claude:cancel:";
@@ -164,6 +187,12 @@ struct ProviderTurn {
     timer: Option<String>,
     /// Timed out: completed already, its late output is dropped.
     stale: bool,
+    /// Its SDK `result` arrived, but task notifications of its canonical root turn are still
+    /// owed a follow-up: the provider lifecycle stays reserved and the next follow-up joins it.
+    /// Cleared again as soon as that follow-up's output begins.
+    held: bool,
+    /// Root messages attributed to it (for the logs).
+    messages: u32,
 }
 
 impl ProviderTurn {
@@ -176,6 +205,8 @@ impl ProviderTurn {
             began: false,
             timer: None,
             stale: false,
+            held: false,
+            messages: 0,
         }
     }
 
@@ -336,6 +367,8 @@ pub struct ClaudeAdapter {
     permissions: FxMap<String, Permission>,
     cancels: FxMap<Id, PendingCancel>,
     native_ops: FxMap<String, NativeOp>,
+    /// Task notifications still owed an SDK follow-up (see [`notifications`]).
+    notifications: NotificationLedger,
 }
 
 impl ClaudeAdapter {
@@ -367,6 +400,7 @@ impl ClaudeAdapter {
             permissions: FxMap::default(),
             cancels: FxMap::default(),
             native_ops: FxMap::default(),
+            notifications: NotificationLedger::default(),
         }
     }
 
@@ -384,6 +418,12 @@ impl ClaudeAdapter {
     /// Task-system work such as a background Bash shell never counts.
     pub fn active_child_count(&self) -> usize {
         self.active_children
+    }
+
+    /// Task notifications the SDK still owes a follow-up root turn for (every canonical root
+    /// turn); while one is outstanding for a turn, its root provider lifecycle stays reserved.
+    pub fn outstanding_notifications(&self) -> usize {
+        self.notifications.total()
     }
 
     /// The provider turn id of the running root provider turn, if one is live.
@@ -745,15 +785,56 @@ impl ClaudeAdapter {
     /// Reserves the root provider lifecycle at the task-notification boundary.
     fn open_notification_turn(&mut self, now: Millis, root_turn: &Id, out: &mut AdapterOutput) {
         let id = self.provider_turn_id(true);
-        let timer = format!("{CONTINUATION_TIMER}{id}");
-        let mut t = ProviderTurn::new(id, root_turn.clone(), TurnKind::Notification);
-        t.timer = Some(timer.clone());
+        let t = ProviderTurn::new(id, root_turn.clone(), TurnKind::Notification);
         self.turns.push_back(t);
         self.announce(self.turns.len() - 1, out);
+        self.arm_continuation(now, self.turns.len() - 1, out);
+    }
+
+    /// Arms the 30 s continuation bound of a queued provider turn ("the sidecar waits at most 30
+    /// seconds for the first root stream or assistant event"). Each arming has its own timer id
+    /// (`claude:continuation:<providerTurnId>#<n>`), so an older, disarmed timer of the same turn
+    /// can never end a later wait.
+    fn arm_continuation(&mut self, now: Millis, index: usize, out: &mut AdapterOutput) {
+        let n = self.bump();
+        let Some(t) = self.turns.get_mut(index) else {
+            return;
+        };
+        let timer = format!("{CONTINUATION_TIMER}{}#{n}", t.id);
+        t.timer = Some(timer.clone());
         out.timers.push(AdapterTimer {
             id: timer,
             at: now.saturating_add(self.config.continuation_timeout_ms),
         });
+    }
+
+    /// Counts the task notification a delegated background child's terminal makes the SDK
+    /// deliver (see [`notifications`]): not for a foreground child (its result returns inline),
+    /// not for a user-initiated stop ("needs no model follow-up"), not for a closed cancellation
+    /// target or a canceled root, and not once the query ended.
+    /// `run_id` is the terminal message's own run id (else the one `task_started` gave).
+    fn expect_notification(&mut self, key: &str, run_id: Option<&str>, stopped: bool) {
+        let Some(c) = self.children.get(key) else {
+            return;
+        };
+        if stopped
+            || c.closed
+            || c.background == Some(false)
+            || self.canceled_roots.contains(&c.root_turn)
+            || !matches!(self.query, Query::Starting | Query::Running)
+        {
+            return;
+        }
+        let run_id = run_id.map(str::to_string).or_else(|| c.run_id.clone());
+        let root_turn = c.root_turn.clone();
+        // The root provider turn whose model call is in flight right now, if any.
+        let during = self
+            .turns
+            .front()
+            .filter(|t| t.is_live() && t.began && !t.held)
+            .map(|t| t.id.clone());
+        self.notifications
+            .expect(key, run_id.as_deref(), &root_turn, during.as_deref());
     }
 
     /// A closed child whose `stopTask` was still owed ended: that target stays unconfirmed.

@@ -267,6 +267,10 @@ impl ClaudeAdapter {
             return;
         }
         front.began = true;
+        if kind != RootKind::Result {
+            // The next SDK turn runs on it: no longer only waiting for a follow-up to begin.
+            front.held = false;
+        }
         if matches!(front.kind, TurnKind::Control | TurnKind::Rejected) {
             // Control traffic and rejected turns emit nothing; their result releases them.
             if kind == RootKind::Result {
@@ -284,7 +288,10 @@ impl ClaudeAdapter {
                 front.id
             ));
         }
-        let (turn, pid) = (front.turn.clone(), front.id.clone());
+        if kind == RootKind::Assistant {
+            front.messages = front.messages.saturating_add(1);
+        }
+        let (turn, pid, turn_kind) = (front.turn.clone(), front.id.clone(), front.kind);
         if self.canceled_roots.contains(&turn) {
             // Output of the canceled root execution is dropped; "the matching root provider
             // terminal is still normalized so persistence can close the provider lifecycle".
@@ -305,16 +312,91 @@ impl ClaudeAdapter {
             RootKind::Init => {}
             RootKind::Stream => self.stream_event(&owner, m, out),
             RootKind::Assistant => self.assistant_blocks(&owner, m, out),
-            RootKind::User => self.user_blocks(now, &owner, m, out),
+            RootKind::User => {
+                if has_tool_result(m) {
+                    self.notifications.tool_round(&pid);
+                }
+                self.user_blocks(now, &owner, m, out)
+            }
             RootKind::Result => {
                 let (outcome, error) = result_outcome(m);
                 if outcome == Outcome::Completed {
                     self.complete_launches(&turn, out);
                 }
+                let folded = self.notifications.take_folded(&pid);
+                if folded > 0 {
+                    out.diagnostics.push(format!(
+                        "claude: {pid} on {turn} answered {folded} task notification(s) folded \
+                         into its tool rounds"
+                    ));
+                }
+                if self.hold_for_follow_ups(now, &turn, &pid, turn_kind, outcome, m, out) {
+                    return;
+                }
                 self.turns.pop_front();
                 out.events.push(self.completed(&turn, &pid, outcome, error));
             }
         }
+    }
+
+    /// A root `result` of the live front turn: applies it to the notification ledger and decides
+    /// whether the provider lifecycle stays reserved. "The continuation produced after a
+    /// background child notification belongs to the same canonical root turn": while the SDK
+    /// still owes a follow-up for a task notification of this canonical root turn, completing the
+    /// provider turn would let the gate settle the root and the later follow-up's reply would
+    /// belong to no turn at all. So the turn is *held*: no `rootProviderTurnCompleted` yet, the
+    /// next follow-up's messages join it, and only the `result` that leaves nothing outstanding
+    /// completes it. While held, the 30 s continuation bound is armed (unless already running)
+    /// so a follow-up that never comes still ends the reservation. Held only after a successful
+    /// result, with nothing queued behind it, while the query runs.
+    #[allow(clippy::too_many_arguments)]
+    fn hold_for_follow_ups(
+        &mut self,
+        now: Millis,
+        turn: &Id,
+        pid: &str,
+        kind: TurnKind,
+        outcome: Outcome,
+        m: &Value,
+        out: &mut AdapterOutput,
+    ) -> bool {
+        let answer = self.notifications.answer(turn, m);
+        let outstanding = self.notifications.outstanding(turn);
+        let messages = self.turns.front().map_or(0, |t| t.messages);
+        if let Some(a) = &answer {
+            out.diagnostics.push(format!(
+                "claude: follow-up result on {turn} ({pid}): empty={}, answered {}, {} task \
+                 notification(s) outstanding, {messages} root message(s)",
+                a.empty, a.answered, a.outstanding
+            ));
+            if kind == TurnKind::Server && a.answered == 0 && outstanding == 0 {
+                // Nothing reserved this follow-up: if the canonical root already settled, the
+                // engine records only what the spec allows (nothing reopens it); say so.
+                out.diagnostics.push(format!(
+                    "claude: unreserved follow-up {pid} on {turn} ({messages} root message(s)); \
+                     recorded only while the root turn is active"
+                ));
+            }
+        }
+        let hold = outstanding > 0
+            && outcome == Outcome::Completed
+            && self.turns.len() == 1
+            && matches!(self.query, Query::Starting | Query::Running);
+        if !hold {
+            return false;
+        }
+        if let Some(front) = self.turns.front_mut() {
+            front.held = true;
+            front.messages = 0;
+        }
+        if self.turns.front().is_some_and(|t| t.timer.is_none()) {
+            self.arm_continuation(now, 0, out);
+        }
+        out.diagnostics.push(format!(
+            "claude: {pid} on {turn} stays reserved: {outstanding} task notification(s) \
+             outstanding"
+        ));
+        true
     }
 
     /// Root output while a timed-out continuation is at the front of the queue: "a later
@@ -334,11 +416,19 @@ impl ClaudeAdapter {
             .get("origin")
             .and_then(|o| s(o, "kind"))
             .is_some_and(|k| k == "task-notification");
-        self.turns.pop_front();
+        let stale = self.turns.pop_front();
         let buffered = std::mem::take(&mut self.stale_buffer);
         if continuation || !behind {
-            out.diagnostics
-                .push("claude: the timed-out continuation ended; its output was dropped".into());
+            // Logged with ids and counts, never silently: the spec drops this output ("it cannot
+            // reopen the settled root or append output to a later canonical turn").
+            let (pid, turn) = stale.map(|t| (t.id, t.turn)).unwrap_or_default();
+            let run = m.get("origin").and_then(|o| s(o, "runId")).unwrap_or("-");
+            out.diagnostics.push(format!(
+                "claude: the timed-out continuation {pid} on {turn} ended (follow-up: \
+                 {continuation}, run {run}, {} buffered, num_turns {}); its output was dropped",
+                buffered.len(),
+                m.get("num_turns").and_then(Value::as_u64).unwrap_or(0)
+            ));
             return;
         }
         // The timed-out continuation never ran: this SDK turn was the next queued one.
@@ -874,6 +964,7 @@ impl ClaudeAdapter {
             if let Some((outcome, error, stopped)) =
                 status.and_then(|st| task_terminal(st, patch.and_then(|p| s(p, "error"))))
             {
+                self.expect_notification(&key, s(m, "run_id"), stopped);
                 self.child_terminal(now, &key, outcome, error, stopped, out);
             }
         } else if let Some(t) = self.system_tasks.get_mut(task_id) {
@@ -902,6 +993,7 @@ impl ClaudeAdapter {
         if let Some(key) = key {
             self.merge_child(&key, None, Some(task_id), None, out);
             if let Some((outcome, error, stopped)) = terminal {
+                self.expect_notification(&key, s(m, "run_id"), stopped);
                 self.child_terminal(now, &key, outcome, error, stopped, out);
             }
             return Ok(());
@@ -928,6 +1020,7 @@ impl ClaudeAdapter {
         if let (Some(key), Some((outcome, error, stopped))) =
             (self.by_task.get(task_id).cloned(), terminal)
         {
+            self.expect_notification(&key, s(m, "run_id"), stopped);
             self.child_terminal(now, &key, outcome, error, stopped, out);
         }
         Ok(())
@@ -1363,6 +1456,7 @@ impl ClaudeAdapter {
                 .push(self.completed(&t.turn, &t.id, outcome, err));
         }
         self.stale_buffer.clear();
+        self.notifications.clear();
         self.permissions.clear();
         for c in self.children.values_mut() {
             c.pending_permissions = 0;
@@ -1372,6 +1466,14 @@ impl ClaudeAdapter {
             t.terminal = true;
         }
     }
+}
+
+/// Whether a `user` message carries a `tool_result` block (a completed tool round).
+fn has_tool_result(m: &Value) -> bool {
+    m.get("message")
+        .and_then(|x| x.get("content"))
+        .and_then(Value::as_array)
+        .is_some_and(|blocks| blocks.iter().any(|b| s(b, "type") == Some("tool_result")))
 }
 
 /// A `toolCallUpdated` for a recorded tool call, on the turn that launched it.

@@ -59,6 +59,13 @@ impl ClaudeAdapter {
     /// boundary of an earlier one.
     fn start(&mut self, turn_id: &Id, text: &str, out: &mut AdapterOutput) {
         self.canonical_turn = Some(turn_id.clone());
+        let forgotten = self.notifications.forget_others(turn_id);
+        if forgotten > 0 {
+            out.diagnostics.push(format!(
+                "claude: new root turn {turn_id}: {forgotten} task notification(s) of an earlier \
+                 root turn no longer awaited"
+            ));
+        }
         let id = self.provider_turn_id(false);
         self.turns.push_back(ProviderTurn::new(
             id.clone(),
@@ -167,6 +174,9 @@ impl ClaudeAdapter {
         for t in targets {
             if t.agent_session_id == self.root {
                 self.canceled_roots.insert(t.turn_id.clone());
+                // A canceled root needs no follow-up: its notifications are no longer awaited.
+                self.notifications.forget(&t.turn_id);
+                self.close_held(&t.turn_id, out);
                 for p in self.turns.iter_mut().filter(|p| p.turn == t.turn_id) {
                     // "It cancels the reserved synthetic provider turn, disarms its timeout."
                     p.timer = None;
@@ -284,6 +294,26 @@ impl ClaudeAdapter {
         });
     }
 
+    /// A held provider turn of a canceled root (its SDK turn already ended with a `result`, and
+    /// it only waited for a follow-up to begin) has nothing left that the root-query interrupt
+    /// could confirm: its lifecycle closes `canceled` now. Waiting for the interrupt's `ack`
+    /// would leave it queued in front of the next canonical turn if that `ack` came after the
+    /// cancel's own deadline.
+    fn close_held(&mut self, turn: &Id, out: &mut AdapterOutput) {
+        let mut kept = std::collections::VecDeque::with_capacity(self.turns.len());
+        while let Some(t) = self.turns.pop_front() {
+            if t.held && t.turn == *turn {
+                if t.announced && t.is_live() {
+                    out.events
+                        .push(self.completed(&t.turn, &t.id, Outcome::Canceled, None));
+                }
+                continue;
+            }
+            kept.push_back(t);
+        }
+        self.turns = kept;
+    }
+
     /// `RespondInteraction` → `permission`. The sidecar finds the pending SDK callback by its
     /// `requestId` (the canonical request id is the sidecar's); the canonical child tuple stays
     /// on the engine side.
@@ -327,7 +357,8 @@ impl ClaudeAdapter {
 
     pub(super) fn timer(&mut self, _now: Millis, id: &str) -> AdapterOutput {
         let mut out = AdapterOutput::default();
-        if let Some(pid) = id.strip_prefix(CONTINUATION_TIMER) {
+        if let Some(rest) = id.strip_prefix(CONTINUATION_TIMER) {
+            let pid = rest.rsplit_once('#').map_or(rest, |(p, _)| p);
             self.continuation_expired(pid, id, &mut out);
         } else if let Some(op) = id.strip_prefix(CANCEL_TIMER) {
             let op: Id = op.into();
@@ -362,11 +393,20 @@ impl ClaudeAdapter {
         };
         t.timer = None;
         t.stale = true;
-        let turn = t.turn.clone();
+        let (turn, held) = (t.turn.clone(), t.held);
+        // "A follow-up that never comes ends the reservation as today, with a diagnostic naming
+        // the outstanding notification count." The ledger forgets them: a follow-up arriving
+        // later is stale output of this continuation.
+        let outstanding = self.notifications.forget(&turn);
         let error = format!(
-            "stop_reason=timeout: no root continuation within {} ms",
+            "stop_reason=timeout: no root continuation within {} ms ({outstanding} task \
+             notification(s) outstanding)",
             self.config.continuation_timeout_ms
         );
+        out.diagnostics.push(format!(
+            "claude: continuation {pid} on {turn} timed out (held after a result: {held}); \
+             {outstanding} task notification(s) outstanding"
+        ));
         out.events
             .push(self.completed(&turn, pid, Outcome::Interrupted, Some(error)));
         if matches!(self.query, Query::Starting | Query::Running) {

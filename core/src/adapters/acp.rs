@@ -25,6 +25,15 @@
 //!   child's `idle`/`cancelled` state. The acknowledged subset is reported when every target is
 //!   confirmed or the cancel timer fires.
 //! - Pending permission requests of a canceled prompt are answered `cancelled`, as ACP requires.
+//! - Relaunch (issue 17/23: "relaunch with `session/load` of the recorded ACP session id when
+//!   advertised"): with [`AcpConfig::resume_session_id`] set (the root's recorded provider session
+//!   id, after an idle stop, a provider exit or a daemon restart) and the agent advertising
+//!   `agentCapabilities.loadSession: true`, the adapter sends `session/load` instead of
+//!   `session/new`. The history the agent replays before it answers is not re-recorded (it is
+//!   already in the store): updates arrive before the session is bound and are dropped. If the
+//!   agent does not advertise `loadSession`, or the load fails, a new ACP session is created and
+//!   reported as the root's new provider session id (`sessionMetadataUpdated`), so the session
+//!   states which provider conversation it continues.
 
 use super::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
@@ -45,6 +54,9 @@ pub struct AcpConfig {
     pub cwd: String,
     /// Bound of a provider cancel (ms).
     pub cancel_timeout_ms: i64,
+    /// The ACP session to continue with `session/load` (when the agent advertises
+    /// `loadSession`), instead of starting a new one.
+    pub resume_session_id: Option<String>,
 }
 
 impl Default for AcpConfig {
@@ -52,6 +64,7 @@ impl Default for AcpConfig {
         AcpConfig {
             cwd: "/".into(),
             cancel_timeout_ms: 10_000,
+            resume_session_id: None,
         }
     }
 }
@@ -69,6 +82,8 @@ struct Child {
 enum Pending {
     Initialize,
     NewSession,
+    /// `session/load` of this ACP session id.
+    LoadSession(String),
     Prompt,
 }
 
@@ -167,6 +182,16 @@ impl AcpAdapter {
         id
     }
 
+    fn new_session(&mut self, out: &mut AdapterOutput) {
+        let cwd = self.cfg.cwd.clone();
+        self.request(
+            out,
+            "session/new",
+            json!({"cwd": cwd, "mcpServers": []}),
+            Pending::NewSession,
+        );
+    }
+
     fn send_prompt(&mut self, out: &mut AdapterOutput, text: String, announce: bool) {
         let Some(session) = self.session.clone() else {
             return;
@@ -263,13 +288,43 @@ impl AcpAdapter {
                     .and_then(|r| r.pointer("/agentCapabilities/_meta"))
                     .and_then(|m| m.get(CAPABILITY_KEY))
                     .is_some();
+                let load = result
+                    .and_then(|r| r.pointer("/agentCapabilities/loadSession"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
                 let cwd = self.cfg.cwd.clone();
-                self.request(
-                    out,
-                    "session/new",
-                    json!({"cwd": cwd, "mcpServers": []}),
-                    Pending::NewSession,
-                );
+                match self.cfg.resume_session_id.clone() {
+                    Some(sid) if load => {
+                        self.request(
+                            out,
+                            "session/load",
+                            json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                            Pending::LoadSession(sid),
+                        );
+                    }
+                    resume => {
+                        if resume.is_some() {
+                            out.diagnostics.push(
+                                "acp: the agent cannot load sessions; starting a new one".into(),
+                            );
+                        }
+                        self.new_session(out);
+                    }
+                }
+            }
+            Pending::LoadSession(sid) => {
+                if error.is_some() {
+                    out.diagnostics
+                        .push("acp: session/load failed; starting a new session".into());
+                    self.new_session(out);
+                    return;
+                }
+                self.session = Some(sid);
+                out.diagnostics.push("acp: session loaded".into());
+                for r in std::mem::take(&mut self.queued) {
+                    let o = self.on_request(self.now, &r);
+                    out.extend(o);
+                }
             }
             Pending::NewSession => {
                 let Some(sid) = result

@@ -930,3 +930,131 @@ impl Adapter for AcpAdapter {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapter(resume: Option<&str>) -> AcpAdapter {
+        AcpAdapter::new(
+            "root".into(),
+            AcpConfig {
+                cwd: "/w".into(),
+                resume_session_id: resume.map(String::from),
+                ..AcpConfig::default()
+            },
+        )
+    }
+
+    fn initialized(a: &mut AcpAdapter, load_session: bool) -> AdapterOutput {
+        let open = a.open(0);
+        assert_eq!(open.native[0]["method"], "initialize");
+        let id = open.native[0]["id"].clone();
+        a.on_native(
+            1,
+            &json!({"jsonrpc": "2.0", "id": id, "result": {"protocolVersion": 1,
+                "agentCapabilities": {"loadSession": load_session}}}),
+        )
+        .expect("initialize answer")
+    }
+
+    fn start() -> ProviderRequest {
+        ProviderRequest::Start {
+            root_agent_session_id: "root".into(),
+            agent_session_id: "root".into(),
+            turn_id: "t2".into(),
+            text: "again".into(),
+        }
+    }
+
+    /// Issue 23 item 4: "relaunch with `session/load` of the recorded ACP session id when
+    /// advertised"; the queued prompt goes to the loaded session, and the replayed history is not
+    /// recorded again.
+    #[test]
+    fn a_relaunch_loads_the_recorded_session_when_the_agent_advertises_load_session() {
+        let mut a = adapter(Some("acp-1"));
+        let out = initialized(&mut a, true);
+        assert_eq!(out.native.len(), 1);
+        assert_eq!(out.native[0]["method"], "session/load");
+        assert_eq!(out.native[0]["params"]["sessionId"], "acp-1");
+        assert_eq!(out.native[0]["params"]["cwd"], "/w");
+        let load_id = out.native[0]["id"].clone();
+        let queued = a.on_request(2, &start());
+        assert!(queued.native.is_empty(), "the prompt waits for the load");
+        let replay = a
+            .on_native(
+                3,
+                &json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+                    "sessionId": "acp-1", "update": {"sessionUpdate": "user_message_chunk",
+                    "content": {"type": "text", "text": "earlier"}}}}),
+            )
+            .expect("replayed history");
+        assert!(
+            replay.events.is_empty(),
+            "replayed history is not re-recorded"
+        );
+        let loaded = a
+            .on_native(4, &json!({"jsonrpc": "2.0", "id": load_id, "result": {}}))
+            .expect("load answer");
+        let prompt = loaded
+            .native
+            .iter()
+            .find(|m| m["method"] == "session/prompt")
+            .expect("the queued prompt is sent");
+        assert_eq!(prompt["params"]["sessionId"], "acp-1");
+        assert!(
+            !loaded.events.iter().any(|e| matches!(
+                e,
+                NormalizedEvent::SessionMetadataUpdated {
+                    provider_session_id: Some(_),
+                    ..
+                }
+            )),
+            "the provider session id stays as recorded"
+        );
+    }
+
+    /// "Otherwise a new ACP session, stated in the session's provider aliases": without
+    /// `loadSession` the adapter starts a new session and reports its id.
+    #[test]
+    fn without_load_session_a_relaunch_starts_a_new_session_and_records_it() {
+        let mut a = adapter(Some("acp-1"));
+        let out = initialized(&mut a, false);
+        assert_eq!(out.native[0]["method"], "session/new");
+        let new_id = out.native[0]["id"].clone();
+        let created = a
+            .on_native(
+                2,
+                &json!({"jsonrpc": "2.0", "id": new_id, "result": {"sessionId": "acp-2"}}),
+            )
+            .expect("session/new answer");
+        assert!(created.events.iter().any(|e| matches!(
+            e,
+            NormalizedEvent::SessionMetadataUpdated { provider_session_id: Some(s), .. } if s == "acp-2"
+        )));
+    }
+
+    /// A failed `session/load` (the agent lost the session) falls back to a new session.
+    #[test]
+    fn a_failed_load_falls_back_to_a_new_session() {
+        let mut a = adapter(Some("acp-1"));
+        let out = initialized(&mut a, true);
+        let load_id = out.native[0]["id"].clone();
+        let failed = a
+            .on_native(
+                2,
+                &json!({"jsonrpc": "2.0", "id": load_id, "error": {"code": -32602, "message": "unknown"}}),
+            )
+            .expect("load error");
+        assert_eq!(failed.native.len(), 1);
+        assert_eq!(failed.native[0]["method"], "session/new");
+    }
+
+    /// A first launch (nothing recorded) never loads, whatever the agent advertises.
+    #[test]
+    fn a_first_launch_starts_a_new_session() {
+        let mut a = adapter(None);
+        let out = initialized(&mut a, true);
+        assert_eq!(out.native[0]["method"], "session/new");
+    }
+}

@@ -84,8 +84,9 @@ pub struct DaemonOptions {
     pub providers: Arc<dyn ProviderFactory>,
     /// Engine settings.
     pub engine: EngineConfig,
-    /// How long a provider runtime whose tree is quiescent stays up (see [`idle`](Core)); `None`
-    /// keeps it until the tree is deleted or the daemon stops.
+    /// How long a provider runtime whose tree is quiescent (no active turn, no prepared cancel, no
+    /// pending interaction) stays up before it is stopped; `None` keeps it until the tree is
+    /// deleted or the daemon stops.
     pub idle_timeout: Option<std::time::Duration>,
 }
 
@@ -591,10 +592,12 @@ impl Core {
         if !self.runtime_quiescent(root) {
             return;
         }
+        // A tombstoned root (deleted sessions stay loaded as tombstones); a tree that is merely
+        // not loaded is not deleted.
         let deleted = self
             .engine
             .session(root)
-            .is_none_or(|s| s.deleted_at.is_some());
+            .is_some_and(|s| s.deleted_at.is_some());
         if deleted {
             self.stop_runtime(root, "deleted");
             return;

@@ -167,7 +167,8 @@
 //!   environment names one).
 //! * `TUTTI_DEMO_GRANDCHILD=1`: the agent starts a long-running `sleep` child process (a
 //!   grandchild of the daemon) at start-up, so tests can check that stopping the provider ends its
-//!   whole process group.
+//!   whole process group. The agent ends it itself only on a clean exit (stdin closed), not when
+//!   a signal kills the agent.
 //!
 //! # Sessions and `session/load`
 //!
@@ -1255,7 +1256,7 @@ pub async fn serve() -> std::process::ExitCode {
     let shared = Arc::new(Shared::new(speed_from_env()));
     log!("starting (speed {})", shared.speed);
     write_garbage_if_asked();
-    let _grandchild = start_grandchild_if_asked();
+    let grandchild = start_grandchild_if_asked();
     let result = Agent
         .v1()
         .name("tutti-demo-agent")
@@ -1314,6 +1315,12 @@ pub async fn serve() -> std::process::ExitCode {
             tokio::io::stdin().compat(),
         ))
         .await;
+    // A clean exit (the client closed stdin) ends the grandchild; only a signal that kills this
+    // process (the daemon ending the process group) can leave it, unless the group is ended too.
+    if let Some(mut child) = grandchild {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     match result {
         Ok(()) => {
             log!("client closed the connection");

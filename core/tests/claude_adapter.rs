@@ -1356,6 +1356,47 @@ fn start_options_are_passed_to_the_sidecar() {
     assert_eq!(start["requestId"], T1);
 }
 
+/// Issue 17: "the next submit to that root starts the provider again and continues the same
+/// provider conversation: Claude Agent SDK `resume` with the recorded session id". A relaunched
+/// adapter (recorded id in the config) resumes it; a query that ended in a live sidecar resumes
+/// the session its init reported; options that name `resume` themselves win.
+#[test]
+fn a_start_resumes_the_recorded_sdk_session() {
+    let mut rig = Rig::with(ClaudeConfig {
+        options: json!({"cwd":"/w"}),
+        resume_session_id: Some("recorded".into()),
+        ..ClaudeConfig::default()
+    });
+    rig.submit(T1);
+    assert_eq!(rig.last_native("start")["options"]["resume"], "recorded");
+
+    let mut fresh = Rig::new();
+    fresh.submit(T1);
+    assert!(
+        fresh.last_native("start")["options"]
+            .get("resume")
+            .is_none(),
+        "nothing to resume on a first launch"
+    );
+    fresh.ack("start", true);
+    fresh.msg(init());
+    fresh.result();
+    fresh.line(json!({"kind":"exited"}));
+    fresh.submit("turn-2");
+    assert_eq!(
+        fresh.last_native("start")["options"]["resume"],
+        "sdk-session"
+    );
+
+    let mut own = Rig::with(ClaudeConfig {
+        options: json!({"resume":"mine"}),
+        resume_session_id: Some("recorded".into()),
+        ..ClaudeConfig::default()
+    });
+    own.submit(T1);
+    assert_eq!(own.last_native("start")["options"]["resume"], "mine");
+}
+
 #[test]
 fn failed_start_completes_the_root_provider_turn_failed_and_restarts_next_time() {
     let mut rig = Rig::new();

@@ -35,8 +35,9 @@
 //!
 //! # Adapter → agent ([`NativeSink::send`])
 //!
-//! - Request (`id` and `method`): `initialize`, `session/new`, `session/prompt` are parsed into
-//!   the typed [`InitializeRequest`], [`NewSessionRequest`], [`PromptRequest`] (any other
+//! - Request (`id` and `method`): `initialize`, `session/new`, `session/load`, `session/prompt`
+//!   are parsed into the typed [`InitializeRequest`], [`NewSessionRequest`],
+//!   [`LoadSessionRequest`], [`PromptRequest`] (any other
 //!   method goes out as an [`UntypedMessage`]) and published with
 //!   `prepare_request(..).on_receiving_result(..)`: nothing blocks, and the answer joins the
 //!   ordered dispatch loop. Params that don't fit the schema are answered locally with
@@ -69,7 +70,7 @@
 
 use crate::runtime::{Native, NativeSink, ProcessSpec, Transport};
 use agent_client_protocol::v1::schema::{
-    CancelNotification, InitializeRequest, NewSessionRequest, PromptRequest,
+    CancelNotification, InitializeRequest, LoadSessionRequest, NewSessionRequest, PromptRequest,
     RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
     SessionNotification,
 };
@@ -481,6 +482,9 @@ impl NativeSink for AcpSink {
                         "initialize" => self.request::<InitializeRequest>(&cx, id, method, &params),
                         "session/new" => {
                             self.request::<NewSessionRequest>(&cx, id, method, &params)
+                        }
+                        "session/load" => {
+                            self.request::<LoadSessionRequest>(&cx, id, method, &params)
                         }
                         "session/prompt" => self.request::<PromptRequest>(&cx, id, method, &params),
                         _ => self.request::<UntypedMessage>(&cx, id, method, &params),

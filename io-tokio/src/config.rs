@@ -9,6 +9,13 @@
 //! guide_while_children_only = true   # optional; the adapter's default otherwise
 //! options = { }                      # adapter-specific (codex config overrides, claude query options)
 //! ```
+//!
+//! Top-level settings:
+//!
+//! ```toml
+//! cancel_timeout_ms = 10000   # bound of a provider cancel
+//! idle_timeout_secs = 300     # stop a provider whose tree is quiescent after this long; 0 = never
+//! ```
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -54,6 +61,24 @@ pub struct ConfigFile {
     /// Cancel timeout (ms) for provider cancels.
     #[serde(default)]
     pub cancel_timeout_ms: Option<i64>,
+    /// Seconds a provider process whose tree is quiescent (no active turn, no prepared cancel, no
+    /// pending interaction) stays up before it is stopped; the next submit starts it again and
+    /// resumes the provider conversation. `0` never stops an idle provider. Default 300
+    /// ([`crate::daemon::DEFAULT_IDLE_TIMEOUT`]); `tuttid serve --idle-timeout-secs` overrides it.
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+}
+
+impl ConfigFile {
+    /// The idle timeout of provider runtimes: the file's `idle_timeout_secs`, else the default;
+    /// `None` (never) for `0`.
+    pub fn idle_timeout(&self) -> Option<std::time::Duration> {
+        match self.idle_timeout_secs {
+            Some(0) => None,
+            Some(s) => Some(std::time::Duration::from_secs(s)),
+            None => Some(crate::daemon::DEFAULT_IDLE_TIMEOUT),
+        }
+    }
 }
 
 /// Errors reading the config.

@@ -60,6 +60,8 @@ pub enum DaemonError {
 enum Msg {
     Input(Input, Option<oneshot::Sender<Result<Step, DaemonError>>>),
     SetCwd(Id, String),
+    /// The idle timer of a root's provider runtime, armed at the given generation.
+    IdleCheck(Id, u64),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -82,7 +84,17 @@ pub struct DaemonOptions {
     pub providers: Arc<dyn ProviderFactory>,
     /// Engine settings.
     pub engine: EngineConfig,
+    /// How long a provider runtime whose tree is quiescent (no active turn, no prepared cancel, no
+    /// pending interaction) stays up before it is stopped; `None` keeps it until the tree is
+    /// deleted or the daemon stops.
+    pub idle_timeout: Option<std::time::Duration>,
 }
+
+/// The default of [`DaemonOptions::idle_timeout`]: five minutes.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long daemon shutdown waits for the provider runtimes to end their process groups.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 
 impl Daemon {
     /// Opens the database, restores live trees, settles the turns whose provider process no
@@ -145,6 +157,11 @@ impl Daemon {
             runtimes: BTreeMap::new(),
             cwd: BTreeMap::new(),
             providers: opts.providers.clone(),
+            idle: Idle {
+                timeout: opts.idle_timeout,
+                generation: 0,
+                armed: BTreeMap::new(),
+            },
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -253,6 +270,24 @@ struct Core {
     runtimes: BTreeMap<Id, RuntimeHandle>,
     cwd: BTreeMap<Id, String>,
     providers: Arc<dyn ProviderFactory>,
+    idle: Idle,
+}
+
+/// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
+/// no prepared cancel, no pending interaction) is stopped after an idle timeout and at once on
+/// DELETE").
+///
+/// After every committed step that touched a root with a live runtime, the root's generation is
+/// bumped; if the tree is quiescent then, a timer is armed for that generation. The timer stops the
+/// runtime only if nothing touched the root since (same generation) and the tree is still
+/// quiescent. A deleted root is stopped at once, when quiescent. The next `Start` of the root
+/// launches the provider again with the recorded provider session id (see
+/// [`ProviderFactory::launch`]), which the adapters resume.
+struct Idle {
+    timeout: Option<std::time::Duration>,
+    generation: u64,
+    /// The generation armed per root.
+    armed: BTreeMap<Id, u64>,
 }
 
 type Reply = Option<oneshot::Sender<Result<Step, DaemonError>>>;
@@ -275,6 +310,7 @@ impl Core {
                     Msg::SetCwd(root, cwd) => {
                         self.cwd.insert(root, cwd);
                     }
+                    Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Input(input, reply) => match self.decide(now, &input) {
                         Ok(step) => {
@@ -294,11 +330,20 @@ impl Core {
                 }
             }
             let committed = self.commit(decided);
+            let mut touched: Vec<Id> = Vec::new();
             for (step, reply) in committed {
                 self.effects(now, &step);
+                if let Some(root) = &step.persist.root_agent_session_id {
+                    if !touched.contains(root) {
+                        touched.push(root.clone());
+                    }
+                }
                 if let Some(r) = reply {
                     let _ = r.send(Ok(step));
                 }
+            }
+            for root in touched {
+                self.review_runtime(&root);
             }
             if self.checkpoints.restart_wanted() {
                 let t = std::time::Instant::now();
@@ -316,7 +361,7 @@ impl Core {
                 self.checkpoints.restarted();
             }
             if let Some(done) = shutdown {
-                self.runtimes.clear();
+                self.stop_all_runtimes();
                 let _ = done.send(());
                 return;
             }
@@ -518,6 +563,95 @@ impl Core {
                 warn!(root = %root, "provider runtime is gone");
             }
         }
+    }
+
+    /// Whether a root's provider runtime may be stopped: "no active turn, no prepared cancel, no
+    /// pending interaction" in its tree. A tree that is not loaded has none of them.
+    fn runtime_quiescent(&self, root: &Id) -> bool {
+        self.engine.is_quiescent(root) && self.engine.pending_interactions(root).is_empty()
+    }
+
+    /// After a committed step of `root`: stops its runtime at once if the root is deleted and
+    /// quiescent, else (re)arms the idle timer when quiescent (see [`Idle`]).
+    fn review_runtime(&mut self, root: &Id) {
+        match self.runtimes.get(root) {
+            None => {
+                self.idle.armed.remove(root);
+                return;
+            }
+            Some(r) if !r.is_alive() => {
+                self.runtimes.remove(root);
+                self.idle.armed.remove(root);
+                return;
+            }
+            Some(_) => {}
+        }
+        self.idle.generation += 1;
+        let generation = self.idle.generation;
+        self.idle.armed.insert(root.clone(), generation);
+        if !self.runtime_quiescent(root) {
+            return;
+        }
+        // A tombstoned root (deleted sessions stay loaded as tombstones); a tree that is merely
+        // not loaded is not deleted.
+        let deleted = self
+            .engine
+            .session(root)
+            .is_some_and(|s| s.deleted_at.is_some());
+        if deleted {
+            self.stop_runtime(root, "deleted");
+            return;
+        }
+        let Some(timeout) = self.idle.timeout else {
+            return;
+        };
+        let tx = self.tx.clone();
+        let root = root.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let _ = tx.send(Msg::IdleCheck(root, generation));
+        });
+    }
+
+    fn idle_check(&mut self, root: &Id, generation: u64) {
+        if self.idle.armed.get(root) != Some(&generation) || !self.runtime_quiescent(root) {
+            return;
+        }
+        self.stop_runtime(root, "idle");
+    }
+
+    fn stop_runtime(&mut self, root: &Id, why: &'static str) {
+        self.idle.armed.remove(root);
+        if let Some(r) = self.runtimes.remove(root) {
+            info!(root = %root, reason = why, "stopping the provider runtime");
+            r.stop(None);
+        }
+    }
+
+    /// Daemon shutdown: every runtime ends its provider's process group; waits for them (at most
+    /// [`SHUTDOWN_WAIT`]) so that no provider process outlives the daemon.
+    fn stop_all_runtimes(&mut self) {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let runtimes = std::mem::take(&mut self.runtimes);
+        let n = runtimes.len();
+        for r in runtimes.values() {
+            r.stop(Some(done_tx.clone()));
+        }
+        drop(done_tx);
+        let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
+        let mut stopped = 0;
+        while stopped < n {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match done_rx.recv_timeout(left) {
+                Ok(()) => stopped += 1,
+                Err(_) => break,
+            }
+        }
+        info!(
+            runtimes = n,
+            stopped, "provider runtimes stopped for shutdown"
+        );
+        self.idle.armed.clear();
     }
 
     fn answer(&self, a: RuntimeAnswer) {

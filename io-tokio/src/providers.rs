@@ -86,6 +86,23 @@ impl Registry {
         })
     }
 
+    /// Gives the bundled `demo` agent a directory for its sessions' state (`TUTTI_DEMO_STATE_DIR`)
+    /// so that a relaunched agent can `session/load` them. Leaves a `demo` provider from the
+    /// config file, or a directory named in the daemon's own environment, as they are.
+    pub fn set_demo_state_dir(&mut self, dir: PathBuf) {
+        if std::env::var_os("TUTTI_DEMO_STATE_DIR").is_some() {
+            return;
+        }
+        let bundled = bundled_agent("demo-agent");
+        if let Some(p) = self.providers.get_mut("demo") {
+            if p.command == bundled {
+                p.env
+                    .entry("TUTTI_DEMO_STATE_DIR".into())
+                    .or_insert_with(|| dir.to_string_lossy().into_owned());
+            }
+        }
+    }
+
     /// Adds or replaces one provider.
     pub fn insert(&mut self, name: &str, p: ProviderConfig) {
         self.providers.insert(name.to_string(), p);
@@ -105,6 +122,8 @@ impl Registry {
                 AcpConfig {
                     cwd: cwd.to_string(),
                     cancel_timeout_ms: self.cancel_timeout_ms,
+                    // A relaunched root loads its ACP session when the agent can.
+                    resume_session_id: previous.map(String::from),
                 },
             )),
             ProviderKind::Codex => {
@@ -138,6 +157,8 @@ impl Registry {
                     cfg.continuation_timeout_ms = ms;
                 }
                 cfg.cancel_timeout_ms = self.cancel_timeout_ms;
+                // A relaunched root resumes its SDK session (`resume`).
+                cfg.resume_session_id = previous.map(String::from);
                 if !cfg.options.is_object() {
                     cfg.options = serde_json::json!({});
                 }

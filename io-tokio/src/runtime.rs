@@ -70,6 +70,12 @@ pub struct ProcessSpec {
 }
 
 /// Spawns a provider process with piped stdin/stdout (stderr inherited; killed on drop).
+///
+/// "Start each provider in its own process group and end the whole group when the runtime
+/// stops" (issue 23): the process leads a new process group (its id is the process id), so
+/// whatever it starts (the Claude CLI under the sidecar, a shell's children) is ended with it by
+/// [`end_process_group`], and a Ctrl-C in the daemon's terminal reaches only the daemon, which
+/// stops its runtimes itself.
 pub fn spawn_piped(spec: &ProcessSpec) -> std::io::Result<(Child, ChildStdin, ChildStdout)> {
     let (program, args) = spec
         .command
@@ -81,6 +87,7 @@ pub fn spawn_piped(spec: &ProcessSpec) -> std::io::Result<(Child, ChildStdin, Ch
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
+        .process_group(0)
         .kill_on_drop(true);
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
@@ -135,6 +142,44 @@ pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
     })
 }
 
+/// How long a stopped provider's process group gets between `SIGTERM` and `SIGKILL`.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// Sends `signal` to every process of the group led by `pgid` (a no-op for a group that no
+/// longer exists). Returns whether some process received it.
+fn signal_group(pgid: u32, signal: libc::c_int) -> bool {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return false;
+    };
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: kill(2) with a negative pid only sends a signal to that process group.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// Ends a provider process and its whole process group: `SIGTERM` to the group, up to
+/// [`STOP_GRACE`] for the leader to exit, then `SIGKILL` to whatever of the group is left
+/// (the leader's own children included, which a leader that exited at once leaves behind).
+/// Returns the leader's exit status as text.
+pub async fn end_process_group(child: &mut Child) -> String {
+    let pgid = child.id();
+    if let Some(pgid) = pgid {
+        signal_group(pgid, libc::SIGTERM);
+    }
+    let status = match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+        Ok(Ok(s)) => format!("{s}"),
+        Ok(Err(e)) => format!("wait failed: {e}"),
+        Err(_) => "did not exit after SIGTERM".to_string(),
+    };
+    if let Some(pgid) = pgid {
+        signal_group(pgid, libc::SIGKILL);
+    }
+    let _ = child.start_kill();
+    let _ = tokio::time::timeout(STOP_GRACE, child.wait()).await;
+    status
+}
+
 /// What the daemon sends a runtime.
 #[derive(Debug, Clone)]
 pub enum RuntimeMsg {
@@ -142,6 +187,10 @@ pub enum RuntimeMsg {
     Request(ProviderRequest),
     /// An event of this runtime's adapter that the engine did not accept.
     Dropped(NormalizedEvent),
+    /// Stop the provider (its tree is quiescent, deleted, or the daemon stops): the process group
+    /// is ended and the runtime ends without reporting a provider exit. The sender, if any, is
+    /// told once the processes are gone.
+    Stop(Option<std::sync::mpsc::Sender<()>>),
 }
 
 /// The daemon's side of a runtime.
@@ -164,6 +213,17 @@ impl RuntimeHandle {
     /// Whether the runtime task is still running.
     pub fn is_alive(&self) -> bool {
         !self.requests.is_closed()
+    }
+
+    /// Stops the provider: its process group is ended (see [`end_process_group`]); `done` is
+    /// told when that happened (at once if the runtime is already gone). The runtime reports
+    /// no provider exit for a stop.
+    pub fn stop(&self, done: Option<std::sync::mpsc::Sender<()>>) {
+        if let Err(mpsc::error::SendError(RuntimeMsg::Stop(Some(done)))) =
+            self.requests.send(RuntimeMsg::Stop(done))
+        {
+            let _ = done.send(());
+        }
     }
 }
 
@@ -263,7 +323,21 @@ pub fn start_runtime(
                             exit_reason = Some(format!("write failed: {e}"));
                         }
                     }
+                    Some(RuntimeMsg::Stop(done)) => {
+                        let status = match transport.child.as_mut() {
+                            Some(c) => end_process_group(c).await,
+                            None => String::new(),
+                        };
+                        info!(root = %root, status = %status, "provider runtime stopped");
+                        if let Some(done) = done {
+                            let _ = done.send(());
+                        }
+                        return;
+                    }
                     None => {
+                        if let Some(c) = transport.child.as_mut() {
+                            end_process_group(c).await;
+                        }
                         info!(root = %root, "runtime closed by the daemon");
                         return;
                     }
@@ -283,13 +357,7 @@ pub fn start_runtime(
         }
         let why = exit_reason.unwrap_or_default();
         let status = match transport.child.as_mut() {
-            Some(c) => {
-                let _ = c.start_kill();
-                match tokio::time::timeout(std::time::Duration::from_secs(2), c.wait()).await {
-                    Ok(Ok(s)) => format!("{s}"),
-                    _ => "unknown status".to_string(),
-                }
-            }
+            Some(c) => end_process_group(c).await,
             None => String::new(),
         };
         warn!(root = %root, reason = %why, status = %status, "provider runtime ended");

@@ -54,6 +54,12 @@ struct ServeArgs {
     /// Provider config (TOML).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Seconds an idle provider process (its session tree has no active turn, prepared cancel or
+    /// pending interaction) stays up; the next submit starts it again and resumes the provider
+    /// conversation. 0 keeps idle providers running. Overrides `idle_timeout_secs` of the config
+    /// (default 300).
+    #[arg(long)]
+    idle_timeout_secs: Option<u64>,
 }
 
 /// Runs `tuttid` with the process arguments.
@@ -104,6 +110,30 @@ fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM: "handle SIGTERM like SIGINT" (issue 23), so that
+/// `kill` and service managers stop the daemon, and with it every provider process group.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
     let dir = data_dir();
     let db = match (&args.db, demo) {
@@ -118,19 +148,27 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
     let token = crate::auth::load_or_create_token(&token_file)
         .map_err(|e| format!("token file {}: {e}", token_file.display()))?;
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(p) => ConfigFile::load(p).map_err(|e| e.to_string())?,
         None => ConfigFile::default(),
     };
+    if let Some(secs) = args.idle_timeout_secs {
+        config.idle_timeout_secs = Some(secs);
+    }
+    let idle_timeout = config.idle_timeout();
     let mut engine = EngineConfig::default();
     if let Some(ms) = config.cancel_timeout_ms {
         engine.cancel_timeout_ms = ms;
     }
-    let registry = Registry::with_builtins(config).map_err(|e| e.to_string())?;
+    let mut registry = Registry::with_builtins(config).map_err(|e| e.to_string())?;
+    let mut demo_state = db.clone().into_os_string();
+    demo_state.push(".demo-agent");
+    registry.set_demo_state_dir(PathBuf::from(demo_state));
     let daemon = Daemon::start(DaemonOptions {
         db: db.clone(),
         providers: Arc::new(registry),
         engine,
+        idle_timeout,
     })?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -139,9 +177,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
     let app = crate::api::router(daemon.clone(), token.clone());
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .with_graceful_shutdown(shutdown_signal())
             .await
     });
     eprintln!(

@@ -107,6 +107,31 @@ impl TestDaemon {
         }
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) to the daemon and waits up to `secs` for it to
+    /// exit; returns its exit status (`None` if it did not exit in time, or was not running).
+    pub fn signal_and_wait(&mut self, signal: i32, secs: u64) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let pid = libc::pid_t::try_from(child.id()).ok()?;
+        // SAFETY: kill(2) on our own child process.
+        unsafe { libc::kill(pid, signal) };
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if start.elapsed() > Duration::from_secs(secs) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts the daemon again on the same files.
     pub fn restart(&mut self) {
         self.kill9();

@@ -6,5 +6,6 @@ pub mod codex_client;
 pub mod daemon;
 pub mod mock_messages;
 pub mod mock_responses;
+pub mod procs;
 pub mod providers;
 pub mod sim;

@@ -133,6 +133,16 @@ impl Rig {
     /// and a daemon whose provider `claude` runs `node sidecar.mjs` with the offline query
     /// options; `continuation_timeout_ms` overrides the 30 s notification boundary.
     fn start(script: Script, continuation_timeout_ms: Option<u64>) -> Rig {
+        Rig::start_with(script, continuation_timeout_ms, None)
+    }
+
+    /// [`Rig::start`] with the daemon's `idle_timeout_secs`; with it set, the SDK persists its
+    /// sessions (`persistSession: true`, in the temp `HOME`) so that a relaunch can resume.
+    fn start_with(
+        script: Script,
+        continuation_timeout_ms: Option<u64>,
+        idle_timeout_secs: Option<u64>,
+    ) -> Rig {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let sidecar = ensure_claude_sidecar().unwrap_or_else(|e| {
             panic!(
@@ -151,7 +161,10 @@ impl Rig {
         // `options.query` is passed to the SDK's query() as given: cwd, model, the offline env
         // (HOME, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY=dummy, the DISABLE_* switches, NO_PROXY,
         // PATH), settingSources [], persistSession false, permissionMode "default".
-        let query = offline_options(dirs.cwd.path(), dirs.home.path(), &mock.base_url());
+        let mut query = offline_options(dirs.cwd.path(), dirs.home.path(), &mock.base_url());
+        if idle_timeout_secs.is_some() {
+            query["persistSession"] = json!(true);
+        }
         let mut options = json!({ "query": query });
         if let Some(ms) = continuation_timeout_ms {
             options["continuationTimeoutMs"] = json!(ms);
@@ -164,8 +177,11 @@ impl Rig {
             sidecar.to_string_lossy(),
             log.to_string_lossy(),
         ]);
+        let idle = idle_timeout_secs
+            .map(|s| format!("idle_timeout_secs = {s}\n"))
+            .unwrap_or_default();
         let config = format!(
-            "cancel_timeout_ms = 5000\n\n[providers.claude]\nkind = \"claude\"\ncommand = {}\n\
+            "{idle}cancel_timeout_ms = 5000\n\n[providers.claude]\nkind = \"claude\"\ncommand = {}\n\
              env = {{ TUTTI_SIDECAR_TRACE = \"1\" }}\noptions = {}\n",
             toml_value(&command),
             toml_value(&options),
@@ -1720,5 +1736,90 @@ fn children_finishing_together_every_follow_up_reply_is_a_message_of_the_one_roo
             .iter()
             .any(|s| !s.contains(": 1 follow-up result(s)")),
         "no run had two follow-ups: {shapes:?}"
+    );
+}
+
+// ----- idle stop and resume (issue 17 item 2) ----------------------------------------------------
+
+/// "A runtime whose tree is quiescent is stopped after an idle timeout; the next submit starts the
+/// provider again and continues the same provider conversation": Claude Agent SDK `resume` with
+/// the recorded session id. The sidecar and the Claude CLI it started (one process group) are
+/// gone after the idle timeout; the relaunched SDK reports the same session id and sends the
+/// model the earlier exchange.
+#[test]
+fn an_idle_claude_is_stopped_and_the_next_submit_resumes_the_same_sdk_session() {
+    use tutti_tests::procs::{alive, children_of, group_members, poll};
+    let rig = Rig::start_with(
+        Script::new()
+            .on(
+                "second",
+                Match::root().last_message_contains("SECOND_PROMPT"),
+                Reply::text("SECOND_ANSWER"),
+            )
+            .on(
+                "first",
+                Match::root().last_message_contains("FIRST_PROMPT"),
+                Reply::text("FIRST_ANSWER"),
+            ),
+        None,
+        Some(1),
+    );
+    let id = rig.create();
+    rig.submit(&id, "FIRST_PROMPT: remember me");
+    let daemon = rig.d.pid().expect("daemon runs");
+    let sidecar = poll(WAIT, || match children_of(daemon).as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    })
+    .expect("one sidecar process");
+    let first = rig.wait(&id, "the first turn settled", |v| settled(v, &id));
+    assert_eq!(
+        outcome(&first, &id).as_deref(),
+        Some("completed"),
+        "{}",
+        rig.diagnostics(&id)
+    );
+    let sdk_session = first["session"]["providerSessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no SDK session id\n{}", rig.diagnostics(&id)))
+        .to_string();
+    let group = group_members(sidecar);
+    assert!(!group.is_empty(), "the sidecar leads its own process group");
+    assert!(
+        poll(WAIT, || group.iter().all(|p| !alive(*p)).then_some(())).is_some(),
+        "the idle sidecar's process group {group:?} is stopped\n{}",
+        rig.diagnostics(&id)
+    );
+    assert!(children_of(daemon).is_empty(), "no provider process left");
+
+    rig.submit(&id, "SECOND_PROMPT: do you remember?");
+    let second = rig.wait(&id, "the second turn settled", |v| {
+        settled(v, &id)
+            && texts(&rig.messages(&id))
+                .iter()
+                .any(|t| t == "SECOND_ANSWER")
+    });
+    assert_eq!(
+        outcome(&second, &id).as_deref(),
+        Some("completed"),
+        "{}",
+        rig.diagnostics(&id)
+    );
+    assert_eq!(
+        second["session"]["providerSessionId"].as_str(),
+        Some(sdk_session.as_str()),
+        "the relaunched SDK continues the same session\n{}",
+        rig.diagnostics(&id)
+    );
+    let asked = rig
+        .mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_messages() && r.last_message_text().contains("SECOND_PROMPT"))
+        .collect::<Vec<_>>();
+    assert!(
+        asked.iter().any(|r| r.all_text().contains("FIRST_ANSWER")),
+        "the model sees the earlier exchange\n{}",
+        rig.diagnostics(&id)
     );
 }

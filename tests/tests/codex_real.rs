@@ -53,6 +53,8 @@ struct Setup {
     approval_policy: &'static str,
     /// The v2 collaboration tools instead of v1.
     v2: bool,
+    /// The daemon's `idle_timeout_secs`, if set.
+    idle_timeout_secs: Option<u64>,
 }
 
 impl Default for Setup {
@@ -60,6 +62,7 @@ impl Default for Setup {
         Setup {
             approval_policy: "never",
             v2: false,
+            idle_timeout_secs: None,
         }
     }
 }
@@ -87,7 +90,10 @@ impl Rig {
             config = config.extra_toml("[features]\nmulti_agent = true\n");
         }
         config.write(home.path()).expect("write config.toml");
-        let toml = daemon_config(&bin, home.path(), setup.approval_policy);
+        let mut toml = daemon_config(&bin, home.path(), setup.approval_policy);
+        if let Some(secs) = setup.idle_timeout_secs {
+            toml = format!("idle_timeout_secs = {secs}\n{toml}");
+        }
         let d = TestDaemon::start(EXE, Some(&toml), &[]);
         let events = Recorder::start(&d);
         Rig {
@@ -960,6 +966,71 @@ fn killing_codex_mid_turn_interrupts_every_active_turn_and_the_daemon_stays_heal
     assert_eq!(after.thread_id, first, "the root thread is resumed");
     assert!(
         after.input_contains("PARENT"),
+        "the earlier history is kept"
+    );
+    r.mock.assert_all_matched();
+}
+
+// ---- idle stop and thread/resume (issue 17 item 2) ----------------------------------------------
+
+/// "A runtime whose tree is quiescent is stopped after an idle timeout; the next submit starts the
+/// provider again and continues the same provider conversation": Codex `thread/resume`. The idle
+/// app-server is gone after the timeout; the new one works on the same thread, with its history.
+#[test]
+fn an_idle_codex_is_stopped_and_the_next_submit_resumes_the_same_thread() {
+    let script = MockResponses::builder()
+        .on(
+            Match::root().last_user_text_contains("SECOND"),
+            Reply::text("second answer"),
+        )
+        .on(Match::root(), Reply::text("first answer"));
+    let r = Rig::start(
+        script,
+        Setup {
+            idle_timeout_secs: Some(1),
+            ..Setup::default()
+        },
+    );
+    let id = r.create();
+    r.d.submit(WS, &id, "FIRST: remember me");
+    let first = r.wait(&id, "the first turn settled", |v| settled(v, &id));
+    assert_eq!(outcome(&first, &id).as_deref(), Some("completed"));
+    let thread = first["session"]["providerSessionId"]
+        .as_str()
+        .expect("the root's thread id")
+        .to_string();
+    let pid = r.codex_pid();
+    let start = Instant::now();
+    while !codex_pids(r.home.path()).is_empty() {
+        if start.elapsed() > TIMEOUT {
+            r.fail(&format!("the idle codex {pid} was not stopped"), &first);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let (_, t2) = r.d.submit(WS, &id, "SECOND: do you remember?");
+    let again = r.wait(&id, "the second turn settled", |v| {
+        turn_id_of(v, &id) == t2 && settled(v, &id)
+    });
+    assert_eq!(outcome(&again, &id).as_deref(), Some("completed"));
+    assert_ne!(r.codex_pid(), pid, "a new app-server process");
+    assert_eq!(
+        again["session"]["providerSessionId"].as_str(),
+        Some(thread.as_str()),
+        "the root keeps its thread"
+    );
+    let reqs = r.mock.requests();
+    let second = reqs
+        .iter()
+        .find(|q| q.input_contains("SECOND"))
+        .expect("the SECOND request");
+    assert_eq!(
+        second.thread_id.as_deref(),
+        Some(thread.as_str()),
+        "the model request of the relaunched codex is on the same thread"
+    );
+    assert!(
+        second.input_contains("FIRST"),
         "the earlier history is kept"
     );
     r.mock.assert_all_matched();

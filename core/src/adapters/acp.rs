@@ -25,6 +25,15 @@
 //!   child's `idle`/`cancelled` state. The acknowledged subset is reported when every target is
 //!   confirmed or the cancel timer fires.
 //! - Pending permission requests of a canceled prompt are answered `cancelled`, as ACP requires.
+//! - Relaunch (issue 17/23: "relaunch with `session/load` of the recorded ACP session id when
+//!   advertised"): with [`AcpConfig::resume_session_id`] set (the root's recorded provider session
+//!   id, after an idle stop, a provider exit or a daemon restart) and the agent advertising
+//!   `agentCapabilities.loadSession: true`, the adapter sends `session/load` instead of
+//!   `session/new`. The history the agent replays before it answers is not re-recorded (it is
+//!   already in the store): updates arrive before the session is bound and are dropped. If the
+//!   agent does not advertise `loadSession`, or the load fails, a new ACP session is created and
+//!   reported as the root's new provider session id (`sessionMetadataUpdated`), so the session
+//!   states which provider conversation it continues.
 
 use super::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
@@ -45,6 +54,9 @@ pub struct AcpConfig {
     pub cwd: String,
     /// Bound of a provider cancel (ms).
     pub cancel_timeout_ms: i64,
+    /// The ACP session to continue with `session/load` (when the agent advertises
+    /// `loadSession`), instead of starting a new one.
+    pub resume_session_id: Option<String>,
 }
 
 impl Default for AcpConfig {
@@ -52,6 +64,7 @@ impl Default for AcpConfig {
         AcpConfig {
             cwd: "/".into(),
             cancel_timeout_ms: 10_000,
+            resume_session_id: None,
         }
     }
 }
@@ -69,6 +82,8 @@ struct Child {
 enum Pending {
     Initialize,
     NewSession,
+    /// `session/load` of this ACP session id.
+    LoadSession(String),
     Prompt,
 }
 
@@ -167,6 +182,16 @@ impl AcpAdapter {
         id
     }
 
+    fn new_session(&mut self, out: &mut AdapterOutput) {
+        let cwd = self.cfg.cwd.clone();
+        self.request(
+            out,
+            "session/new",
+            json!({"cwd": cwd, "mcpServers": []}),
+            Pending::NewSession,
+        );
+    }
+
     fn send_prompt(&mut self, out: &mut AdapterOutput, text: String, announce: bool) {
         let Some(session) = self.session.clone() else {
             return;
@@ -263,13 +288,43 @@ impl AcpAdapter {
                     .and_then(|r| r.pointer("/agentCapabilities/_meta"))
                     .and_then(|m| m.get(CAPABILITY_KEY))
                     .is_some();
+                let load = result
+                    .and_then(|r| r.pointer("/agentCapabilities/loadSession"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
                 let cwd = self.cfg.cwd.clone();
-                self.request(
-                    out,
-                    "session/new",
-                    json!({"cwd": cwd, "mcpServers": []}),
-                    Pending::NewSession,
-                );
+                match self.cfg.resume_session_id.clone() {
+                    Some(sid) if load => {
+                        self.request(
+                            out,
+                            "session/load",
+                            json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                            Pending::LoadSession(sid),
+                        );
+                    }
+                    resume => {
+                        if resume.is_some() {
+                            out.diagnostics.push(
+                                "acp: the agent cannot load sessions; starting a new one".into(),
+                            );
+                        }
+                        self.new_session(out);
+                    }
+                }
+            }
+            Pending::LoadSession(sid) => {
+                if error.is_some() {
+                    out.diagnostics
+                        .push("acp: session/load failed; starting a new session".into());
+                    self.new_session(out);
+                    return;
+                }
+                self.session = Some(sid);
+                out.diagnostics.push("acp: session loaded".into());
+                for r in std::mem::take(&mut self.queued) {
+                    let o = self.on_request(self.now, &r);
+                    out.extend(o);
+                }
             }
             Pending::NewSession => {
                 let Some(sid) = result
@@ -873,5 +928,133 @@ impl Adapter for AcpAdapter {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapter(resume: Option<&str>) -> AcpAdapter {
+        AcpAdapter::new(
+            "root".into(),
+            AcpConfig {
+                cwd: "/w".into(),
+                resume_session_id: resume.map(String::from),
+                ..AcpConfig::default()
+            },
+        )
+    }
+
+    fn initialized(a: &mut AcpAdapter, load_session: bool) -> AdapterOutput {
+        let open = a.open(0);
+        assert_eq!(open.native[0]["method"], "initialize");
+        let id = open.native[0]["id"].clone();
+        a.on_native(
+            1,
+            &json!({"jsonrpc": "2.0", "id": id, "result": {"protocolVersion": 1,
+                "agentCapabilities": {"loadSession": load_session}}}),
+        )
+        .expect("initialize answer")
+    }
+
+    fn start() -> ProviderRequest {
+        ProviderRequest::Start {
+            root_agent_session_id: "root".into(),
+            agent_session_id: "root".into(),
+            turn_id: "t2".into(),
+            text: "again".into(),
+        }
+    }
+
+    /// Issue 23 item 4: "relaunch with `session/load` of the recorded ACP session id when
+    /// advertised"; the queued prompt goes to the loaded session, and the replayed history is not
+    /// recorded again.
+    #[test]
+    fn a_relaunch_loads_the_recorded_session_when_the_agent_advertises_load_session() {
+        let mut a = adapter(Some("acp-1"));
+        let out = initialized(&mut a, true);
+        assert_eq!(out.native.len(), 1);
+        assert_eq!(out.native[0]["method"], "session/load");
+        assert_eq!(out.native[0]["params"]["sessionId"], "acp-1");
+        assert_eq!(out.native[0]["params"]["cwd"], "/w");
+        let load_id = out.native[0]["id"].clone();
+        let queued = a.on_request(2, &start());
+        assert!(queued.native.is_empty(), "the prompt waits for the load");
+        let replay = a
+            .on_native(
+                3,
+                &json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+                    "sessionId": "acp-1", "update": {"sessionUpdate": "user_message_chunk",
+                    "content": {"type": "text", "text": "earlier"}}}}),
+            )
+            .expect("replayed history");
+        assert!(
+            replay.events.is_empty(),
+            "replayed history is not re-recorded"
+        );
+        let loaded = a
+            .on_native(4, &json!({"jsonrpc": "2.0", "id": load_id, "result": {}}))
+            .expect("load answer");
+        let prompt = loaded
+            .native
+            .iter()
+            .find(|m| m["method"] == "session/prompt")
+            .expect("the queued prompt is sent");
+        assert_eq!(prompt["params"]["sessionId"], "acp-1");
+        assert!(
+            !loaded.events.iter().any(|e| matches!(
+                e,
+                NormalizedEvent::SessionMetadataUpdated {
+                    provider_session_id: Some(_),
+                    ..
+                }
+            )),
+            "the provider session id stays as recorded"
+        );
+    }
+
+    /// "Otherwise a new ACP session, stated in the session's provider aliases": without
+    /// `loadSession` the adapter starts a new session and reports its id.
+    #[test]
+    fn without_load_session_a_relaunch_starts_a_new_session_and_records_it() {
+        let mut a = adapter(Some("acp-1"));
+        let out = initialized(&mut a, false);
+        assert_eq!(out.native[0]["method"], "session/new");
+        let new_id = out.native[0]["id"].clone();
+        let created = a
+            .on_native(
+                2,
+                &json!({"jsonrpc": "2.0", "id": new_id, "result": {"sessionId": "acp-2"}}),
+            )
+            .expect("session/new answer");
+        assert!(created.events.iter().any(|e| matches!(
+            e,
+            NormalizedEvent::SessionMetadataUpdated { provider_session_id: Some(s), .. } if s == "acp-2"
+        )));
+    }
+
+    /// A failed `session/load` (the agent lost the session) falls back to a new session.
+    #[test]
+    fn a_failed_load_falls_back_to_a_new_session() {
+        let mut a = adapter(Some("acp-1"));
+        let out = initialized(&mut a, true);
+        let load_id = out.native[0]["id"].clone();
+        let failed = a
+            .on_native(
+                2,
+                &json!({"jsonrpc": "2.0", "id": load_id, "error": {"code": -32602, "message": "unknown"}}),
+            )
+            .expect("load error");
+        assert_eq!(failed.native.len(), 1);
+        assert_eq!(failed.native[0]["method"], "session/new");
+    }
+
+    /// A first launch (nothing recorded) never loads, whatever the agent advertises.
+    #[test]
+    fn a_first_launch_starts_a_new_session() {
+        let mut a = adapter(None);
+        let out = initialized(&mut a, true);
+        assert_eq!(out.native[0]["method"], "session/new");
     }
 }

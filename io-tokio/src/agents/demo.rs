@@ -15,7 +15,7 @@
 //!
 //! ```json
 //! {"protocolVersion":1,
-//!  "agentCapabilities":{"loadSession":false, "...":"...",
+//!  "agentCapabilities":{"loadSession":true, "...":"...",
 //!                       "_meta":{"tutti.dev/subagents":{"version":1}}},
 //!  "authMethods":[],
 //!  "agentInfo":{"name":"tutti-demo-agent","version":"0.1.0"}}
@@ -160,6 +160,24 @@
 //!   takes to answer the permission request, and the background child settles about 3 s
 //!   later).
 //! * `TUTTI_DEMO_GARBAGE=1`: write one non-JSON line to stdout before the first real message.
+//! * `TUTTI_DEMO_STATE_DIR`: where the agent keeps its sessions' conversation state, one file
+//!   `<session id>.json` each, so that a restarted agent process can `session/load` them. With
+//!   it set, `initialize` advertises `loadSession: true`; without it, `false`. `tuttid` sets it
+//!   for the bundled `demo` provider to a directory beside its database (unless the daemon's own
+//!   environment names one).
+//! * `TUTTI_DEMO_GRANDCHILD=1`: the agent starts a long-running `sleep` child process (a
+//!   grandchild of the daemon) at start-up, so tests can check that stopping the provider ends its
+//!   whole process group. The agent ends it itself only on a clean exit (stdin closed), not when
+//!   a signal kills the agent.
+//!
+//! # Sessions and `session/load`
+//!
+//! Session ids are `demo-session-<start time and pid, hex>-<n>`, unique across agent processes.
+//! The state file of a session holds its number of turns and its user prompts:
+//! `{"turns":2,"prompts":["...","..."]}`. `session/load` of a known id replays the prompts as
+//! `user_message_chunk` updates (the ACP history replay), then answers; the next prompt is turn
+//! `turns + 1` (visible in the ids of its tool calls, `<session>-t<turn>-...`). An unknown id is
+//! answered with a JSON-RPC "invalid params" error.
 //!
 //! Logs go to stderr and carry identifiers, counts and lengths only, never prompt text.
 
@@ -172,9 +190,10 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, ErrorStopReason,
-    IdleStateUpdate, IdleStopReason, Implementation, InitializeRequest, InitializeResponse, Meta,
-    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest,
-    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, RequiresActionStateUpdate,
+    IdleStateUpdate, IdleStopReason, Implementation, InitializeRequest, InitializeResponse,
+    LoadSessionRequest, LoadSessionResponse, Meta, NewSessionRequest, NewSessionResponse,
+    PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, RequiresActionStateUpdate,
     RunningStateUpdate, SessionCancelCapabilities, SessionNotification, SessionReference,
     SessionUpdate, StateUpdate, StopReason, SubagentSessionCapabilities, SubagentUpdate,
     TextContent, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
@@ -341,6 +360,8 @@ struct ChildSpec {
 #[derive(Default)]
 struct RootSession {
     turns: u64,
+    /// The user prompts so far (persisted for `session/load`).
+    prompts: Vec<String>,
     prompt_active: bool,
     /// Cancellation tokens of turns that still have live work (the prompt or background
     /// subagents), by turn number.
@@ -358,6 +379,10 @@ struct State {
 /// State shared by every handler of the connection.
 struct Shared {
     speed: f64,
+    /// Where session state files live (`TUTTI_DEMO_STATE_DIR`); `None`: no `session/load`.
+    state_dir: Option<std::path::PathBuf>,
+    /// Unique prefix of this process's session ids.
+    id_prefix: String,
     /// Whether the client advertised `clientCapabilities.subagents`.
     expose: AtomicBool,
     state: Mutex<State>,
@@ -365,8 +390,16 @@ struct Shared {
 
 impl Shared {
     fn new(speed: f64) -> Self {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
         Self {
             speed,
+            state_dir: std::env::var_os("TUTTI_DEMO_STATE_DIR")
+                .filter(|d| !d.is_empty())
+                .map(std::path::PathBuf::from),
+            id_prefix: format!("demo-session-{started:x}{:x}", std::process::id()),
             expose: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         }
@@ -374,6 +407,49 @@ impl Shared {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The state file of a session (only for ids this agent could have made).
+    fn state_file(&self, id: &str) -> Option<std::path::PathBuf> {
+        let valid = !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !valid {
+            return None;
+        }
+        Some(self.state_dir.as_ref()?.join(format!("{id}.json")))
+    }
+
+    /// Writes a session's state file (logged, not fatal, when it fails).
+    fn save(&self, id: &str, session: &RootSession) {
+        let Some(path) = self.state_file(id) else {
+            return;
+        };
+        let body = json!({"turns": session.turns, "prompts": session.prompts}).to_string();
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, body));
+        if let Err(e) = written {
+            log!("session {id}: state not saved: {}", e.kind());
+        }
+    }
+
+    /// Reads a session's state file.
+    fn load(&self, id: &str) -> Option<RootSession> {
+        let text = std::fs::read_to_string(self.state_file(id)?).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        Some(RootSession {
+            turns: v.get("turns")?.as_u64()?,
+            prompts: v
+                .get("prompts")?
+                .as_array()?
+                .iter()
+                .filter_map(|p| p.as_str().map(String::from))
+                .collect(),
+            ..RootSession::default()
+        })
     }
 }
 
@@ -993,6 +1069,7 @@ fn handle_initialize(
         InitializeResponse::new(ProtocolVersion::V1)
             .agent_capabilities(
                 AgentCapabilities::new()
+                    .load_session(shared.state_dir.is_some())
                     .meta(meta(CAPABILITY_KEY, json!({"version": EXTENSION_VERSION}))),
             )
             .agent_info(Implementation::new(
@@ -1010,12 +1087,53 @@ fn handle_new_session(
     let id = {
         let mut state = shared.lock();
         state.next_session += 1;
-        let id = format!("demo-session-{}", state.next_session);
-        state.sessions.insert(id.clone(), RootSession::default());
+        let id = format!("{}-{}", shared.id_prefix, state.next_session);
+        let session = RootSession::default();
+        shared.save(&id, &session);
+        state.sessions.insert(id.clone(), session);
         id
     };
     log!("session/new -> {id}");
     responder.respond(NewSessionResponse::new(id))
+}
+
+/// `session/load`: restores a session from its state file, replays its user prompts as
+/// `user_message_chunk` updates, then answers.
+fn handle_load_session(
+    shared: &Shared,
+    request: LoadSessionRequest,
+    responder: Responder<LoadSessionResponse>,
+    cx: &ConnectionTo<Client>,
+) -> Result<(), Error> {
+    let id = request.session_id.0.to_string();
+    let live = shared
+        .lock()
+        .sessions
+        .get(&id)
+        .map(|s| (s.turns, s.prompts.clone()));
+    let loaded = live.or_else(|| {
+        let session = shared.load(&id)?;
+        let found = (session.turns, session.prompts.clone());
+        shared.lock().sessions.insert(id.clone(), session);
+        Some(found)
+    });
+    let Some((turns, prompts)) = loaded else {
+        log!("session/load of unknown session {id} refused");
+        return responder.respond_with_error(
+            Error::invalid_params().data(json!({"reason": "unknown session"})),
+        );
+    };
+    for prompt in &prompts {
+        cx.send_notification(SessionNotification::new(
+            id.clone(),
+            SessionUpdate::UserMessageChunk(ContentChunk::new(text_block(prompt.clone()))),
+        ))?;
+    }
+    log!(
+        "session/load {id}: {turns} turn(s), {} prompt(s) replayed",
+        prompts.len()
+    );
+    responder.respond(LoadSessionResponse::new())
 }
 
 fn handle_prompt(
@@ -1042,6 +1160,8 @@ fn handle_prompt(
             Some(session) => {
                 session.turns += 1;
                 session.prompt_active = true;
+                session.prompts.push(text.clone());
+                demo.shared.save(&session_id, session);
                 let token = CancellationToken::new();
                 session.live_turns.insert(session.turns, token.clone());
                 Ok(Turn {
@@ -1108,11 +1228,35 @@ fn write_garbage_if_asked() {
     }
 }
 
+/// With `TUTTI_DEMO_GRANDCHILD=1`, starts `sleep 3600` as a child of this agent (in its process
+/// group), for tests that check that the whole group ends with the provider.
+fn start_grandchild_if_asked() -> Option<std::process::Child> {
+    if !std::env::var("TUTTI_DEMO_GRANDCHILD").is_ok_and(|value| value.trim() == "1") {
+        return None;
+    }
+    match std::process::Command::new("sleep")
+        .arg("3600")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(child) => {
+            log!("grandchild {} started", child.id());
+            Some(child)
+        }
+        Err(e) => {
+            log!("grandchild not started: {}", e.kind());
+            None
+        }
+    }
+}
+
 /// Serves the agent on stdio until the client disconnects.
 pub async fn serve() -> std::process::ExitCode {
     let shared = Arc::new(Shared::new(speed_from_env()));
     log!("starting (speed {})", shared.speed);
     write_garbage_if_asked();
+    let grandchild = start_grandchild_if_asked();
     let result = Agent
         .v1()
         .name("tutti-demo-agent")
@@ -1130,6 +1274,15 @@ pub async fn serve() -> std::process::ExitCode {
                 let shared = Arc::clone(&shared);
                 async move |request: NewSessionRequest, responder, _cx| {
                     handle_new_session(&shared, request, responder)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let shared = Arc::clone(&shared);
+                async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                    handle_load_session(&shared, request, responder, &cx)
                 }
             },
             agent_client_protocol::on_receive_request!(),
@@ -1162,6 +1315,12 @@ pub async fn serve() -> std::process::ExitCode {
             tokio::io::stdin().compat(),
         ))
         .await;
+    // A clean exit (the client closed stdin) ends the grandchild; only a signal that kills this
+    // process (the daemon ending the process group) can leave it, unless the group is ended too.
+    if let Some(mut child) = grandchild {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     match result {
         Ok(()) => {
             log!("client closed the connection");

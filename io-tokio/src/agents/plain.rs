@@ -5,7 +5,8 @@
 //! A prompt streams a few `agent_message_chunk` updates and one ordinary tool call titled
 //! `Task` (shaped like a delegation: `kind` `other`, which the wire omits as the default, and
 //! `rawInput: {"description": ..., "subagent_type": "general-purpose"}`), then answers
-//! `{"stopReason":"end_turn"}`. The spec's rule this agent exists to prove: "a tool named
+//! `{"stopReason":"end_turn"}`. (Session ids are `plain-session-<start time and pid, hex>-<n>`;
+//! the examples below shorten them to `plain-session-1`.) The spec's rule this agent exists to prove: "a tool named
 //! Task, Agent, or similar is not enough" to create a child session.
 //!
 //! ```json
@@ -117,6 +118,9 @@ struct Session {
 
 struct Shared {
     speed: f64,
+    /// Start time and process id (hex): session ids are unique across agent processes, so a
+    /// relaunched agent's new session is told apart from the one before.
+    id_prefix: String,
     next_session: Mutex<u64>,
     sessions: Mutex<HashMap<String, Session>>,
 }
@@ -299,7 +303,7 @@ fn handle_new_session(
         *next += 1;
         *next
     };
-    let id = format!("plain-session-{number}");
+    let id = format!("plain-session-{}-{number}", shared.id_prefix);
     shared.sessions().insert(id.clone(), Session::default());
     log!("session/new -> {id}");
     responder.respond(NewSessionResponse::new(id))
@@ -379,6 +383,14 @@ fn write_garbage_if_asked() {
 pub async fn serve() -> std::process::ExitCode {
     let shared = Arc::new(Shared {
         speed: speed_from_env(),
+        id_prefix: format!(
+            "{:x}{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or_default(),
+            std::process::id()
+        ),
         next_session: Mutex::new(0),
         sessions: Mutex::new(HashMap::new()),
     });

@@ -90,6 +90,12 @@
 //! - An `exited` line (the SDK query ended) completes the open root provider turns (`failed` with
 //!   the sidecar's error, else `interrupted`) and settles active children `interrupted`: no child
 //!   can report after its query ended. The next `Start` sends `start` again.
+//! - Relaunch (issue 17: "Claude Agent SDK `resume` with the recorded session id"): a `start`
+//!   (the SDK query begins) carries `resume: <session id>` in its options whenever the adapter
+//!   knows the root's SDK session id, from [`ClaudeConfig::resume_session_id`] (a new sidecar
+//!   after an idle stop, a crash or a daemon restart) or from an earlier query of the same
+//!   sidecar, unless the configured options name `resume` themselves. The root's conversation
+//!   thus continues instead of starting over.
 //! - Adapter-generated Goal control turns ([`ClaudeAdapter::control_turn`],
 //!   [`ClaudeAdapter::set_goal`]) are queued like SDK turns but emit nothing; `active_goal` messages
 //!   always become `sessionMetadataUpdated` on the root (goal `{status: active|complete, value}`).
@@ -122,6 +128,9 @@ pub struct ClaudeConfig {
     /// How long a provider cancel may wait for the sidecar's acknowledgements before the adapter
     /// answers with the subset acknowledged so far.
     pub cancel_timeout_ms: Millis,
+    /// The SDK session a relaunched root continues (its recorded provider session id): the
+    /// first `start` passes it as the SDK's `resume` option.
+    pub resume_session_id: Option<String>,
 }
 
 impl Default for ClaudeConfig {
@@ -130,6 +139,7 @@ impl Default for ClaudeConfig {
             options: Value::Object(Map::new()),
             continuation_timeout_ms: 30_000,
             cancel_timeout_ms: 10_000,
+            resume_session_id: None,
         }
     }
 }
@@ -374,6 +384,7 @@ pub struct ClaudeAdapter {
 impl ClaudeAdapter {
     /// An adapter for one root session.
     pub fn new(root_agent_session_id: Id, config: ClaudeConfig) -> Self {
+        let provider_session_id = config.resume_session_id.clone();
         ClaudeAdapter {
             root: root_agent_session_id,
             config,
@@ -385,7 +396,7 @@ impl ClaudeAdapter {
             seq: 0,
             claude_seq: 0,
             synthetic_seq: 0,
-            provider_session_id: None,
+            provider_session_id,
             children: FxMap::default(),
             child_order: Vec::new(),
             by_session: FxMap::default(),

@@ -79,10 +79,13 @@ impl ClaudeAdapter {
                 self.native_ops
                     .insert(cmd.clone(), NativeOp::Start(id.clone()));
                 self.query = Query::Starting;
-                let options = match &self.config.options {
+                let mut options = match &self.config.options {
                     Value::Object(_) => self.config.options.clone(),
                     _ => Value::Object(Map::new()),
                 };
+                if let (Some(sid), Some(o)) = (&self.provider_session_id, options.as_object_mut()) {
+                    o.entry("resume").or_insert_with(|| json!(sid));
+                }
                 out.native.push(json!({
                     "op": "start",
                     "id": cmd,

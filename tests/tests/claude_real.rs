@@ -1589,6 +1589,11 @@ fn together_script() -> Script {
     }
     script
         .on(
+            "root-guided",
+            Match::root().last_message_contains("GUIDANCE"),
+            Reply::text("ROOT_GUIDED: noted while the children run"),
+        )
+        .on(
             "child-one",
             Match::subagent().first_user_contains("CHILD_ONE_TASK"),
             Reply::text("CHILD_ONE_DONE").after(Duration::from_millis(2000)),
@@ -1618,7 +1623,8 @@ fn together_script() -> Script {
 /// record it. Two background children finish together; the SDK answers with more than one
 /// follow-up turn. Every follow-up reply the model sent is a message of the one root turn, and
 /// the root settles completed only after the last of them. Run several times in a row (the
-/// follow-ups' order is timing-dependent), each on a new root session of the same daemon.
+/// follow-ups' order is timing-dependent), each on a new root session of the same daemon; the
+/// second run also appends a guidance submit while the children run (the other shape).
 #[test]
 fn children_finishing_together_every_follow_up_reply_is_a_message_of_the_one_root_turn() {
     const RUNS: usize = 3;
@@ -1636,6 +1642,17 @@ fn children_finishing_together_every_follow_up_reply_is_a_message_of_the_one_roo
         let id = rig.create();
         let (reply, turn) = rig.submit(&id, "SPAWN_TOGETHER: delegate two jobs at once");
         assert_eq!(reply, "started");
+        let guided = run == 2;
+        if guided {
+            rig.wait(&id, "the root waiting on its children", |v| {
+                turn_of(v, &id).is_some_and(|t| {
+                    t["phase"] == "waiting" && t["rootProviderTurn"]["phase"] == "completed"
+                })
+            });
+            let (reply, guided_turn) = rig.submit(&id, "GUIDANCE: also mention the weather");
+            assert_eq!(reply, "appended", "run {run}");
+            assert_eq!(guided_turn, turn, "run {run}: guidance joins the root turn");
+        }
         let end = rig.wait(&id, "the root settled", |v| settled(v, &id));
         // Any follow-up the SDK still had to send would arrive now: wait for quiet.
         quiesce(&rig);
@@ -1673,7 +1690,7 @@ fn children_finishing_together_every_follow_up_reply_is_a_message_of_the_one_roo
         assert!(!replies.is_empty(), "no follow-up at all\n{}", diag());
         let results = follow_up_results(&rig) - results_before;
         shapes.push(format!(
-            "run {run}: {results} follow-up result(s), {} model reply(ies)",
+            "run {run} (guided: {guided}): {results} follow-up result(s), {} model reply(ies)",
             replies.len()
         ));
         // Each is a message of the one root turn.
@@ -1727,6 +1744,16 @@ fn children_finishing_together_every_follow_up_reply_is_a_message_of_the_one_roo
             "the root settled before the last follow-up reply\n{}",
             diag()
         );
+        if guided {
+            assert!(
+                msgs.iter().any(|m| m["turnId"] == turn.as_str()
+                    && m["text"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("ROOT_GUIDED"))),
+                "the guidance reply is on the root turn\n{}",
+                diag()
+            );
+        }
         assert_eq!(end["session"].get("activeTurnId"), None);
     }
     eprintln!("{}", shapes.join("\n"));

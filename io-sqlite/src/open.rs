@@ -3,7 +3,6 @@
 use crate::error::SqliteError;
 use crate::schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
-use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
@@ -112,6 +111,11 @@ fn io(what: &'static str, path: &Path, source: std::io::Error) -> SqliteError {
 
 /// Creates the file with owner-only permissions before SQLite opens it (SQLite gives the `-wal`
 /// and `-shm` files the same mode).
+///
+/// An existing file is only `stat`ed, never opened: a descriptor of ours opened and closed on a
+/// file another connection of this process holds would drop that connection's POSIX locks (see
+/// [`check_header`]). The only descriptor opened here is on a file that did not exist a moment
+/// before (`create_new`), which no connection can hold.
 fn ensure_file(path: &Path, create: bool) -> Result<(), SqliteError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => return Ok(()),
@@ -138,58 +142,57 @@ fn ensure_file(path: &Path, create: bool) -> Result<(), SqliteError> {
     }
 }
 
-const MAGIC: &[u8; 16] = b"SQLite format 3\0";
-
-/// Checks the 100-byte SQLite header before handing the file to SQLite, so that garbage and a
-/// truncated file get a clear error instead of a late "malformed" from some query.
-fn check_header(path: &Path) -> Result<(), SqliteError> {
-    let mut f = std::fs::File::open(path).map_err(|e| io("cannot read", path, e))?;
-    let len = f.metadata().map_err(|e| io("cannot stat", path, e))?.len();
+/// Checks the file's header through SQLite, so that garbage and a truncated file get a clear
+/// error instead of a late "malformed" from some query.
+///
+/// The header is read by SQLite's own file handle, never by a second descriptor of ours: on
+/// POSIX, closing *any* descriptor of a file drops *every* lock the process holds on it (SQLite's
+/// documentation, "How To Corrupt An SQLite Database File", 2.2). If another connection of this
+/// process (the daemon's writer, say) has the file open, a `File::open` + close here would
+/// silently drop its WAL lock; an outside `sqlite3` client would then believe it is the last
+/// connection, checkpoint and delete the WAL, and every later commit of the daemon would go to an
+/// unlinked file. Only `stat` (which opens nothing) is used on the path itself.
+///
+/// The first read of page 1 reports a missing magic string as `SQLITE_NOTADB`
+/// ([`SqliteError::NotADatabase`]) and a header that claims more pages than the file holds as
+/// `SQLITE_CORRUPT` ([`SqliteError::Corrupt`]). A file whose length is not a whole number of
+/// pages, or shorter than the header says, is reported here as corrupt too; that check only
+/// applies while the WAL is empty, since with a non-empty WAL the main file may legitimately lag
+/// behind (an interrupted checkpoint is finished by SQLite's recovery).
+fn check_header(conn: &Connection, path: &Path) -> Result<(), SqliteError> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| io("cannot stat", path, e))?
+        .len();
     if len == 0 {
         return Ok(()); // new (or created and never initialized): ours to set up
     }
-    let mut h = [0u8; 100];
-    let mut got = 0;
-    while got < h.len() {
-        match f.read(&mut h[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io("cannot read", path, e)),
-        }
-    }
-    if got < h.len() || &h[..16] != MAGIC {
-        return Err(SqliteError::NotADatabase {
-            detail: format!("{} ({len} bytes) has no SQLite header", path.display()),
-        });
-    }
-    let page_size = match u16::from_be_bytes([h[16], h[17]]) {
-        1 => 65536u64,
-        n if n >= 512 && n.is_power_of_two() => u64::from(n),
-        n => {
-            return Err(SqliteError::Corrupt {
-                detail: format!("{}: invalid page size {n}", path.display()),
-            })
-        }
-    };
-    let change_counter = u32::from_be_bytes([h[24], h[25], h[26], h[27]]);
-    let pages = u64::from(u32::from_be_bytes([h[28], h[29], h[30], h[31]]));
-    let valid_for = u32::from_be_bytes([h[92], h[93], h[94], h[95]]);
-    // With a non-empty WAL the main file may legitimately lag behind (an interrupted checkpoint
-    // is finished by SQLite's recovery), so the size check only applies without one.
+    // Reads page 1 (the header) through SQLite: NOTADB / CORRUPT come back typed.
+    conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+        r.get::<_, i64>(0)
+    })?;
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
     let wal_len = std::fs::metadata(Path::new(&wal)).map_or(0, |m| m.len());
-    if wal_len == 0 && pages > 0 && change_counter == valid_for {
-        let want = pages.saturating_mul(page_size);
-        if len < want || len % page_size != 0 {
-            return Err(SqliteError::Corrupt {
-                detail: format!(
-                    "{} is truncated: {len} bytes, its header says {pages} pages of {page_size}",
-                    path.display()
-                ),
-            });
-        }
+    if wal_len != 0 {
+        return Ok(());
+    }
+    let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+    let pages: i64 = conn.pragma_query_value(None, "page_count", |r| r.get(0))?;
+    let page_size = u64::try_from(page_size).unwrap_or(0);
+    let pages = u64::try_from(pages).unwrap_or(0);
+    if page_size < 512 || !page_size.is_power_of_two() {
+        return Err(SqliteError::Corrupt {
+            detail: format!("{}: invalid page size {page_size}", path.display()),
+        });
+    }
+    let want = pages.saturating_mul(page_size);
+    if len < want || len % page_size != 0 {
+        return Err(SqliteError::Corrupt {
+            detail: format!(
+                "{} is truncated: {len} bytes, its header says {pages} pages of {page_size}",
+                path.display()
+            ),
+        });
     }
     Ok(())
 }
@@ -256,12 +259,12 @@ fn plan(id: &Identity) -> Result<Plan, SqliteError> {
 /// Opens, identifies, configures and migrates.
 pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Connection, SqliteError> {
     ensure_file(path, opts.create)?;
-    check_header(path)?;
     let mut conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(opts.busy_timeout)?;
+    check_header(&conn, path)?;
     conn.set_prepared_statement_cache_capacity(64);
     // Identify before changing anything: someone else's file is left exactly as it was.
     let first = plan(&identify(&conn)?)?;

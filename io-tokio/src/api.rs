@@ -1,13 +1,24 @@
 //! The HTTP API (JSON in camelCase) and the event stream (Server-Sent Events of outbox rows).
 //!
-//! Every `/v1` route needs `Authorization: Bearer <token>`. Errors are
-//! `{"error": {"code", "message"}}` with 400 (invalid), 401, 404 (not found), 409 (conflict).
-//! Bodies over [`MAX_BODY`] bytes and malformed JSON are refused before they reach the engine.
+//! Every `/v1` route needs `Authorization: Bearer <token>` (the scheme matched
+//! case-insensitively, RFC 9110 11.1). Every error, including the router's own (unknown route,
+//! 405, a malformed query string or path) and the size limits, is the JSON envelope
+//! `{"error": {"code", "message"}}`: 400 `invalid`, 401 `unauthorized`, 404 `not_found`,
+//! 405 `method_not_allowed`, 409 `conflict` (or the engine's rejection code), 413 `too_large`
+//! (body over [`MAX_BODY`] bytes), 414 `uri_too_long` (over [`MAX_URI`]), 415
+//! `unsupported_media_type`, 431 `headers_too_large` (over [`MAX_HEADER_BYTES`] or
+//! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. (A request head beyond hyper's own limits,
+//! far above these, is answered by hyper with a bare status before any of this runs.)
+//!
+//! Identifiers in paths are checked the same way on every route ([`check_id`]). An interaction
+//! response is checked against what the interaction offered before it reaches the engine
+//! (shapes: [`tutti_core::adapters::response`]); a refused answer is 400 naming the offered
+//! options and leaves the interaction pending.
 
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
 use crate::follow::Follower;
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -20,7 +31,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
-use tutti_core::model::Id;
+use tokio::sync::watch;
+use tutti_core::model::{Id, InteractionStatus};
 use tutti_core::store::Store;
 use tutti_core::{Command, Input, Reply};
 
@@ -28,11 +40,21 @@ use tutti_core::{Command, Input, Reply};
 pub const MAX_BODY: usize = 256 * 1024;
 /// Largest accepted message text.
 pub const MAX_TEXT: usize = 128 * 1024;
+/// Longest accepted request target (path and query), in bytes.
+pub const MAX_URI: usize = 8 * 1024;
+/// Largest accepted total size of the request's header names and values, in bytes.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+/// Most request headers accepted.
+pub const MAX_HEADERS: usize = 64;
+/// Longest identifier (workspace, session, turn, request id) in bytes.
+pub const MAX_ID: usize = 200;
 
 #[derive(Clone)]
 struct AppState {
     daemon: Daemon,
     token: Arc<String>,
+    /// Becomes `true` when the daemon stops: open event streams end.
+    stop: watch::Receiver<bool>,
 }
 
 /// An API error.
@@ -96,15 +118,124 @@ impl From<DaemonError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> ApiError {
-        ApiError::invalid(format!("malformed request body: {}", e.body_text()))
+        // A body that is too large or not JSON keeps its status (413, 415); malformed JSON and
+        // JSON of the wrong shape are both 400 `invalid` (not axum's 422).
+        let status = match e.status() {
+            s @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => s,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        ApiError::new(
+            status,
+            code_of(status),
+            format!("malformed request body: {}", e.body_text()),
+        )
     }
 }
 
-/// Builds the router.
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> ApiError {
+        ApiError::invalid(format!("malformed query string: {}", e.body_text()))
+    }
+}
+
+/// The envelope's `code` for an error status.
+fn code_of(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "invalid",
+        401 => "unauthorized",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        409 => "conflict",
+        413 => "too_large",
+        414 => "uri_too_long",
+        415 => "unsupported_media_type",
+        431 => "headers_too_large",
+        503 => "unavailable",
+        s if s >= 500 => "internal",
+        _ => "invalid",
+    }
+}
+
+/// Gives every error response the JSON envelope: responses of our handlers already have it;
+/// the router's and extractors' own (405, path and query rejections, body limits) come as
+/// plain text or empty and are wrapped here, their text kept as the message.
+async fn envelope(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, code_of(status), message).into_response();
+    for name in [
+        axum::http::header::ALLOW,
+        axum::http::header::WWW_AUTHENTICATE,
+    ] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
+}
+
+/// 414 and 431 with the envelope, below hyper's own (much larger) limits.
+async fn head_limits(req: Request, next: Next) -> Response {
+    let uri = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri > MAX_URI {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("request target is {uri} bytes; at most {MAX_URI}"),
+        )
+        .into_response();
+    }
+    let headers = req.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!(
+                "{} headers of {bytes} bytes; at most {MAX_HEADERS} headers of {MAX_HEADER_BYTES} bytes",
+                headers.len()
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// Builds the router (event streams end only when their client goes away).
 pub fn router(daemon: Daemon, token: String) -> Router {
+    router_with_shutdown(daemon, token, watch::channel(false).1)
+}
+
+/// Builds the router; when `stop` becomes `true` every open event stream ends (so a graceful
+/// shutdown does not wait for SSE clients to disconnect).
+pub fn router_with_shutdown(daemon: Daemon, token: String, stop: watch::Receiver<bool>) -> Router {
     let state = AppState {
         daemon,
         token: Arc::new(token),
+        stop,
     };
     let v1 = Router::new()
         .route("/v1/workspaces/{ws}/agent-sessions", post(create).get(list))
@@ -133,6 +264,8 @@ pub fn router(daemon: Daemon, token: String) -> Router {
         .merge(v1)
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(head_limits))
+        .layer(middleware::map_response(envelope))
         .with_state(state)
 }
 
@@ -140,7 +273,7 @@ async fn auth(State(s): State<AppState>, headers: HeaderMap, req: Request, next:
     let ok = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .is_some_and(|t| constant_time_eq(t.as_bytes(), s.token.as_bytes()));
     if !ok {
         return ApiError::new(
@@ -153,15 +286,51 @@ async fn auth(State(s): State<AppState>, headers: HeaderMap, req: Request, next:
     next.run(req).await
 }
 
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 9110 11.1: "It uses a case-insensitive token").
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn check_id(what: &str, id: &str) -> Result<Id, ApiError> {
-    if id.is_empty() || id.len() > 200 || id.chars().any(|c| c.is_control()) {
-        return Err(ApiError::invalid(format!("invalid {what}")));
+/// Bidirectional-text controls (embeddings, overrides, isolates, marks): they make an id
+/// display as something else.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The one identifier check of every route and body (workspace, session, turn, request ids):
+/// 1 to [`MAX_ID`] bytes; no `/` or `\\`; not `.` or `..`; no control characters; no
+/// bidirectional-text controls and no other invisible format characters (zero-width space,
+/// joiners, byte-order mark).
+pub fn check_id(what: &str, id: &str) -> Result<Id, ApiError> {
+    let why = if id.is_empty() {
+        Some("is empty".to_string())
+    } else if id.len() > MAX_ID {
+        Some(format!("is {} bytes; at most {MAX_ID}", id.len()))
+    } else if id == "." || id == ".." {
+        Some("may not be . or ..".into())
+    } else if id.contains(['/', '\\']) {
+        Some("may not contain / or \\".into())
+    } else if id.chars().any(|c| {
+        c.is_control()
+            || is_bidi_control(c)
+            || matches!(c, '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}')
+    }) {
+        Some("may not contain control, bidirectional or invisible format characters".into())
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(ApiError::invalid(format!("invalid {what}: it {why}"))),
+        None => Ok(Id::from(id)),
     }
-    Ok(Id::from(id))
 }
 
 async fn read<T: Send + 'static>(
@@ -181,7 +350,8 @@ async fn session_in(
     ws: &str,
     id: &str,
 ) -> Result<tutti_core::model::Session, ApiError> {
-    let id = id.to_string();
+    check_id("workspace id", ws)?;
+    let id = check_id("session id", id)?.to_string();
     let s = read(d, move |r| r.session(&id))
         .await?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
@@ -222,6 +392,16 @@ async fn create(
     if b.title.as_ref().is_some_and(|t| t.len() > 1000) {
         return Err(ApiError::invalid("title too long"));
     }
+    if let Some(cwd) = &b.cwd {
+        // Refused at create rather than at the first submit, where the provider would fail to
+        // start. Choice: it must be an existing directory (relative paths are taken relative to
+        // the daemon's working directory, as the provider process would).
+        if !std::path::Path::new(cwd).is_dir() {
+            return Err(ApiError::invalid(
+                "cwd does not exist or is not a directory",
+            ));
+        }
+    }
     let id: Id = new_id("s").into();
     if let Some(cwd) = b.cwd {
         s.daemon.set_cwd(id.clone(), cwd);
@@ -249,8 +429,10 @@ struct ListQuery {
 async fn list(
     State(s): State<AppState>,
     Path(ws): Path<String>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q?;
+    check_id("workspace id", &ws)?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     let (sessions, next) = read(&s.daemon, move |r| r.roots(&ws, limit, q.cursor.as_deref()))
         .await?
@@ -262,6 +444,8 @@ async fn detail(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    check_id("workspace id", &ws)?;
+    check_id("session id", &id)?;
     // One read transaction: the session, its nested children, their turns and interactions are
     // one durable snapshot (never half of a step).
     let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
@@ -315,8 +499,9 @@ struct MessagesQuery {
 async fn messages(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
-    Query(q): Query<MessagesQuery>,
+    q: Result<Query<MessagesQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q?;
     session_in(&s.daemon, &ws, &id).await?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let msgs = read(&s.daemon, move |r| r.messages(&id, q.after, limit))
@@ -404,11 +589,25 @@ async fn respond(
 ) -> Result<Json<Value>, ApiError> {
     let Json(b) = body?;
     session_in(&s.daemon, &ws, &id).await?;
+    let turn_id = check_id("turn id", &turn)?;
+    let request_id = check_id("request id", &request)?;
+    let (t, r) = (turn_id.to_string(), request_id.to_string());
+    let found = read(&s.daemon, move |st| st.interaction(&t, &r))
+        .await?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    // Only a pending interaction of this session is checked here; anything else is the
+    // engine's to refuse (not found, already answered, ...), as before.
+    if let Some(i) =
+        found.filter(|i| i.status == InteractionStatus::Pending && *i.agent_session_id == *id)
+    {
+        tutti_core::adapters::response::check_response(&i.kind, &i.payload, &b.response)
+            .map_err(|e| ApiError::invalid(format!("response refused: {e}")))?;
+    }
     s.daemon
         .call(Input::Command(Command::RespondInteraction {
             agent_session_id: check_id("session id", &id)?,
-            turn_id: check_id("turn id", &turn)?,
-            request_id: check_id("request id", &request)?,
+            turn_id,
+            request_id,
             response: b.response,
         }))
         .await?;
@@ -445,16 +644,34 @@ struct EventsQuery {
 async fn events(
     State(s): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<EventsQuery>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let header_after = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+    let Query(q) = q?;
+    // An unparseable position is refused: replaying from row 1 instead would hand the client
+    // every row again as if new.
+    let header_after = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::invalid("Last-Event-ID must be an outbox sequence number")
+                })?,
+        ),
+    };
     let cursor = header_after.or(q.after).unwrap_or(0);
     let mut follower = Follower::new(&s.daemon, cursor);
+    let mut stop = s.stop.clone();
     let stream = async_stream(move |tx| async move {
-        while let Ok(rows) = follower.next().await {
+        loop {
+            let rows = tokio::select! {
+                r = follower.next() => match r {
+                    Ok(rows) => rows,
+                    Err(_) => return,
+                },
+                _ = stopped(&mut stop) => return,
+            };
             for row in rows {
                 let data = serde_json::to_string(&row).unwrap_or_default();
                 let ev = Event::default()
@@ -468,6 +685,13 @@ async fn events(
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Resolves when the daemon stops; never when there is no stop signal (its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// A small channel-backed stream (avoids a dependency on async-stream).

@@ -11,7 +11,7 @@ use crate::config::data_dir;
 use crate::render::render;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use tutti_core::model::{Session, Turn};
 use tutti_core::store::MemoryStore;
@@ -73,6 +73,27 @@ enum Cmd {
         provider: String,
         file: PathBuf,
     },
+}
+
+/// Writes to stdout. A closed pipe (`tutti ... | head`) ends the program quietly with status 0,
+/// as Unix tools do; any other write error ends it with a message and status 1.
+fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let r = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+    match r {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("tutti: cannot write to stdout: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+macro_rules! outln {
+    ($($t:tt)*) => { out(&format!("{}\n", format_args!($($t)*))) };
 }
 
 /// Runs `tutti` with the process arguments.
@@ -141,7 +162,7 @@ impl Client {
 }
 
 fn print(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 fn run(cli: &Cli) -> Result<(), String> {
@@ -158,7 +179,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             let c = Client::new(cli)?;
             let v = c.call("GET", &c.url(""), None)?;
             for s in v["sessions"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "{}  {}  {}  {}",
                     s["id"].as_str().unwrap_or(""),
                     s["provider"].as_str().unwrap_or(""),
@@ -169,10 +190,10 @@ fn run(cli: &Cli) -> Result<(), String> {
                 );
             }
         }
-        Cmd::Show { id } => print!("{}", Client::new(cli)?.show(id)?),
+        Cmd::Show { id } => out(&Client::new(cli)?.show(id)?),
         Cmd::Watch { id } => {
             let c = Client::new(cli)?;
-            print!("{}", c.show(id)?);
+            out(&c.show(id)?);
             let resp = ureq::get(&format!("{}/v1/events", c.base))
                 .set("authorization", &format!("Bearer {}", c.token))
                 .call()
@@ -180,8 +201,8 @@ fn run(cli: &Cli) -> Result<(), String> {
             for line in std::io::BufReader::new(resp.into_reader()).lines() {
                 let line = line.map_err(|e| e.to_string())?;
                 if line.starts_with("data:") {
-                    println!("----");
-                    print!("{}", c.show(id)?);
+                    outln!("----");
+                    out(&c.show(id)?);
                 }
             }
         }

@@ -94,7 +94,7 @@ pub struct DaemonOptions {
 pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How long daemon shutdown waits for the provider runtimes to end their process groups.
-const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(1100);
 
 impl Daemon {
     /// Opens the database, restores live trees, settles the turns whose provider process no

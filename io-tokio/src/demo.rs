@@ -14,12 +14,24 @@ use tutti_core::{Command, Input};
 pub const DEMO_PROMPT: &str =
     "Survey this project and report back. children=3 fail=1 permission=1 late=1 nested=1";
 
+/// The workspace the demo session lives in.
+pub const DEMO_WORKSPACE: &str = "demo";
+
+/// A `tutti` command line that lists the demo's session as printed (issue 17: "`tuttid demo`
+/// prints a CLI example that works as printed").
+pub fn cli_example(addr: &str, token_file: &std::path::Path) -> String {
+    format!(
+        "tutti --addr {addr} --token-file {} --workspace {DEMO_WORKSPACE} sessions",
+        token_file.display()
+    )
+}
+
 /// Runs the demo until the root turn settles.
 pub async fn run(d: &Daemon) -> Result<(), String> {
     let root: Id = new_id("s").into();
     d.call(Input::Command(Command::CreateSession {
         agent_session_id: root.clone(),
-        workspace_id: "demo".into(),
+        workspace_id: DEMO_WORKSPACE.into(),
         provider: "demo".into(),
         title: Some("tutti demo".into()),
         capabilities: d.providers().capabilities("demo"),

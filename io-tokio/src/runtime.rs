@@ -143,7 +143,7 @@ pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
 }
 
 /// How long a stopped provider's process group gets between `SIGTERM` and `SIGKILL`.
-pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(1500);
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Sends `signal` to every process of the group led by `pgid` (a no-op for a group that no
 /// longer exists). Returns whether some process received it.

@@ -3,20 +3,44 @@
 //!
 //! `tuttid`: the reference daemon.
 //!
-//! - `tuttid serve --db FILE --listen 127.0.0.1:7420 --token-file FILE [--config FILE]`
+//! - `tuttid serve --db FILE --listen 127.0.0.1:7420 --token-file FILE [--config FILE]
+//!   [--allow-non-loopback]`
 //! - `tuttid demo`: the daemon on an embedded SQLite file with the demo ACP agent; submits a
 //!   prompt, shows the root turn and its child lanes updating live, then leaves the API up.
 //! - `tuttid demo-agent` / `tuttid plain-agent`: the bundled ACP agents (the `demo` and `plain`
 //!   providers run these).
+//!
+//! Logs go to stderr. The filter is `TUTTI_LOG` if set, else `RUST_LOG`, else `info` (`warn`
+//! for `tuttid demo`), in `tracing` `EnvFilter` syntax (`debug`, `tutti_tokio=trace,warn`, ...).
+//! Colours only when stderr is a terminal. No level, `trace` included, carries prompt, message
+//! or tool content: log lines carry ids, enum values, counts and lengths. Other crates are
+//! capped at `info` whatever the filter says (the ACP library logs whole JSON-RPC messages at
+//! `trace`).
+//!
+//! SIGINT (Ctrl-C) and SIGTERM stop the daemon: it stops accepting connections, ends every
+//! open event stream, ends every provider's process group, stops the engine and exits, within
+//! [`HTTP_SHUTDOWN_BOUND`] + [`ENGINE_SHUTDOWN_BOUND`] (under 2 s) even if a client does not go
+//! away.
 
 use crate::config::{data_dir, ConfigFile};
 use crate::daemon::{Daemon, DaemonOptions};
 use crate::providers::Registry;
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
 use tutti_core::EngineConfig;
+
+/// How long a stopping daemon waits for its HTTP connections (event streams end at once on the
+/// stop signal; this bounds a client that keeps its connection open anyway).
+pub const HTTP_SHUTDOWN_BOUND: Duration = Duration::from_millis(500);
+/// How long a stopping daemon then waits for its engine, which ends every provider process group
+/// (`SIGTERM`, [`crate::runtime::STOP_GRACE`], `SIGKILL`) before it stops. Together with
+/// [`HTTP_SHUTDOWN_BOUND`] under 2 s.
+pub const ENGINE_SHUTDOWN_BOUND: Duration = Duration::from_millis(1300);
 
 #[derive(Parser)]
 #[command(
@@ -60,6 +84,10 @@ struct ServeArgs {
     /// (default 300).
     #[arg(long)]
     idle_timeout_secs: Option<u64>,
+    /// Allow a listen address other than loopback: the API (bearer token over plain HTTP)
+    /// becomes reachable from other machines. Without it such an address is refused.
+    #[arg(long)]
+    allow_non_loopback: bool,
 }
 
 /// Runs `tuttid` with the process arguments.
@@ -81,14 +109,46 @@ fn exit_code(c: std::process::ExitCode) -> i32 {
     }
 }
 
-fn init_logs(demo: bool) {
+/// The log filter: `TUTTI_LOG`, else `RUST_LOG`, else the default level.
+fn log_filter(demo: bool) -> tracing_subscriber::EnvFilter {
     let default = if demo { "warn" } else { "info" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TUTTI_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::EnvFilter::try_from_env("TUTTI_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_env("RUST_LOG"))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+}
+
+/// Whether an event may be logged at all, whatever the filter asks for: our crates at any
+/// level (their log lines carry ids, enum values, counts and lengths only), every other crate
+/// at `info` and above. The ACP library logs each whole JSON-RPC message (prompts, replies,
+/// tool input) at `trace`, and the HTTP stack's `trace` rejections can quote request values.
+fn content_free(meta: &tracing::Metadata<'_>) -> bool {
+    meta.target().starts_with("tutti") || *meta.level() <= tracing::Level::INFO
+}
+
+fn init_logs(demo: bool) {
+    use tracing_subscriber::prelude::*;
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter(demo))
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
+        .finish()
+        .with(tracing_subscriber::filter::filter_fn(content_free))
         .try_init();
+}
+
+/// Waits for SIGINT or SIGTERM; returns the signal's name.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
 }
 
 fn run(args: ServeArgs, demo: bool) {
@@ -100,7 +160,11 @@ fn run(args: ServeArgs, demo: bool) {
         Ok(rt) => rt,
         Err(e) => fail(&format!("cannot start the async runtime: {e}")),
     };
-    if let Err(e) = rt.block_on(serve(args, demo)) {
+    let result = rt.block_on(serve(args, demo));
+    // Blocking reads still running (a slow SQLite read of a stream that just ended) must not
+    // hold the exit up.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    if let Err(e) = result {
         fail(&e);
     }
 }
@@ -110,28 +174,21 @@ fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM: "handle SIGTERM like SIGINT" (issue 23), so that
-/// `kill` and service managers stop the daemon, and with it every provider process group.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
+/// Issue 17: "Listening on a non-loopback address is refused unless an explicit flag says so
+/// (and then logged as a warning)".
+fn check_listen(addr: SocketAddr, allowed: bool) -> Result<(), String> {
+    if addr.ip().is_loopback() {
+        return Ok(());
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+    if !allowed {
+        return Err(format!(
+            "refusing to listen on {addr}: not a loopback address, so the API would be \
+             reachable from other machines over plain HTTP; pass --allow-non-loopback to do it \
+             anyway"
+        ));
     }
+    tracing::warn!(%addr, "listening on a non-loopback address (--allow-non-loopback)");
+    Ok(())
 }
 
 async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
@@ -146,6 +203,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     }
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
+    check_listen(args.listen, args.allow_non_loopback)?;
     let token = crate::auth::load_or_create_token(&token_file)
         .map_err(|e| format!("token file {}: {e}", token_file.display()))?;
     let mut config = match &args.config {
@@ -174,30 +232,59 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let app = crate::api::router(daemon.clone(), token.clone());
-    let server = tokio::spawn(async move {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let app = crate::api::router_with_shutdown(daemon.clone(), token.clone(), stop_rx.clone());
+    let mut graceful = stop_rx.clone();
+    let mut server = tokio::spawn(async move {
         axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(async move {
+                let _ = graceful.wait_for(|stop| *stop).await;
+            })
             .await
+    });
+    tokio::spawn(async move {
+        let which = stop_signal().await;
+        tracing::info!(signal = which, "stopping");
+        let _ = stop_tx.send(true);
     });
     eprintln!(
         "tuttid: listening on http://{addr} (db {}, token in {})",
         db.display(),
         token_file.display()
     );
+    let mut stopping = stop_rx.clone();
     if demo {
-        crate::demo::run(&daemon).await?;
-        eprintln!(
-            "tuttid: the API stays up at http://{addr}; token file {}; Ctrl-C to stop.\n  e.g. tutti --addr {addr} --token-file {} sessions",
-            token_file.display(),
-            token_file.display()
-        );
+        tokio::select! {
+            r = crate::demo::run(&daemon) => {
+                r?;
+                eprintln!(
+                    "tuttid: the API stays up at http://{addr}; token file {}; Ctrl-C to stop.\n  e.g. {}",
+                    token_file.display(),
+                    crate::demo::cli_example(&addr.to_string(), &token_file)
+                );
+            }
+            _ = stopping.wait_for(|stop| *stop) => {}
+        }
     }
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(format!("server: {e}")),
-        Err(e) => return Err(format!("server task: {e}")),
+    let served = tokio::select! {
+        r = &mut server => Some(r),
+        _ = stopping.wait_for(|stop| *stop) => {
+            // Event streams end on the stop signal; a client that keeps its connection open
+            // anyway does not hold the exit up past the bound.
+            tokio::time::timeout(HTTP_SHUTDOWN_BOUND, &mut server).await.ok()
+        }
+    };
+    match served {
+        Some(Ok(Ok(()))) | None => {}
+        Some(Ok(Err(e))) => return Err(format!("server: {e}")),
+        Some(Err(e)) => return Err(format!("server task: {e}")),
     }
-    daemon.shutdown().await;
+    server.abort();
+    if tokio::time::timeout(ENGINE_SHUTDOWN_BOUND, daemon.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the engine did not stop in time; exiting anyway");
+    }
     Ok(())
 }

@@ -679,27 +679,18 @@ impl AcpAdapter {
             .parse::<u64>()
             .map(Value::from)
             .unwrap_or_else(|_| Value::String(request.to_string()));
-        if response.get("outcome").is_some() {
-            return Some(json!({"jsonrpc": "2.0", "id": id, "result": response}));
-        }
-        let allow = match response {
-            Value::String(s) => matches!(s.as_str(), "allow" | "accept" | "yes" | "approve"),
-            Value::Bool(b) => *b,
-            v => v.get("behavior").and_then(Value::as_str) == Some("allow"),
-        };
-        let wanted = if allow { "allow" } else { "reject" };
-        let option = p
-            .options
-            .iter()
-            .find(|o| {
-                o.get("kind")
-                    .and_then(Value::as_str)
-                    .is_some_and(|k| k.starts_with(wanted))
-            })
-            .and_then(|o| o.get("optionId").cloned());
-        let outcome = match option {
-            Some(o) => json!({"outcome": "selected", "optionId": o}),
-            None => json!({"outcome": "cancelled"}),
+        // The documented shapes (see `adapters::response`): "allow" picks the `allow_once`
+        // option, "deny" the `reject_once` one, never an "always" option unless asked for by id.
+        // The API refuses anything else before it gets here; a replayed or direct answer that
+        // does not fit is sent as a refusal (`cancelled`).
+        let outcome = match super::response::acp_permission_choice(&p.options, response) {
+            Ok(super::response::AcpChoice::Native(v)) => {
+                return Some(json!({"jsonrpc": "2.0", "id": id, "result": v}));
+            }
+            Ok(super::response::AcpChoice::Option(o)) => {
+                json!({"outcome": "selected", "optionId": o})
+            }
+            Err(_) => json!({"outcome": "cancelled"}),
         };
         Some(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}}))
     }

@@ -29,6 +29,7 @@
 pub mod acp;
 pub mod claude;
 pub mod codex;
+pub mod response;
 
 use crate::input::{NormalizedEvent, RuntimeAnswer};
 use crate::model::{Id, Millis};

@@ -106,6 +106,7 @@ mod replay;
 mod requests;
 
 pub use replay::{replay_transcript, sidecar_line, ReplayOutput};
+pub(crate) use requests::permission_decision;
 
 use crate::adapters::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::hash::{FxMap, FxSet};

@@ -97,6 +97,7 @@
 //!   JSON-RPC error.
 
 mod protocol;
+pub(crate) use protocol::answer;
 mod replay;
 
 pub use replay::{

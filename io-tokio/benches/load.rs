@@ -113,6 +113,7 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
             per_agent_events,
         }),
         engine: EngineConfig::default(),
+        retention: Default::default(),
     })
     .expect("daemon starts");
     // The stream consumer: follows the outbox exactly as the SSE endpoint does (`Follower`: from

@@ -8,6 +8,7 @@
 
 use crate::clock::now_ms;
 use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, RuntimeHandle, ToDaemon, Transport};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,12 +55,23 @@ pub enum DaemonError {
     /// The daemon is shutting down.
     #[error("the daemon is not running")]
     Stopped,
+    /// An outbox follower asked for rows that retention already deleted (it continues after
+    /// `pruned_through`; see [`crate::follow::Followed::Reset`]).
+    #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
+    OutboxPruned {
+        /// The position asked for.
+        requested_after: u64,
+        /// Every row up to this seq is gone.
+        pruned_through: u64,
+    },
 }
 
 #[allow(clippy::large_enum_variant)] // one message per input; boxing would add an allocation each
 enum Msg {
     Input(Input, Option<oneshot::Sender<Result<Step, DaemonError>>>),
     SetCwd(Id, String),
+    /// Run an outbox retention pass (see [`crate::retention`]).
+    Prune,
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -72,6 +84,7 @@ pub struct Daemon {
     live: broadcast::WeakSender<LiveBatch>,
     providers: Arc<dyn ProviderFactory>,
     db: PathBuf,
+    positions: Arc<LivePositions>,
 }
 
 /// Options of the daemon core.
@@ -82,6 +95,8 @@ pub struct DaemonOptions {
     pub providers: Arc<dyn ProviderFactory>,
     /// Engine settings.
     pub engine: EngineConfig,
+    /// Resident trees and outbox retention (see [`crate::retention`]).
+    pub retention: Retention,
 }
 
 impl Daemon {
@@ -125,6 +140,16 @@ impl Daemon {
             }
         }
         info!(trees = recovered.len(), "recovered live trees");
+        // Recovered trees are settled now: they leave memory like any other (see `retention`).
+        let mut quiescent = QuiescentTrees::default();
+        for root in &recovered {
+            if engine.is_quiescent(root) {
+                quiescent.touch(root);
+            }
+        }
+        while let Some(root) = quiescent.over(opts.retention.resident_trees) {
+            engine.evict(&root);
+        }
         let last_seq = store.last_outbox_seq().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
@@ -134,6 +159,20 @@ impl Daemon {
         let (live, _) = broadcast::channel(LIVE_CAPACITY);
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
+        let positions = Arc::new(LivePositions::default());
+        if opts.retention.prune_interval_ms > 0 {
+            let tx = tx.clone();
+            let every = std::time::Duration::from_millis(opts.retention.prune_interval_ms);
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    if tx.send(Msg::Prune).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         let core = Core {
             checkpoints,
             live,
@@ -143,8 +182,11 @@ impl Daemon {
             tx: tx.clone(),
             seq: seq_tx,
             runtimes: BTreeMap::new(),
-            cwd: BTreeMap::new(),
             providers: opts.providers.clone(),
+            retention: opts.retention,
+            quiescent,
+            loaded: Vec::new(),
+            positions: positions.clone(),
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -160,6 +202,7 @@ impl Daemon {
             live: weak_live,
             providers: opts.providers,
             db: opts.db,
+            positions,
         })
     }
 
@@ -172,7 +215,9 @@ impl Daemon {
         rx.await.map_err(|_| DaemonError::Stopped)?
     }
 
-    /// Remembers the working directory of a root session's provider.
+    /// Records the working directory of a root session's provider in the database (call before
+    /// the session's `CreateSession`: inputs are handled in order, so the session's commit
+    /// follows this write).
     pub fn set_cwd(&self, root: Id, cwd: String) {
         let _ = self.tx.send(Msg::SetCwd(root, cwd));
     }
@@ -213,6 +258,11 @@ impl Daemon {
         &self.db
     }
 
+    /// The positions of the live outbox followers (retention never prunes above the lowest).
+    pub fn live_positions(&self) -> &Arc<LivePositions> {
+        &self.positions
+    }
+
     /// Stops the engine thread (after the inputs already queued).
     pub async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
@@ -251,8 +301,13 @@ struct Core {
     tx: mpsc::UnboundedSender<Msg>,
     seq: watch::Sender<u64>,
     runtimes: BTreeMap<Id, RuntimeHandle>,
-    cwd: BTreeMap<Id, String>,
     providers: Arc<dyn ProviderFactory>,
+    retention: Retention,
+    /// Loaded quiescent trees, least recently touched first (see [`crate::retention`]).
+    quiescent: QuiescentTrees,
+    /// Trees loaded on demand since the last residency check.
+    loaded: Vec<Id>,
+    positions: Arc<LivePositions>,
 }
 
 type Reply = Option<oneshot::Sender<Result<Step, DaemonError>>>;
@@ -270,11 +325,15 @@ impl Core {
             let now = now_ms();
             let mut decided: Vec<(Step, Reply)> = Vec::new();
             let mut shutdown = None;
+            let mut prune = false;
             for m in batch {
                 match m {
                     Msg::SetCwd(root, cwd) => {
-                        self.cwd.insert(root, cwd);
+                        if let Err(e) = self.store.set_session_cwd(&root, &cwd) {
+                            warn!(root = %root, error = %e, "session cwd not recorded");
+                        }
                     }
+                    Msg::Prune => prune = true,
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Input(input, reply) => match self.decide(now, &input) {
                         Ok(step) => {
@@ -294,11 +353,19 @@ impl Core {
                 }
             }
             let committed = self.commit(decided);
+            let mut touched = std::mem::take(&mut self.loaded);
             for (step, reply) in committed {
                 self.effects(now, &step);
+                if let Some(root) = &step.persist.root_agent_session_id {
+                    touched.push(root.clone());
+                }
                 if let Some(r) = reply {
                     let _ = r.send(Ok(step));
                 }
+            }
+            self.residency(touched);
+            if prune {
+                self.prune();
             }
             if self.checkpoints.restart_wanted() {
                 let t = std::time::Instant::now();
@@ -373,8 +440,62 @@ impl Core {
             return false;
         }
         match self.store.load_tree(&root) {
-            Ok(Some(t)) => self.engine.restore(t).is_ok(),
+            Ok(Some(t)) => {
+                let ok = self.engine.restore(t).is_ok();
+                if ok {
+                    debug!(root = %root, "evicted tree reloaded");
+                    self.loaded.push(root);
+                }
+                ok
+            }
             _ => false,
+        }
+    }
+
+    /// After a commit: the touched trees that are quiescent become the most recent eviction
+    /// candidates, the others stop being candidates, and the least recently touched candidates
+    /// beyond [`Retention::resident_trees`] leave the engine (reloaded on demand by
+    /// [`Core::decide`]).
+    fn residency(&mut self, touched: Vec<Id>) {
+        for root in touched {
+            if self.engine.root_of(&root).is_none() {
+                self.quiescent.forget(&root);
+            } else if self.engine.is_quiescent(&root) {
+                self.quiescent.touch(&root);
+            } else {
+                self.quiescent.forget(&root);
+            }
+        }
+        while let Some(root) = self.quiescent.over(self.retention.resident_trees) {
+            if self.engine.is_quiescent(&root) {
+                self.engine.evict(&root);
+                debug!(root = %root, "quiescent tree evicted");
+            }
+        }
+    }
+
+    /// One outbox retention transaction; asks for another while expired rows remain.
+    fn prune(&mut self) {
+        let protect = self.positions.lowest();
+        match self.store.prune_outbox(
+            &self.retention.outbox,
+            now_ms(),
+            protect,
+            self.retention.prune_batch,
+        ) {
+            Ok(o) => {
+                if o.deleted > 0 {
+                    info!(
+                        deleted = o.deleted,
+                        pruned_through = o.pruned_through,
+                        "outbox rows pruned"
+                    );
+                }
+                if o.more {
+                    let _ = self.tx.send(Msg::Prune);
+                }
+            }
+            Err(e) => warn!(error = %e, "outbox retention pass failed"),
         }
     }
 
@@ -530,7 +651,10 @@ impl Core {
             .session(root)
             .map(|s| (s.provider.to_string(), s.provider_session_id.clone()))
             .ok_or("unknown root session")?;
-        let cwd = self.cwd.get(root).cloned();
+        let cwd = self.store.session_cwd(root).unwrap_or_else(|e| {
+            warn!(root = %root, error = %e, "session cwd not readable; using the default");
+            None
+        });
         let (adapter, transport) =
             self.providers
                 .launch(&provider, root, cwd.as_deref(), previous.as_deref())?;

@@ -126,11 +126,13 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
     if let Some(ms) = config.cancel_timeout_ms {
         engine.cancel_timeout_ms = ms;
     }
+    let retention = config.retention.resolve();
     let registry = Registry::with_builtins(config).map_err(|e| e.to_string())?;
     let daemon = Daemon::start(DaemonOptions {
         db: db.clone(),
         providers: Arc::new(registry),
         engine,
+        retention,
     })?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -47,6 +47,7 @@ fn start(name: &str) -> (TempDir, Daemon) {
         db: dir.join("t.db"),
         providers: Arc::new(NoProviders),
         engine: EngineConfig::default(),
+        retention: Default::default(),
     })
     .expect("start");
     (TempDir(dir), daemon)

@@ -72,6 +72,8 @@ enum Msg {
     SetCwd(Id, String),
     /// Run an outbox retention pass (see [`crate::retention`]).
     Prune,
+    /// The root ids of the trees loaded in the engine.
+    Resident(oneshot::Sender<Vec<Id>>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -258,6 +260,16 @@ impl Daemon {
         &self.db
     }
 
+    /// The root session ids of the trees currently loaded in the engine, sorted (for operators
+    /// and tests: settled trees leave memory, see [`crate::retention`]).
+    pub async fn resident_trees(&self) -> Result<Vec<Id>, DaemonError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Resident(tx))
+            .map_err(|_| DaemonError::Stopped)?;
+        rx.await.map_err(|_| DaemonError::Stopped)
+    }
+
     /// The positions of the live outbox followers (retention never prunes above the lowest).
     pub fn live_positions(&self) -> &Arc<LivePositions> {
         &self.positions
@@ -326,6 +338,7 @@ impl Core {
             let mut decided: Vec<(Step, Reply)> = Vec::new();
             let mut shutdown = None;
             let mut prune = false;
+            let mut resident = Vec::new();
             for m in batch {
                 match m {
                     Msg::SetCwd(root, cwd) => {
@@ -334,6 +347,7 @@ impl Core {
                         }
                     }
                     Msg::Prune => prune = true,
+                    Msg::Resident(r) => resident.push(r),
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Input(input, reply) => match self.decide(now, &input) {
                         Ok(step) => {
@@ -366,6 +380,9 @@ impl Core {
             self.residency(touched);
             if prune {
                 self.prune();
+            }
+            for r in resident {
+                let _ = r.send(self.engine.roots());
             }
             if self.checkpoints.restart_wanted() {
                 let t = std::time::Instant::now();

@@ -125,6 +125,7 @@ impl Daemon {
             }
         }
         let now = now_ms();
+        let mut settle = Vec::with_capacity(recovered.len());
         for root in &recovered {
             // The provider processes died with the previous daemon: prepared cancels replay as
             // unconfirmed, and every active turn settles interrupted, in one step per tree.
@@ -133,12 +134,15 @@ impl Daemon {
                 error: "the daemon restarted; the provider process is gone".into(),
             });
             match engine.handle(now, &input) {
-                Ok(step) => {
-                    if let Err(e) = store.apply(&step.persist) {
-                        return Err(format!("recovery commit failed: {e}"));
-                    }
-                }
+                Ok(step) => settle.push(step.persist),
                 Err(e) => warn!(root = %root, error = %e, "recovery step rejected"),
+            }
+        }
+        // Group-committed like any other steps (one transaction per `MAX_GROUP` trees), so a
+        // restart after a crash with many live trees is not one commit per tree.
+        for group in settle.chunks(tutti_sqlite::MAX_GROUP) {
+            if let Err(e) = store.apply_many(group.iter()) {
+                return Err(format!("recovery commit failed: {e}"));
             }
         }
         info!(trees = recovered.len(), "recovered live trees");

@@ -112,7 +112,12 @@ impl Daemon {
                 .map_err(|e| e.to_string())?;
         let reader = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
         let mut engine = Engine::with_config(opts.engine);
-        let live = store.load_live_trees().map_err(|e| e.to_string())?;
+        // Without message ids: the settle step below appends no message, and every recovered
+        // tree is evicted right after it (the next input loads the whole tree). Reading and
+        // indexing every stored message id would dominate the start-up time.
+        let live = store
+            .load_live_trees_without_messages()
+            .map_err(|e| e.to_string())?;
         let mut recovered = Vec::new();
         for t in live {
             let root = t.root().map(|r| r.id.clone());
@@ -146,16 +151,11 @@ impl Daemon {
             }
         }
         info!(trees = recovered.len(), "recovered live trees");
-        // Recovered trees are settled now: they leave memory like any other (see `retention`).
-        let mut quiescent = QuiescentTrees::default();
+        // Loaded without their message ids: none may stay (see above).
         for root in &recovered {
-            if engine.is_quiescent(root) {
-                quiescent.touch(root);
-            }
+            engine.evict(root);
         }
-        while let Some(root) = quiescent.over(opts.retention.resident_trees) {
-            engine.evict(&root);
-        }
+        let quiescent = QuiescentTrees::default();
         let last_seq = store.last_outbox_seq().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
@@ -490,6 +490,11 @@ impl Core {
         while let Some(root) = self.quiescent.over(self.retention.resident_trees) {
             if self.engine.is_quiescent(&root) {
                 self.engine.evict(&root);
+                // The handle of a runtime that has ended holds its channel's buffers (several
+                // KB); a later `Start` launches a new one either way.
+                if self.runtimes.get(&root).is_some_and(|r| !r.is_alive()) {
+                    self.runtimes.remove(&root);
+                }
                 debug!(root = %root, "quiescent tree evicted");
             }
         }

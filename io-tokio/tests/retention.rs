@@ -432,3 +432,58 @@ async fn a_follower_resuming_below_the_horizon_gets_a_reset_then_the_kept_rows()
     }
     d.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_recovered_at_start_up_numbers_later_messages_after_the_stored_ones() {
+    let dir = tempdir("recover");
+    {
+        let d = start(dir.path(), registry(), no_pruning(64));
+        create(&d, "R").await;
+        submit(
+            &d,
+            "R",
+            "T1",
+            "children=1 hang=1 permission=0 fail=0 late=0",
+        )
+        .await;
+        let start = Instant::now();
+        loop {
+            let (detail, msgs) = reads(&d, "R");
+            let child_running = detail["childSessions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["activeTurnId"].is_string()));
+            if child_running && !msgs.is_empty() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no child: {detail}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The daemon goes away with the turn still active, as in a crash.
+        d.shutdown().await;
+    }
+    let d = start(dir.path(), registry(), no_pruning(64));
+    let (detail, before) = reads(&d, "R");
+    assert!(
+        detail["session"]["activeTurnId"].is_null(),
+        "recovery settled the turn: {detail}"
+    );
+    assert!(
+        d.resident_trees().await.expect("resident").is_empty(),
+        "recovered trees are loaded without message ids and must not stay"
+    );
+    // The next submit loads the whole tree: its user message follows the stored ones.
+    submit(&d, "R", "T2", "children=0 permission=0 fail=0 late=0").await;
+    let (_, msgs) = settled(&d, "R", "T2").await;
+    let root_seqs: Vec<u64> = msgs
+        .iter()
+        .filter(|m| m["agentSessionId"] == "R")
+        .filter_map(|m| m["seq"].as_u64())
+        .collect();
+    assert_eq!(root_seqs, (0..root_seqs.len() as u64).collect::<Vec<_>>());
+    let before_root = before.iter().filter(|m| m["agentSessionId"] == "R").count();
+    assert!(root_seqs.len() > before_root, "new messages were added");
+    d.shutdown().await;
+}

@@ -69,16 +69,19 @@ mod apply;
 mod checkpointer;
 mod codec;
 mod consistent;
+mod cwd;
 mod error;
 mod open;
 mod outbox;
 mod read;
+mod retention;
 pub mod schema;
 
 pub use apply::Published;
 pub use checkpointer::{CheckpointEvent, CheckpointPolicy, Checkpointer};
 pub use error::SqliteError;
 pub use open::{OpenOptions, ReplayRule, Synchronous};
+pub use retention::{PruneOutcome, RetentionPolicy};
 
 /// The most batches a driver should put in one group commit ([`SqliteStore::apply_many`]): the
 /// reference daemon commits whatever inputs are queued, up to this many, so under a saturating

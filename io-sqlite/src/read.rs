@@ -117,14 +117,18 @@ impl SqliteStore {
     /// root id. Seven indexed queries whatever the number of trees.
     pub(crate) fn load_trees_of(&self, roots: &[&str]) -> Result<Vec<TreeSnapshot>, SqliteError> {
         let tx = self.read_tx()?;
-        let out = self.load_trees_in_tx(roots)?;
+        let out = self.load_trees_in_tx(roots, true)?;
         if let Some(tx) = tx {
             tx.commit()?;
         }
         Ok(out)
     }
 
-    fn load_trees_in_tx(&self, roots: &[&str]) -> Result<Vec<TreeSnapshot>, SqliteError> {
+    fn load_trees_in_tx(
+        &self,
+        roots: &[&str],
+        with_messages: bool,
+    ) -> Result<Vec<TreeSnapshot>, SqliteError> {
         if roots.is_empty() {
             return Ok(Vec::new());
         }
@@ -166,7 +170,7 @@ impl SqliteStore {
             &mut trees,
             |t, v| t.cancel_operations.push(v),
         )?;
-        {
+        if with_messages {
             let mut stmt = self.conn.prepare_cached(&tree_sql(TREE_MESSAGES))?;
             let mut rows = stmt.query([&arg])?;
             while let Some(r) = rows.next()? {
@@ -196,12 +200,28 @@ impl SqliteStore {
         Ok(out)
     }
 
+    /// The live trees ([`SqliteStore::live_trees`]) without their message ids: for a daemon's
+    /// start-up recovery, whose settle step (`providerExited`) appends no message. Such a tree
+    /// numbers new messages wrongly, so it must be evicted right after that step (the next
+    /// input then loads the whole tree). With a million stored messages this saves reading and
+    /// indexing every message id at start-up.
+    pub fn load_live_trees_without_messages(&self) -> Result<Vec<TreeSnapshot>, SqliteError> {
+        let tx = self.read_tx()?;
+        let ids = self.root_ids(LIVE_ROOTS)?;
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let out = self.load_trees_in_tx(&refs, false)?;
+        if let Some(tx) = tx {
+            tx.commit()?;
+        }
+        Ok(out)
+    }
+
     /// Trees with an active root turn or a prepared cancel operation (and only those).
     pub(crate) fn live_trees(&self) -> Result<Vec<TreeSnapshot>, SqliteError> {
         let tx = self.read_tx()?;
         let ids = self.root_ids(LIVE_ROOTS)?;
         let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let out = self.load_trees_in_tx(&refs)?;
+        let out = self.load_trees_in_tx(&refs, true)?;
         if let Some(tx) = tx {
             tx.commit()?;
         }
@@ -214,7 +234,7 @@ impl SqliteStore {
         let tx = self.read_tx()?;
         let ids = self.root_ids(ALL_ROOTS)?;
         let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let out = self.load_trees_in_tx(&refs)?;
+        let out = self.load_trees_in_tx(&refs, true)?;
         if let Some(tx) = tx {
             tx.commit()?;
         }

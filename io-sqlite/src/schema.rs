@@ -17,12 +17,18 @@
 //! Every event's JSON is thus written once, not twice (measured with `benches/apply.rs`).
 //! New files also use 8 KiB pages (fewer, fuller pages per commit for these rows, measured
 //! likewise); an existing file keeps the page size it was created with.
+//!
+//! Version 3: the working directory of a root session's provider (`session_cwd`), so that it
+//! survives restarts and a tree evicted from memory needs no per-root map in the daemon; and
+//! `outbox_marks`, the (seq, time) marks that the outbox retention policy ages rows by (the outbox
+//! rows themselves carry no time, so the hot write path is unchanged). Files of versions 1 and 2
+//! are migrated in place; both new tables start empty.
 
 /// `PRAGMA application_id` of a tutti database: ASCII "tuti".
 pub const APPLICATION_ID: i32 = 0x7475_7469;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The DDL of the current schema version (all migrations in order), for tools and benchmarks
 /// that need equivalent tables.
@@ -38,7 +44,7 @@ pub fn migration(from: usize) -> Option<&'static str> {
 
 /// `MIGRATIONS[n]` takes a database from `user_version` n to n + 1. Each runs inside the
 /// migration transaction, which also sets `user_version`.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The page size of a new file (`PRAGMA page_size`, set before its first table exists).
 pub const PAGE_SIZE: i64 = 8192;
@@ -143,4 +149,20 @@ ALTER TABLE messages ADD COLUMN outbox_seq INTEGER;
 -- The rowid of the message this outbox row publishes; its payload is then '' (read from the
 -- message). NULL: the payload is in the row.
 ALTER TABLE outbox ADD COLUMN message_rowid INTEGER;
+"#;
+
+/// Version 3: the per-root provider working directory, and the outbox retention marks.
+const V3: &str = r#"
+-- The working directory a root session's provider runs in (set at creation, never changed).
+CREATE TABLE session_cwd (
+    root_agent_session_id TEXT PRIMARY KEY NOT NULL,
+    cwd                   TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Every outbox row with seq <= this seq was committed at or before at_ms (written by the
+-- retention pass; the oldest time is kept for a seq).
+CREATE TABLE outbox_marks (
+    seq   INTEGER PRIMARY KEY NOT NULL,
+    at_ms INTEGER NOT NULL
+);
 "#;

@@ -114,6 +114,7 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
         }),
         engine: EngineConfig::default(),
         idle_timeout: None,
+        retention: Default::default(),
     })
     .expect("daemon starts");
     // The stream consumer: follows the outbox exactly as the SSE endpoint does (`Follower`: from

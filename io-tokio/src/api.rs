@@ -17,7 +17,7 @@
 
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
-use crate::follow::Follower;
+use crate::follow::{Followed, Follower};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -112,6 +112,9 @@ impl From<DaemonError> for ApiError {
                 "unavailable",
                 "daemon stopping",
             ),
+            e @ DaemonError::OutboxPruned { .. } => {
+                ApiError::new(StatusCode::GONE, "pruned", e.to_string())
+            }
         }
     }
 }
@@ -641,6 +644,12 @@ struct EventsQuery {
 /// `Last-Event-ID` or `?after=`. Each client follows the outbox at its own pace (see
 /// [`Follower`]: from the file while behind, from each commit's rows once caught up), so a slow
 /// client never blocks the engine.
+///
+/// A position whose next rows retention already deleted (`0 < position < prunedThrough`) gets
+/// one `event: reset` first, with `id:` = `prunedThrough` (so a reconnect resumes after it) and
+/// data `{"requestedAfter": N, "prunedThrough": M, "oldestSeq": M + 1}`; the stream then goes on
+/// with the oldest kept row (seq above `prunedThrough`). The client should reload what it shows
+/// from the API: the rows in between are gone.
 async fn events(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -665,12 +674,35 @@ async fn events(
     let mut stop = s.stop.clone();
     let stream = async_stream(move |tx| async move {
         loop {
-            let rows = tokio::select! {
-                r = follower.next() => match r {
-                    Ok(rows) => rows,
+            let next = tokio::select! {
+                r = follower.next_event() => match r {
+                    Ok(next) => next,
                     Err(_) => return,
                 },
                 _ = stopped(&mut stop) => return,
+            };
+            let rows = match next {
+                Followed::Rows(rows) => rows,
+                Followed::Reset {
+                    requested_after,
+                    pruned_through,
+                } => {
+                    let ev = Event::default()
+                        .id(pruned_through.to_string())
+                        .event("reset")
+                        .data(
+                            json!({
+                                "requestedAfter": requested_after,
+                                "prunedThrough": pruned_through,
+                                "oldestSeq": pruned_through + 1,
+                            })
+                            .to_string(),
+                        );
+                    if tx.send(Ok(ev)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
             };
             for row in rows {
                 let data = serde_json::to_string(&row).unwrap_or_default();

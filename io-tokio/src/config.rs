@@ -8,6 +8,12 @@
 //! env = { RUST_LOG = "info" }
 //! guide_while_children_only = true   # optional; the adapter's default otherwise
 //! options = { }                      # adapter-specific (codex config overrides, claude query options)
+//!
+//! [retention]                        # optional; defaults shown (see `tutti_tokio::retention`)
+//! resident_trees = 64                # quiescent trees kept in memory (0: evict at once)
+//! outbox_keep_rows = 100000          # newest outbox rows kept (0: no count limit)
+//! outbox_keep_secs = 604800          # outbox rows younger than this are kept (0: no age limit)
+//! prune_interval_secs = 60           # time between retention passes (0: never prune)
 //! ```
 //!
 //! Top-level settings:
@@ -67,6 +73,9 @@ pub struct ConfigFile {
     /// ([`crate::daemon::DEFAULT_IDLE_TIMEOUT`]); `tuttid serve --idle-timeout-secs` overrides it.
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
+    /// Resident trees and outbox retention.
+    #[serde(default)]
+    pub retention: RetentionConfig,
 }
 
 impl ConfigFile {
@@ -78,6 +87,43 @@ impl ConfigFile {
             Some(s) => Some(std::time::Duration::from_secs(s)),
             None => Some(crate::daemon::DEFAULT_IDLE_TIMEOUT),
         }
+    }
+}
+
+/// The `[retention]` table: what the daemon keeps in memory and in the outbox. Unset keys keep
+/// the defaults of [`crate::retention::Retention`]; for the two outbox limits 0 disables the
+/// limit (a row is pruned when either limit expires it, and never above a live follower).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Quiescent trees kept in memory.
+    pub resident_trees: Option<usize>,
+    /// Newest outbox rows kept (0: no count limit).
+    pub outbox_keep_rows: Option<u64>,
+    /// Outbox rows younger than this many seconds are kept (0: no age limit).
+    pub outbox_keep_secs: Option<u64>,
+    /// Seconds between retention passes (0: never prune).
+    pub prune_interval_secs: Option<u64>,
+}
+
+impl RetentionConfig {
+    /// The settings, defaults filled in.
+    pub fn resolve(&self) -> crate::retention::Retention {
+        let mut r = crate::retention::Retention::default();
+        if let Some(n) = self.resident_trees {
+            r.resident_trees = n;
+        }
+        if let Some(n) = self.outbox_keep_rows {
+            r.outbox.keep_rows = (n > 0).then_some(n);
+        }
+        if let Some(s) = self.outbox_keep_secs {
+            r.outbox.max_age_ms =
+                (s > 0).then(|| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX));
+        }
+        if let Some(s) = self.prune_interval_secs {
+            r.prune_interval_ms = s.saturating_mul(1000);
+        }
+        r
     }
 }
 

@@ -8,6 +8,7 @@
 
 use crate::clock::now_ms;
 use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, RuntimeHandle, ToDaemon, Transport};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,6 +55,15 @@ pub enum DaemonError {
     /// The daemon is shutting down.
     #[error("the daemon is not running")]
     Stopped,
+    /// An outbox follower asked for rows that retention already deleted (it continues after
+    /// `pruned_through`; see [`crate::follow::Followed::Reset`]).
+    #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
+    OutboxPruned {
+        /// The position asked for.
+        requested_after: u64,
+        /// Every row up to this seq is gone.
+        pruned_through: u64,
+    },
 }
 
 #[allow(clippy::large_enum_variant)] // one message per input; boxing would add an allocation each
@@ -62,6 +72,10 @@ enum Msg {
     SetCwd(Id, String),
     /// The idle timer of a root's provider runtime, armed at the given generation.
     IdleCheck(Id, u64),
+    /// Run an outbox retention pass (see [`crate::retention`]).
+    Prune,
+    /// The root ids of the trees loaded in the engine.
+    Resident(oneshot::Sender<Vec<Id>>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -74,6 +88,7 @@ pub struct Daemon {
     live: broadcast::WeakSender<LiveBatch>,
     providers: Arc<dyn ProviderFactory>,
     db: PathBuf,
+    positions: Arc<LivePositions>,
 }
 
 /// Options of the daemon core.
@@ -88,6 +103,8 @@ pub struct DaemonOptions {
     /// pending interaction) stays up before it is stopped; `None` keeps it until the tree is
     /// deleted or the daemon stops.
     pub idle_timeout: Option<std::time::Duration>,
+    /// Resident trees and outbox retention (see [`crate::retention`]).
+    pub retention: Retention,
 }
 
 /// The default of [`DaemonOptions::idle_timeout`]: five minutes.
@@ -107,7 +124,12 @@ impl Daemon {
                 .map_err(|e| e.to_string())?;
         let reader = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
         let mut engine = Engine::with_config(opts.engine);
-        let live = store.load_live_trees().map_err(|e| e.to_string())?;
+        // Without message ids: the settle step below appends no message, and every recovered
+        // tree is evicted right after it (the next input loads the whole tree). Reading and
+        // indexing every stored message id would dominate the start-up time.
+        let live = store
+            .load_live_trees_without_messages()
+            .map_err(|e| e.to_string())?;
         let mut recovered = Vec::new();
         for t in live {
             let root = t.root().map(|r| r.id.clone());
@@ -120,6 +142,7 @@ impl Daemon {
             }
         }
         let now = now_ms();
+        let mut settle = Vec::with_capacity(recovered.len());
         for root in &recovered {
             // The provider processes died with the previous daemon: prepared cancels replay as
             // unconfirmed, and every active turn settles interrupted, in one step per tree.
@@ -128,15 +151,23 @@ impl Daemon {
                 error: "the daemon restarted; the provider process is gone".into(),
             });
             match engine.handle(now, &input) {
-                Ok(step) => {
-                    if let Err(e) = store.apply(&step.persist) {
-                        return Err(format!("recovery commit failed: {e}"));
-                    }
-                }
+                Ok(step) => settle.push(step.persist),
                 Err(e) => warn!(root = %root, error = %e, "recovery step rejected"),
             }
         }
+        // Group-committed like any other steps (one transaction per `MAX_GROUP` trees), so a
+        // restart after a crash with many live trees is not one commit per tree.
+        for group in settle.chunks(tutti_sqlite::MAX_GROUP) {
+            if let Err(e) = store.apply_many(group.iter()) {
+                return Err(format!("recovery commit failed: {e}"));
+            }
+        }
         info!(trees = recovered.len(), "recovered live trees");
+        // Loaded without their message ids: none may stay (see above).
+        for root in &recovered {
+            engine.evict(root);
+        }
+        let quiescent = QuiescentTrees::default();
         let last_seq = store.last_outbox_seq().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
@@ -146,6 +177,20 @@ impl Daemon {
         let (live, _) = broadcast::channel(LIVE_CAPACITY);
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
+        let positions = Arc::new(LivePositions::default());
+        if opts.retention.prune_interval_ms > 0 {
+            let tx = tx.clone();
+            let every = std::time::Duration::from_millis(opts.retention.prune_interval_ms);
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    if tx.send(Msg::Prune).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         let core = Core {
             checkpoints,
             live,
@@ -155,13 +200,16 @@ impl Daemon {
             tx: tx.clone(),
             seq: seq_tx,
             runtimes: BTreeMap::new(),
-            cwd: BTreeMap::new(),
             providers: opts.providers.clone(),
             idle: Idle {
                 timeout: opts.idle_timeout,
                 generation: 0,
                 armed: BTreeMap::new(),
             },
+            retention: opts.retention,
+            quiescent,
+            loaded: Vec::new(),
+            positions: positions.clone(),
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -177,6 +225,7 @@ impl Daemon {
             live: weak_live,
             providers: opts.providers,
             db: opts.db,
+            positions,
         })
     }
 
@@ -189,7 +238,9 @@ impl Daemon {
         rx.await.map_err(|_| DaemonError::Stopped)?
     }
 
-    /// Remembers the working directory of a root session's provider.
+    /// Records the working directory of a root session's provider in the database (call before
+    /// the session's `CreateSession`: inputs are handled in order, so the session's commit
+    /// follows this write).
     pub fn set_cwd(&self, root: Id, cwd: String) {
         let _ = self.tx.send(Msg::SetCwd(root, cwd));
     }
@@ -230,6 +281,21 @@ impl Daemon {
         &self.db
     }
 
+    /// The root session ids of the trees currently loaded in the engine, sorted (for operators
+    /// and tests: settled trees leave memory, see [`crate::retention`]).
+    pub async fn resident_trees(&self) -> Result<Vec<Id>, DaemonError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Resident(tx))
+            .map_err(|_| DaemonError::Stopped)?;
+        rx.await.map_err(|_| DaemonError::Stopped)
+    }
+
+    /// The positions of the live outbox followers (retention never prunes above the lowest).
+    pub fn live_positions(&self) -> &Arc<LivePositions> {
+        &self.positions
+    }
+
     /// Stops the engine thread (after the inputs already queued).
     pub async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
@@ -268,9 +334,14 @@ struct Core {
     tx: mpsc::UnboundedSender<Msg>,
     seq: watch::Sender<u64>,
     runtimes: BTreeMap<Id, RuntimeHandle>,
-    cwd: BTreeMap<Id, String>,
     providers: Arc<dyn ProviderFactory>,
     idle: Idle,
+    retention: Retention,
+    /// Loaded quiescent trees, least recently touched first (see [`crate::retention`]).
+    quiescent: QuiescentTrees,
+    /// Trees loaded on demand since the last residency check.
+    loaded: Vec<Id>,
+    positions: Arc<LivePositions>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -305,12 +376,18 @@ impl Core {
             let now = now_ms();
             let mut decided: Vec<(Step, Reply)> = Vec::new();
             let mut shutdown = None;
+            let mut prune = false;
+            let mut resident = Vec::new();
             for m in batch {
                 match m {
                     Msg::SetCwd(root, cwd) => {
-                        self.cwd.insert(root, cwd);
+                        if let Err(e) = self.store.set_session_cwd(&root, &cwd) {
+                            warn!(root = %root, error = %e, "session cwd not recorded");
+                        }
                     }
                     Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
+                    Msg::Prune => prune = true,
+                    Msg::Resident(r) => resident.push(r),
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Input(input, reply) => match self.decide(now, &input) {
                         Ok(step) => {
@@ -330,7 +407,7 @@ impl Core {
                 }
             }
             let committed = self.commit(decided);
-            let mut touched: Vec<Id> = Vec::new();
+            let mut touched = std::mem::take(&mut self.loaded);
             for (step, reply) in committed {
                 self.effects(now, &step);
                 if let Some(root) = &step.persist.root_agent_session_id {
@@ -342,8 +419,15 @@ impl Core {
                     let _ = r.send(Ok(step));
                 }
             }
-            for root in touched {
-                self.review_runtime(&root);
+            for root in &touched {
+                self.review_runtime(root);
+            }
+            self.residency(touched);
+            if prune {
+                self.prune();
+            }
+            for r in resident {
+                let _ = r.send(self.engine.roots());
             }
             if self.checkpoints.restart_wanted() {
                 let t = std::time::Instant::now();
@@ -418,8 +502,67 @@ impl Core {
             return false;
         }
         match self.store.load_tree(&root) {
-            Ok(Some(t)) => self.engine.restore(t).is_ok(),
+            Ok(Some(t)) => {
+                let ok = self.engine.restore(t).is_ok();
+                if ok {
+                    debug!(root = %root, "evicted tree reloaded");
+                    self.loaded.push(root);
+                }
+                ok
+            }
             _ => false,
+        }
+    }
+
+    /// After a commit: the touched trees that are quiescent become the most recent eviction
+    /// candidates, the others stop being candidates, and the least recently touched candidates
+    /// beyond [`Retention::resident_trees`] leave the engine (reloaded on demand by
+    /// [`Core::decide`]).
+    fn residency(&mut self, touched: Vec<Id>) {
+        for root in touched {
+            if self.engine.root_of(&root).is_none() {
+                self.quiescent.forget(&root);
+            } else if self.engine.is_quiescent(&root) {
+                self.quiescent.touch(&root);
+            } else {
+                self.quiescent.forget(&root);
+            }
+        }
+        while let Some(root) = self.quiescent.over(self.retention.resident_trees) {
+            if self.engine.is_quiescent(&root) {
+                self.engine.evict(&root);
+                // The handle of a runtime that has ended holds its channel's buffers (several
+                // KB); a later `Start` launches a new one either way.
+                if self.runtimes.get(&root).is_some_and(|r| !r.is_alive()) {
+                    self.runtimes.remove(&root);
+                }
+                debug!(root = %root, "quiescent tree evicted");
+            }
+        }
+    }
+
+    /// One outbox retention transaction; asks for another while expired rows remain.
+    fn prune(&mut self) {
+        let protect = self.positions.lowest();
+        match self.store.prune_outbox(
+            &self.retention.outbox,
+            now_ms(),
+            protect,
+            self.retention.prune_batch,
+        ) {
+            Ok(o) => {
+                if o.deleted > 0 {
+                    info!(
+                        deleted = o.deleted,
+                        pruned_through = o.pruned_through,
+                        "outbox rows pruned"
+                    );
+                }
+                if o.more {
+                    let _ = self.tx.send(Msg::Prune);
+                }
+            }
+            Err(e) => warn!(error = %e, "outbox retention pass failed"),
         }
     }
 
@@ -664,7 +807,10 @@ impl Core {
             .session(root)
             .map(|s| (s.provider.to_string(), s.provider_session_id.clone()))
             .ok_or("unknown root session")?;
-        let cwd = self.cwd.get(root).cloned();
+        let cwd = self.store.session_cwd(root).unwrap_or_else(|e| {
+            warn!(root = %root, error = %e, "session cwd not readable; using the default");
+            None
+        });
         let (adapter, transport) =
             self.providers
                 .launch(&provider, root, cwd.as_deref(), previous.as_deref())?;

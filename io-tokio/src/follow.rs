@@ -6,6 +6,13 @@
 //! start right after its position) reads the file again from its position. The live channel only
 //! saves the round trip through SQLite for a follower that keeps up, which is what keeps the
 //! provider line → committed → streamed latency low under load.
+//!
+//! Retention (see [`crate::retention`]) deletes old rows, but never a row above the position of
+//! a live follower: each follower registers its position with the daemon while it exists. A
+//! follower that starts at a position whose next rows were already pruned (`0 < position <
+//! outbox_pruned_through`) gets [`Followed::Reset`] once, then continues with the oldest kept
+//! row: never a silent gap. Position 0 means "everything kept" and never resets (choice: a
+//! client with no position has nothing to miss).
 
 use crate::daemon::{Daemon, DaemonError};
 use std::sync::Arc;
@@ -37,12 +44,36 @@ pub const LIVE_CAPACITY: usize = 1024;
 /// How many rows one read from the file returns at most.
 const PAGE: usize = 256;
 
+/// What a follower yields next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Followed {
+    /// The next rows, in order (never empty).
+    Rows(Vec<OutboxRow>),
+    /// The rows after `requested_after` up to and including `pruned_through` no longer exist
+    /// (retention deleted them before this follower asked); the next rows have a seq above
+    /// `pruned_through`. The reader should reload what it shows from the API.
+    Reset {
+        /// The position the follower asked for.
+        requested_after: u64,
+        /// Every row up to this seq is gone; the follower continues after it.
+        pruned_through: u64,
+    },
+}
+
 /// A position in the outbox that yields every row after it exactly once, in order.
 pub struct Follower {
     daemon: Daemon,
     cursor: u64,
     live: broadcast::Receiver<LiveBatch>,
     behind: bool,
+    /// This follower's key in the daemon's live positions.
+    key: u64,
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.daemon.live_positions().remove(self.key);
+    }
 }
 
 impl Follower {
@@ -50,12 +81,21 @@ impl Follower {
     pub fn new(daemon: &Daemon, after: u64) -> Follower {
         // Subscribe before the first read: a row committed between the two is in one or the other.
         let live = daemon.live();
+        // Registered before the first read: rows above `after` are kept from now on (rows a
+        // pass deleted just before are reported by a reset, see `next_event`).
+        let key = daemon.live_positions().register(after);
         Follower {
             daemon: daemon.clone(),
             cursor: after,
             live,
             behind: true,
+            key,
         }
+    }
+
+    fn advance(&mut self, to: u64) {
+        self.cursor = to;
+        self.daemon.live_positions().set(self.key, to);
     }
 
     /// The sequence number of the last row returned.
@@ -64,20 +104,53 @@ impl Follower {
     }
 
     /// The next rows (never empty); waits until there are some. `Err` once the daemon stops or
-    /// the file cannot be read.
+    /// the file cannot be read, and [`DaemonError::OutboxPruned`] for a [`Followed::Reset`]
+    /// (the follower then continues after the pruned rows).
     pub async fn next(&mut self) -> Result<Vec<OutboxRow>, DaemonError> {
+        match self.next_event().await? {
+            Followed::Rows(rows) => Ok(rows),
+            Followed::Reset {
+                requested_after,
+                pruned_through,
+            } => Err(DaemonError::OutboxPruned {
+                requested_after,
+                pruned_through,
+            }),
+        }
+    }
+
+    /// The next rows, or a reset if the rows after this follower's position were pruned; waits
+    /// until there is something. `Err` once the daemon stops or the file cannot be read.
+    pub async fn next_event(&mut self) -> Result<Followed, DaemonError> {
         loop {
             if self.behind {
                 let d = self.daemon.clone();
                 let after = self.cursor;
-                let rows =
-                    tokio::task::spawn_blocking(move || d.read(|r| r.outbox_after(after, PAGE)))
-                        .await
-                        .map_err(|e| DaemonError::Storage(e.to_string()))??
-                        .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                // One read transaction: the pruned mark and the rows are of one committed state.
+                let (pruned, rows) = tokio::task::spawn_blocking(move || {
+                    d.read(|r| {
+                        let pruned = r.outbox_pruned_through()?;
+                        let rows = if after > 0 && after < pruned {
+                            Vec::new()
+                        } else {
+                            r.outbox_after(after, PAGE)?
+                        };
+                        Ok::<_, tutti_sqlite::SqliteError>((pruned, rows))
+                    })
+                })
+                .await
+                .map_err(|e| DaemonError::Storage(e.to_string()))??
+                .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                if after > 0 && after < pruned {
+                    self.advance(pruned);
+                    return Ok(Followed::Reset {
+                        requested_after: after,
+                        pruned_through: pruned,
+                    });
+                }
                 if let Some(last) = rows.last() {
-                    self.cursor = last.seq;
-                    return Ok(rows);
+                    self.advance(last.seq);
+                    return Ok(Followed::Rows(rows));
                 }
                 self.behind = false;
             }
@@ -102,8 +175,8 @@ impl Follower {
                         });
                     }
                     if let Some(last) = out.last() {
-                        self.cursor = last.seq;
-                        return Ok(out);
+                        self.advance(last.seq);
+                        return Ok(Followed::Rows(out));
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => self.behind = true,

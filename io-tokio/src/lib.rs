@@ -36,5 +36,6 @@ pub mod demo;
 pub mod follow;
 pub mod providers;
 pub mod render;
+pub mod retention;
 pub mod runtime;
 pub mod tuttid;

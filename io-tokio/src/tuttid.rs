@@ -218,6 +218,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
     if let Some(ms) = config.cancel_timeout_ms {
         engine.cancel_timeout_ms = ms;
     }
+    let retention = config.retention.resolve();
     let mut registry = Registry::with_builtins(config).map_err(|e| e.to_string())?;
     let mut demo_state = db.clone().into_os_string();
     demo_state.push(".demo-agent");
@@ -227,6 +228,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
         providers: Arc::new(registry),
         engine,
         idle_timeout,
+        retention,
     })?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -48,6 +48,7 @@ fn start(name: &str) -> (TempDir, Daemon) {
         providers: Arc::new(NoProviders),
         engine: EngineConfig::default(),
         idle_timeout: None,
+        retention: Default::default(),
     })
     .expect("start");
     (TempDir(dir), daemon)

@@ -523,11 +523,17 @@ impl Engine {
         }
     }
 
-    /// Whether a tree can be evicted without losing work: no active turn and no prepared cancel.
+    /// Whether a tree can be evicted without losing work (issue 17: "a runtime whose tree is
+    /// quiescent (no active turn, no prepared cancel, no pending interaction)"): no session of the
+    /// tree has an active turn, no cancel operation is prepared and no interaction is pending.
+    /// The root's turn is checked first, so an active tree costs one lookup; a settled tree is
+    /// scanned once. An unloaded tree is quiescent.
     pub fn is_quiescent(&self, root: &str) -> bool {
         self.tree(root).is_none_or(|t| {
             t.root().is_none_or(|s| s.active_turn_id.is_none())
+                && t.sessions.values().all(|s| s.active_turn_id.is_none())
                 && t.ops.values().all(|o| o.state != CancelState::Prepared)
+                && t.pending.values().all(Vec::is_empty)
         })
     }
 

@@ -1362,7 +1362,18 @@ fn cancel_while_the_root_turn_start_is_in_flight_interrupts_the_turn_once_known(
     r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
     r.command(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":ROOT,"turnId":T1}));
     assert!(r.requests("turn/interrupt").is_empty());
+    // The root target is deferred, not answered unconfirmed: the cancel is still in flight.
+    assert_eq!(
+        r.outcome(ROOT, T1),
+        None,
+        "answered before the start was known"
+    );
     r.respond("turn/start", json!({"turn":{"id":N1}}));
+    assert_eq!(
+        r.outcome(ROOT, T1),
+        None,
+        "answered before the interrupt was"
+    );
     let interrupts = r.requests("turn/interrupt");
     assert_eq!(interrupts.len(), 1);
     assert_eq!(interrupts[0]["params"]["turnId"], N1);

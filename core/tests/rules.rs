@@ -781,7 +781,10 @@ fn rule_3_root_provider_events_name_a_turn_of_their_own_session() {
     assert!(matches!(e, Rejected::UnknownTurn { .. }), "{e:?}");
     // A provider turn already recorded on the root turn resolves to that turn only (issue 18).
     let e = h.reject(json!({"type":"rootProviderTurnCompleted","agentSessionId":"R","turnId":"CT1","providerTurnId":"p1","outcome":"failed"}));
-    assert!(matches!(e, Rejected::ProviderTurnOfAnotherTurn { .. }), "{e:?}");
+    assert!(
+        matches!(e, Rejected::ProviderTurnOfAnotherTurn { .. }),
+        "{e:?}"
+    );
     assert_eq!(h.phase("CT1"), "submitted");
     assert!(h.turn("CT1").get("rootProviderTurn").is_none());
     h.check();

@@ -119,6 +119,13 @@ struct Rig {
 impl Rig {
     /// Root session R, adapter opened, handshake answered, root thread `thr-root`.
     fn new(config: CodexConfig) -> Rig {
+        let mut r = Rig::without_thread(config);
+        r.respond("thread/start", json!({"thread":{"id":ROOT_THREAD}}));
+        r
+    }
+
+    /// Root session R, adapter opened, `initialize` answered; `thread/start` not answered yet.
+    fn without_thread(config: CodexConfig) -> Rig {
         let mut r = Rig {
             engine: Engine::new(),
             adapter: CodexAdapter::new(ROOT.into(), config),
@@ -137,7 +144,6 @@ impl Rig {
         let out = r.adapter.open(r.now);
         r.route(out);
         r.respond("initialize", json!({"userAgent":"codex/0.171.0"}));
-        r.respond("thread/start", json!({"thread":{"id":ROOT_THREAD}}));
         r
     }
 
@@ -1387,6 +1393,76 @@ fn cancel_while_the_root_turn_start_is_in_flight_interrupts_the_turn_once_known(
         ["rootProviderTurnCompleted"],
         "matching terminal normalized"
     );
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+/// Rule: a canceled root turn's work that is still waiting in the adapter is dropped with it.
+/// A `turn/start` queued until the root thread exists belongs to the canceled canonical root
+/// turn; it is never sent once the thread appears ("the adapter stops the root provider turn"
+/// — there is none to stop yet, so none may start), while the next root turn's start is sent.
+#[test]
+fn cancel_drops_the_queued_start_of_the_canceled_root_turn() {
+    let mut r = Rig::without_thread(CodexConfig::default());
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
+    assert!(r.requests("turn/start").is_empty(), "queued: no thread yet");
+    r.command(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":ROOT,"turnId":T1}));
+    assert_eq!(
+        r.answers,
+        vec![RuntimeAnswer::CancelResult {
+            operation_id: "op1".into(),
+            acked: vec![],
+        }],
+        "nothing native to interrupt: answered at once"
+    );
+    assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Canceled));
+    r.respond("thread/start", json!({"thread":{"id":ROOT_THREAD}}));
+    assert!(
+        r.requests("turn/start").is_empty(),
+        "the canceled turn's queued start is never sent: {:?}",
+        r.requests("turn/start")
+    );
+    // The next root turn starts normally.
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":"T2","text":"next"}));
+    let starts = r.requests("turn/start");
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0]["params"]["input"][0]["text"], "next");
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+/// Rule: guidance held for a canceled root turn is dropped with it. A steer waiting for the
+/// native turn id (`expectedTurnId`) of the canceled root turn is never sent, not even to the
+/// next root turn's native turn once that is known.
+#[test]
+fn cancel_drops_the_held_steer_of_the_canceled_root_turn() {
+    let mut r = Rig::new(CodexConfig::default());
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":"T1b","text":"also"}));
+    assert!(
+        r.requests("turn/steer").is_empty(),
+        "held: no expectedTurnId yet"
+    );
+    r.command(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":ROOT,"turnId":T1}));
+    r.respond("turn/start", json!({"turn":{"id":N1}}));
+    assert_eq!(r.requests("turn/interrupt").len(), 1);
+    assert!(
+        r.requests("turn/steer").is_empty(),
+        "not steered into the canceled turn"
+    );
+    r.respond("turn/interrupt", json!({}));
+    r.feed(turn_completed(ROOT_THREAD, N1, "interrupted", None));
+    assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Canceled));
+
+    // The next root turn: its native turn becomes known, and nothing is steered into it.
+    r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":"T2","text":"next"}));
+    assert_eq!(r.requests("turn/start").len(), 2);
+    r.respond("turn/start", json!({"turn":{"id":"native-2"}}));
+    r.feed(turn_started(ROOT_THREAD, "native-2"));
+    assert!(
+        r.requests("turn/steer").is_empty(),
+        "the canceled turn's held steer is never sent: {:?}",
+        r.requests("turn/steer")
+    );
+    assert_eq!(r.phase(ROOT, "T2"), Phase::Running);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 

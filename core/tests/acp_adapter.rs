@@ -1,0 +1,275 @@
+//! The ACP adapter's cancel, on the adapter alone: "The adapter returns the exact subset of
+//! supplied targets whose native cancel operation was acknowledged." For ACP the
+//! acknowledgement is a fact from the agent, never the `session/cancel` notification itself:
+//! the root's running prompt answering `stopReason: "cancelled"`, and a child's
+//! `subagent_update` reaching `idle` with `stopReason: "cancelled"`. The cancel answer
+//! (`CancelResult`) is given once every target is acknowledged, and not before.
+//!
+//! The adapter is driven through its real `Adapter` interface with the JSON-RPC messages an ACP
+//! agent sends (initialize, `session/new`, prompt answers, `session/update` notifications).
+
+use serde_json::{json, Value};
+use tutti_core::adapters::acp::{AcpAdapter, AcpConfig, CAPABILITY_KEY, SUBAGENT_META_KEY};
+use tutti_core::adapters::{child_ids, Adapter, AdapterOutput};
+use tutti_core::model::{Outcome, Target};
+use tutti_core::step::ProviderRequest;
+use tutti_core::{NormalizedEvent, RuntimeAnswer};
+
+const ROOT: &str = "R";
+const SESSION: &str = "S";
+
+/// An initialized adapter with session `S`; `subagents` advertises the subagents extension.
+fn opened(subagents: bool) -> AcpAdapter {
+    let mut a = AcpAdapter::new(ROOT.into(), AcpConfig::default());
+    let out = a.open(0);
+    let init = out.native[0]["id"].clone();
+    let caps = if subagents {
+        json!({"_meta": {CAPABILITY_KEY: {}}})
+    } else {
+        json!({})
+    };
+    let out = a
+        .on_native(
+            1,
+            &json!({"jsonrpc": "2.0", "id": init, "result": {"protocolVersion": 1, "agentCapabilities": caps}}),
+        )
+        .expect("initialize answer");
+    let new = request_id(&out, "session/new");
+    a.on_native(
+        2,
+        &json!({"jsonrpc": "2.0", "id": new, "result": {"sessionId": SESSION}}),
+    )
+    .expect("session/new answer");
+    assert_eq!(a.subagents_advertised(), subagents);
+    a
+}
+
+/// The id of the request with this method in `out`.
+fn request_id(out: &AdapterOutput, method: &str) -> Value {
+    out.native
+        .iter()
+        .find(|m| m["method"] == method && m.get("id").is_some())
+        .unwrap_or_else(|| panic!("no {method} request in {out:?}"))["id"]
+        .clone()
+}
+
+/// Starts root turn `T`; returns the adapter and the running prompt's rpc id.
+fn running(subagents: bool) -> (AcpAdapter, Value) {
+    let mut a = opened(subagents);
+    let out = a.on_request(
+        3,
+        &ProviderRequest::Start {
+            root_agent_session_id: ROOT.into(),
+            agent_session_id: ROOT.into(),
+            turn_id: "T".into(),
+            text: "go".into(),
+        },
+    );
+    let prompt = request_id(&out, "session/prompt");
+    (a, prompt)
+}
+
+fn target(session: &str, turn: &str) -> Target {
+    Target {
+        agent_session_id: session.into(),
+        turn_id: turn.into(),
+    }
+}
+
+fn cancel(a: &mut AcpAdapter, now: i64, targets: Vec<Target>) -> AdapterOutput {
+    a.on_request(
+        now,
+        &ProviderRequest::Cancel {
+            operation_id: "op1".into(),
+            root_agent_session_id: ROOT.into(),
+            targets,
+        },
+    )
+}
+
+fn cancel_results(out: &AdapterOutput) -> Vec<(String, Vec<Target>)> {
+    out.answers
+        .iter()
+        .filter_map(|a| match a {
+            RuntimeAnswer::CancelResult {
+                operation_id,
+                acked,
+            } => Some((operation_id.to_string(), acked.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn notifications(out: &AdapterOutput, method: &str) -> Vec<Value> {
+    out.native
+        .iter()
+        .filter(|m| m["method"] == method && m.get("id").is_none())
+        .cloned()
+        .collect()
+}
+
+fn subagent_update(child: &str, state: Value) -> Value {
+    json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": SESSION,
+        "update": {"sessionUpdate": "subagent_update", "sessionId": child,
+            "title": "helper", "capabilities": {"cancel": {}}, "state": state,
+            "_meta": {SUBAGENT_META_KEY: {"parentToolCallId": "tc1"}}}}})
+}
+
+/// The root's acknowledgement is the running prompt answering `cancelled`: the
+/// `session/cancel` notification alone acknowledges nothing, so no cancel answer is given until
+/// the prompt answers; then the answer names exactly the root target, and the prompt's
+/// provider turn is reported interrupted.
+#[test]
+fn acp_root_cancel_is_acknowledged_by_the_prompt_answering_cancelled_and_not_before() {
+    let (mut a, prompt) = running(false);
+    let out = cancel(&mut a, 4, vec![target(ROOT, "T")]);
+    assert_eq!(
+        notifications(&out, "session/cancel")
+            .iter()
+            .map(|n| n["params"]["sessionId"].clone())
+            .collect::<Vec<_>>(),
+        [json!(SESSION)]
+    );
+    assert_eq!(
+        cancel_results(&out),
+        [],
+        "the session/cancel notification is not an acknowledgement"
+    );
+    assert_eq!(out.timers.len(), 1, "the cancel is bounded by a timer");
+    let timer = out.timers[0].id.clone();
+
+    let out = a
+        .on_native(
+            5,
+            &json!({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "cancelled"}}),
+        )
+        .expect("prompt answer");
+    assert_eq!(
+        cancel_results(&out),
+        [("op1".to_string(), vec![target(ROOT, "T")])]
+    );
+    let completed: Vec<_> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::RootProviderTurnCompleted {
+                turn_id,
+                outcome,
+                error,
+                ..
+            } => Some((turn_id.clone(), *outcome, error.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        completed,
+        [(
+            Some("T".into()),
+            Outcome::Interrupted,
+            Some("prompt cancelled".to_string())
+        )]
+    );
+
+    // The operation was answered once: its timer firing later answers nothing.
+    assert!(a.on_timer(10_000, &timer).answers.is_empty());
+}
+
+/// A root target with no prompt running has nothing left to stop: it is acknowledged at once.
+#[test]
+fn acp_root_cancel_without_a_running_prompt_is_acknowledged_at_once() {
+    let (mut a, prompt) = running(false);
+    a.on_native(
+        4,
+        &json!({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "end_turn"}}),
+    )
+    .expect("prompt answer");
+    let out = cancel(&mut a, 5, vec![target(ROOT, "T")]);
+    assert_eq!(
+        cancel_results(&out),
+        [("op1".to_string(), vec![target(ROOT, "T")])]
+    );
+}
+
+/// A child target (child-only target set) is acknowledged by its `subagent_update` reaching
+/// `idle` with `stopReason: "cancelled"`, which also makes its turn terminal `canceled`; until
+/// then the cancel is not answered and the root prompt is left running.
+#[test]
+fn acp_child_cancel_is_acknowledged_by_the_child_idling_cancelled() {
+    let (mut a, _prompt) = running(true);
+    let out = a
+        .on_native(4, &subagent_update("child-1", json!({"state": "running"})))
+        .expect("child announced");
+    let (session, turn) = child_ids(&ROOT.into(), "acp", "child-1", 1);
+    assert!(
+        out.events.iter().any(|e| matches!(
+            e,
+            NormalizedEvent::ChildSessionCreated { agent_session_id, .. } if *agent_session_id == session
+        )),
+        "{out:?}"
+    );
+    let child = Target {
+        agent_session_id: session.clone(),
+        turn_id: turn.clone(),
+    };
+
+    let out = cancel(&mut a, 5, vec![child.clone()]);
+    assert_eq!(
+        notifications(&out, "session/cancel")
+            .iter()
+            .map(|n| n["params"]["sessionId"].clone())
+            .collect::<Vec<_>>(),
+        [json!("child-1")],
+        "only the child is canceled"
+    );
+    assert_eq!(cancel_results(&out), []);
+
+    let out = a
+        .on_native(
+            6,
+            &subagent_update(
+                "child-1",
+                json!({"state": "idle", "stopReason": "cancelled"}),
+            ),
+        )
+        .expect("child idle");
+    assert_eq!(cancel_results(&out), [("op1".to_string(), vec![child])]);
+    assert_eq!(
+        out.events
+            .iter()
+            .filter_map(|e| match e {
+                NormalizedEvent::TurnTerminal {
+                    agent_session_id,
+                    turn_id,
+                    outcome,
+                    ..
+                } => Some((agent_session_id.clone(), turn_id.clone(), *outcome)),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
+        [(session, turn, Outcome::Canceled)]
+    );
+}
+
+/// A child that ends normally after the cancel was sent did not acknowledge it: its turn
+/// completes and the cancel stays unanswered until its bound, which answers the empty subset.
+#[test]
+fn acp_child_ending_normally_does_not_acknowledge_the_cancel() {
+    let (mut a, _prompt) = running(true);
+    a.on_native(4, &subagent_update("child-1", json!({"state": "running"})))
+        .expect("child announced");
+    let (session, turn) = child_ids(&ROOT.into(), "acp", "child-1", 1);
+    let out = cancel(&mut a, 5, vec![target(&session, &turn)]);
+    let timer = out.timers.first().expect("cancel timer").id.clone();
+    let out = a
+        .on_native(
+            6,
+            &subagent_update(
+                "child-1",
+                json!({"state": "idle", "stopReason": "end_turn"}),
+            ),
+        )
+        .expect("child idle");
+    assert_eq!(cancel_results(&out), []);
+    let out = a.on_timer(10_000, &timer);
+    assert_eq!(cancel_results(&out), [("op1".to_string(), vec![])]);
+}

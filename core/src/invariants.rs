@@ -195,6 +195,22 @@ impl Engine {
                     }
                 }
             }
+            // Issue 23: the open tool call index lists exactly the non-terminal tool calls of
+            // active turns that it tracks, so settling a turn closes all of them.
+            for c in tree.tool_calls.values() {
+                let active = tree.turns.get(&c.turn_id).is_some_and(|t| t.is_active());
+                let listed = tree
+                    .open_tool_calls
+                    .get(&c.turn_id)
+                    .is_some_and(|l| l.contains(&c.tool_call_id));
+                let open = !crate::model::tool_call_status_is_terminal(&c.status);
+                if listed != (open && active) {
+                    v.push(Violation {
+                        rule: "open tool call index holds exactly the open tool calls of active turns",
+                        id: format!("{}/{}", c.agent_session_id, c.tool_call_id),
+                    });
+                }
+            }
             if !tree.provider_turns_consistent() {
                 v.push(Violation {
                     rule: "provider turn index names the root turn each provider turn id is recorded on",

@@ -538,6 +538,12 @@ impl<V> PairTable<V> {
         }
         self.items.get_mut(i as usize).map(|(_, v)| (v, fresh))
     }
+    /// The entity of `(a, b)`, to change it.
+    #[inline]
+    pub fn get_mut(&mut self, a: &str, b: &str) -> Option<&mut V> {
+        let i = *self.index.get(a, b)? as usize;
+        self.items.get_mut(i).map(|(_, v)| v)
+    }
     /// Keeps the entities for which `keep` holds.
     pub fn retain(&mut self, mut keep: impl FnMut(&(Id, Id), &mut V) -> bool) {
         let before = self.items.len();

@@ -399,6 +399,33 @@ pub struct Message {
     pub created_at: Millis,
 }
 
+/// Status given to a tool call still open when its turn settles (issue 23: "When a turn
+/// settles, its still-open tool calls get a terminal status (choose the wire value, document it,
+/// keep it distinct from a real completion)"). Chosen: `interrupted`, for every turn outcome
+/// (completed, failed, canceled, interrupted), root or child: the provider never reported the
+/// call's end, so the record says it was cut off, neither `completed` nor `failed`.
+pub const TOOL_CALL_INTERRUPTED: &str = "interrupted";
+
+/// The tool call statuses that end a tool call: a tool call with any other status (`pending`,
+/// `in_progress`, `inProgress`, `started`, or one the engine does not know) is open and is
+/// closed as [`TOOL_CALL_INTERRUPTED`] when its turn settles.
+pub const TERMINAL_TOOL_CALL_STATUSES: [&str; 9] = [
+    "completed",
+    "failed",
+    "declined",
+    "rejected",
+    "error",
+    "canceled",
+    "cancelled",
+    "stopped",
+    TOOL_CALL_INTERRUPTED,
+];
+
+/// Whether a tool call status is terminal ([`TERMINAL_TOOL_CALL_STATUSES`]).
+pub fn tool_call_status_is_terminal(status: &str) -> bool {
+    TERMINAL_TOOL_CALL_STATUSES.contains(&status)
+}
+
 /// A tool call of a turn (for example the parent delegation call).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -7,12 +7,15 @@
 //!
 //! Beyond the design's `turn` and `session` expectations, `expect` also accepts
 //! `{"interaction": REQUEST_ID, "turnId": T, ...}`, `{"cancelOperation": ID, ...}`,
-//! `{"messages": SESSION_ID, "texts": [...]}` (exact texts in order) and
+//! `{"messages": SESSION_ID, "texts": [...]}` (exact texts in order),
+//! `{"toolCall": TOOL_CALL_ID, "agentSessionId": SESSION_ID, ...}` (fields of the stored tool
+//! call) and
 //! `{"detail": SESSION_ID, "childSessions": [IDS]}` (the set of nested child ids).
 //!
 //! The runner is strict about the format, so that a typo fails instead of passing silently: a
 //! key an expectation does not know (a field the entity does not have, a key of `expectLast`
-//! other than `rejected`, `reply`, `providerRequests`, `outboxTurns`), a value of the wrong type
+//! other than `rejected`, `reply`, `providerRequests`, `outboxTurns`, `outboxToolCalls`
+//! (`[{"toolCallId", "status"}]`: the tool call rows the step published)), a value of the wrong type
 //! (`"rejected": "yes"`), an expectation that names nothing to check (`{"turn": "T"}` alone:
 //! write `"exists": true` to check only existence; `{"messages": S}` without `texts` or
 //! `count`; an empty `expectLast`), `expectInvariants` other than `true`, or a key of an input
@@ -21,7 +24,7 @@
 use crate::engine::Engine;
 use crate::input::Input;
 use crate::invariants::check_tree;
-use crate::model::{CancelOperation, Interaction, Millis, Session, Turn};
+use crate::model::{CancelOperation, Interaction, Millis, Session, ToolCall, Turn};
 use crate::step::Step;
 use crate::store::Store;
 use serde_json::{Map, Value};
@@ -206,6 +209,15 @@ fn expect<S: Store>(exp: &Value, store: &S) -> Result<(), String> {
             &["interaction", "turnId"],
             field_names::<Interaction>(),
         )
+    } else if let Some(id) = id_of(exp, "toolCall") {
+        let session =
+            id_of(exp, "agentSessionId").ok_or("tool call expectations need agentSessionId")?;
+        (
+            format!("tool call {id} of {session}"),
+            to(tool_call_of(store, session, id)?),
+            &["toolCall", "agentSessionId"],
+            field_names::<ToolCall>(),
+        )
     } else if let Some(id) = id_of(exp, "cancelOperation") {
         (
             format!("cancel operation {id}"),
@@ -325,11 +337,36 @@ pub fn matches(want: &Value, got: &Value) -> bool {
     }
 }
 
+/// The stored tool call `(session, call)`, read from its tree's snapshot (the store has no
+/// tool call lookup of its own; scenarios are small).
+fn tool_call_of<S: Store>(
+    store: &S,
+    session: &str,
+    call: &str,
+) -> Result<Option<ToolCall>, String> {
+    let Some(s) = store.session(session).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let root = s.root_agent_session_id.clone().unwrap_or(s.id.clone());
+    let tree = store.load_tree(&root).map_err(|e| e.to_string())?;
+    Ok(tree.and_then(|t| {
+        t.tool_calls
+            .into_iter()
+            .find(|c| &*c.agent_session_id == session && &*c.tool_call_id == call)
+    }))
+}
+
 fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
     let exp = exp.as_object().ok_or("expectLast takes an object")?;
     only_keys(
         &Value::Object(exp.clone()),
-        &["rejected", "reply", "providerRequests", "outboxTurns"],
+        &[
+            "rejected",
+            "reply",
+            "providerRequests",
+            "outboxTurns",
+            "outboxToolCalls",
+        ],
     )?;
     if exp.is_empty() {
         return Err("expectLast names nothing to check".into());
@@ -381,6 +418,34 @@ fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
         if got.len() != want.len() || !assign(want, &got, &mut vec![false; got.len()]) {
             return Err(format!(
                 "providerRequests: want {}, got {}",
+                Value::Array(want.clone()),
+                Value::Array(got)
+            ));
+        }
+    }
+    if let Some(want) = exp.get("outboxToolCalls") {
+        // `[{"toolCallId": ID, "status": S}, ...]`: exactly the tool call rows the step
+        // published, in the order published.
+        let want = want
+            .as_array()
+            .filter(|a| a.iter().all(Value::is_object))
+            .ok_or_else(|| format!("`outboxToolCalls` must be an array of objects, got {want}"))?;
+        let got: Vec<Value> = step
+            .map(|s| {
+                s.persist
+                    .published()
+                    .filter_map(|row| match row {
+                        crate::step::Row::ToolCall(c) => Some(
+                            serde_json::json!({"toolCallId": &*c.tool_call_id, "status": &*c.status}),
+                        ),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !matches(&Value::Array(want.clone()), &Value::Array(got.clone())) {
+            return Err(format!(
+                "outboxToolCalls: want {}, got {}",
                 Value::Array(want.clone()),
                 Value::Array(got)
             ));

@@ -142,6 +142,14 @@ impl TreeSnapshot {
                 .insert(i.turn_id.clone(), i.request_id.clone(), Arc::new(i));
         }
         for c in self.tool_calls {
+            // Open tool calls of active turns are closed when their turn settles.
+            if !crate::model::tool_call_status_is_terminal(&c.status)
+                && tree.turns.get(&c.turn_id).is_some_and(|t| t.is_active())
+            {
+                tree.open_tool_calls
+                    .get_or_insert_with(&c.turn_id, Default::default)
+                    .push(c.tool_call_id.clone());
+            }
             tree.tool_calls.insert(
                 c.agent_session_id.clone(),
                 c.tool_call_id.clone(),

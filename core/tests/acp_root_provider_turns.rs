@@ -21,6 +21,8 @@ struct Rig {
     timers: Vec<AdapterTimer>,
     events: Vec<NormalizedEvent>,
     rejected: Vec<String>,
+    /// `(turn, role, text)` of every `messageAppended` the engine recorded.
+    recorded: Vec<(String, String, String)>,
 }
 
 impl Rig {
@@ -34,6 +36,7 @@ impl Rig {
             timers: Vec::new(),
             events: Vec::new(),
             rejected: Vec::new(),
+            recorded: Vec::new(),
         };
         r.input(
             json!({"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"acp"}),
@@ -58,6 +61,19 @@ impl Rig {
         self.now += 1;
         match self.engine.handle(self.now, &input) {
             Ok(step) => {
+                if let (
+                    Input::Event(NormalizedEvent::MessageAppended {
+                        turn_id,
+                        role,
+                        text,
+                        ..
+                    }),
+                    None,
+                ) = (&input, &step.ignored)
+                {
+                    self.recorded
+                        .push((turn_id.to_string(), role.to_string(), text.to_string()));
+                }
                 let v = self.engine.check_invariants();
                 assert!(v.is_empty(), "invariants: {v:?}");
                 for req in &step.provider {
@@ -79,6 +95,31 @@ impl Rig {
         for a in out.answers {
             self.engine_input(Input::Runtime(a));
         }
+    }
+
+    /// The user's cancel as the daemon's API hands it over: the adapter's buffered text first
+    /// (`Adapter::flush_text`), then `cancelTurn`.
+    fn cancel(&mut self, op: &str, turn: &str) {
+        self.now += 1;
+        let out = self.adapter.flush_text(self.now);
+        self.route(out);
+        self.input(
+            json!({"type":"cancelTurn","operationId":op,"agentSessionId":"R","turnId":turn}),
+        );
+    }
+
+    /// One `session/update` notification from the agent.
+    fn update(&mut self, update: Value) {
+        self.now += 1;
+        let out = self
+            .adapter
+            .on_native(
+                self.now,
+                &json!({"jsonrpc": "2.0", "method": "session/update",
+                        "params": {"sessionId": "acp-session", "update": update}}),
+            )
+            .unwrap_or_else(|e| panic!("adapter refused the update: {e}"));
+        self.route(out);
     }
 
     /// The rpc id of the last request with this method.
@@ -219,4 +260,35 @@ fn prompt_answering_cancelled_after_the_next_submit_settles_only_its_own_turn() 
     let (_, outcome, _) = r.root_turn("T1");
     assert_eq!(outcome, t1_outcome);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+}
+
+/// Issue 23: "Text streamed before a cancel is lost ... Flush buffered text before the cancel
+/// settles the turn; it is the user's record of what happened." The chunks the agent streamed
+/// before the user's cancel are recorded as one assistant message on the canceled turn; a chunk
+/// arriving after the cancel is output of the canceled execution and is dropped.
+#[test]
+fn text_streamed_before_a_cancel_is_recorded_on_the_canceled_turn() {
+    let mut r = Rig::new();
+    r.input(json!({"type":"submit","agentSessionId":"R","turnId":"T1","text":"first"}));
+    let p1 = r.last_request("session/prompt");
+    r.update(json!({"sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": "Working "}}));
+    r.update(json!({"sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": "on it..."}}));
+    assert!(r.recorded.is_empty(), "chunks are buffered until a flush");
+    r.cancel("op1", "T1");
+    r.update(json!({"sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": " after the cancel"}}));
+    r.answer_id(p1, json!({"stopReason": "cancelled"}));
+    let (phase, outcome, _) = r.root_turn("T1");
+    assert_eq!((phase, outcome), (Phase::Settled, Some(Outcome::Canceled)));
+    assert_eq!(
+        r.recorded,
+        [(
+            "T1".to_string(),
+            "assistant".to_string(),
+            "Working on it...".to_string()
+        )]
+    );
+    assert!(r.rejected.is_empty(), "rejected: {:?}", r.rejected);
 }

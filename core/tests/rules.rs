@@ -789,3 +789,30 @@ fn rule_3_root_provider_events_name_a_turn_of_their_own_session() {
     assert!(h.turn("CT1").get("rootProviderTurn").is_none());
     h.check();
 }
+
+/// Issue 23 ("When a turn settles, its still-open tool calls get a terminal status") across a
+/// reload: the open tool calls of active turns are found again from the stored snapshot, so a
+/// turn that settles after the tree was restored still closes them as `interrupted`.
+#[test]
+fn open_tool_calls_are_closed_at_settle_after_a_restore() {
+    let mut h = tree_with_children(1);
+    h.feed(json!({"type":"toolCallUpdated","agentSessionId":"C1","turnId":"CT1","toolCallId":"a","status":"started"}));
+    h.feed(json!({"type":"toolCallUpdated","agentSessionId":"R","turnId":"T","toolCallId":"task","name":"Task","status":"in_progress"}));
+    let snap = h.store.load_tree("R").unwrap().unwrap();
+    let mut fresh = tutti_core::Engine::new();
+    fresh.restore(snap).unwrap();
+    h.engine = fresh;
+    h.check();
+    h.terminal("C1", "CT1", "completed");
+    h.completed("R", "p1", "completed");
+    assert_eq!(h.outcome("T").as_deref(), Some("completed"));
+    for (s, c) in [("C1", "a"), ("R", "task")] {
+        let call = h.engine.tool_call(s, c).expect("tool call");
+        assert_eq!(
+            &*call.status,
+            tutti_core::model::TOOL_CALL_INTERRUPTED,
+            "{s}/{c}"
+        );
+    }
+    h.check();
+}

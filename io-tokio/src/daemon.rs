@@ -77,6 +77,8 @@ enum Msg {
     /// The root ids of the trees loaded in the engine.
     Resident(oneshot::Sender<Vec<Id>>),
     Shutdown(oneshot::Sender<()>),
+    /// Flush the buffered text of the provider runtime of this session's tree.
+    Flush(Id, mpsc::UnboundedSender<()>),
 }
 
 /// A handle to a running daemon core (cheap to clone).
@@ -291,6 +293,21 @@ impl Daemon {
         rx.await.map_err(|_| DaemonError::Stopped)
     }
 
+    /// Has the provider runtime of `session`'s tree emit the text it buffered, and waits until
+    /// those events are queued for the engine: an input sent after this returns is handled
+    /// after them. Used before `cancelTurn` (issue 23: "Flush buffered text before the cancel
+    /// settles the turn; it is the user's record of what happened"). Returns at once when the
+    /// tree has no running provider.
+    pub async fn flush_provider_text(&self, session: &Id) -> Result<(), DaemonError> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        self.tx
+            .send(Msg::Flush(session.clone(), tx))
+            .map_err(|_| DaemonError::Stopped)?;
+        // A closed channel means no runtime (or it ended): nothing was buffered to keep.
+        let _ = rx.recv().await;
+        Ok(())
+    }
+
     /// The positions of the live outbox followers (retention never prunes above the lowest).
     pub fn live_positions(&self) -> &Arc<LivePositions> {
         &self.positions
@@ -388,6 +405,7 @@ impl Core {
                     Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
                     Msg::Prune => prune = true,
                     Msg::Resident(r) => resident.push(r),
+                    Msg::Flush(session, done) => self.flush_runtime(&session, done),
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Input(input, reply) => match self.decide(now, &input) {
                         Ok(step) => {
@@ -449,6 +467,18 @@ impl Core {
                 let _ = done.send(());
                 return;
             }
+        }
+    }
+
+    /// [`Msg::Flush`]: the runtime of the session's root (if it runs) flushes and tells `done`;
+    /// otherwise `done` is dropped.
+    fn flush_runtime(&self, session: &Id, done: mpsc::UnboundedSender<()>) {
+        let root = match self.engine.root_of(session) {
+            Some(r) => r.clone(),
+            None => return,
+        };
+        if let Some(r) = self.runtimes.get(&root) {
+            r.flush(done);
         }
     }
 

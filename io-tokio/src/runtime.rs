@@ -191,6 +191,9 @@ pub enum RuntimeMsg {
     /// is ended and the runtime ends without reporting a provider exit. The sender, if any, is
     /// told once the processes are gone.
     Stop(Option<std::sync::mpsc::Sender<()>>),
+    /// Emit the adapter's buffered text now ([`Adapter::flush_text`]); the sender is told once
+    /// those events are in the daemon's queue (before a `cancelTurn` is queued behind them).
+    Flush(mpsc::UnboundedSender<()>),
 }
 
 /// The daemon's side of a runtime.
@@ -208,6 +211,12 @@ impl RuntimeHandle {
     /// Tells the adapter that the engine dropped one of its events.
     pub fn dropped(&self, event: NormalizedEvent) -> bool {
         self.requests.send(RuntimeMsg::Dropped(event)).is_ok()
+    }
+
+    /// Asks the adapter to emit its buffered text ([`RuntimeMsg::Flush`]); `done` is told when
+    /// the events are queued for the engine (dropped at once if the runtime is gone).
+    pub fn flush(&self, done: mpsc::UnboundedSender<()>) {
+        let _ = self.requests.send(RuntimeMsg::Flush(done));
     }
 
     /// Whether the runtime task is still running.
@@ -303,6 +312,14 @@ pub fn start_runtime(
                         if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
                             exit_reason = Some(format!("write failed: {e}"));
                         }
+                    }
+                    Some(RuntimeMsg::Flush(done)) => {
+                        let out = adapter.flush_text(now_ms());
+                        debug!(root = %root, events = out.events.len(), "buffered text flushed");
+                        if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
+                            exit_reason = Some(format!("write failed: {e}"));
+                        }
+                        let _ = done.send(());
                     }
                     Some(RuntimeMsg::Request(req)) => {
                         debug!(root = %root, kind = request_kind(&req), "provider request");

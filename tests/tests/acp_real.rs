@@ -341,3 +341,70 @@ fn garbage_lines_from_a_provider_are_dropped_without_harm() {
     let end = d.wait_for(WS, &id, 30, "root settled", |v| settled(v, &id));
     assert_eq!(outcome(&end, &id).as_deref(), Some("completed"));
 }
+
+/// Issue 23, items 2 and 3, through the real daemon and the real plain agent (`hang=1`): the
+/// agent streams text, opens a `Task` tool call it never finishes, streams "Still looking
+/// around." and works until cancelled. The agent reports (a file written after a round trip
+/// behind that chunk) that the daemon's adapter has read the chunk, which the adapter still
+/// buffers; the user cancels then. "Flush buffered text before the cancel settles the turn":
+/// the chunk is a message of the canceled turn. "When a turn settles, its still-open tool calls
+/// get a terminal status": the `Task` call's last row says `interrupted`.
+#[test]
+fn cancel_keeps_text_streamed_before_it_and_closes_the_open_tool_call() {
+    let marker_dir = tempfile::tempdir().expect("temp dir");
+    let marker = marker_dir.path().join("hang-sent");
+    let marker_env = marker.to_string_lossy().to_string();
+    let d = TestDaemon::start(
+        EXE,
+        None,
+        &[
+            ("TUTTI_DEMO_SPEED", "8"),
+            ("TUTTI_PLAIN_HANG_SENT", marker_env.as_str()),
+        ],
+    );
+    let id = d.create(WS, "plain");
+    let (_, turn) = d.submit(WS, &id, "hang=1 look around");
+    // Wait (not a timed assertion: the wait ends when the agent reports) for the last chunk.
+    let waited = std::time::Instant::now();
+    while !marker.exists() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "the plain agent never reported its last chunk"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (st, v) = d.call(
+        "POST",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}/turns/{turn}/cancel"),
+        Some(json!({})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let end = d.wait_for(WS, &id, 30, "root canceled", |v| settled(v, &id));
+    assert_eq!(outcome(&end, &id).as_deref(), Some("canceled"));
+    let (st, m) = d.call(
+        "GET",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}/messages"),
+        None,
+    );
+    assert_eq!(st, 200, "{m}");
+    let kept: Vec<&Value> = m["messages"]
+        .as_array()
+        .expect("a message list")
+        .iter()
+        .filter(|msg| msg["role"] == "assistant" && msg["turnId"] == turn.as_str())
+        .collect();
+    assert!(
+        kept.iter()
+            .any(|msg| msg["text"] == "Still looking around."),
+        "the text streamed before the cancel is kept: {m}"
+    );
+    let events = d.events(Some(0), None, usize::MAX, 1);
+    let task: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "toolCall" && e["payload"]["name"] == "Task")
+        .map(|e| &e["payload"])
+        .collect();
+    let last = task.last().expect("the Task tool call was published");
+    assert_eq!(last["status"], "interrupted", "{task:#?}");
+    assert_eq!(last["turnId"], turn.as_str());
+}

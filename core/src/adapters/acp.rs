@@ -16,7 +16,8 @@
 //!   as the current one answers, and the root provider turn stays open in between (no completion
 //!   is reported for the intermediate prompt).
 //! - Message chunks are aggregated per session and flushed as one message when another kind of
-//!   update arrives, the prompt answers, or the child settles.
+//!   update arrives, the prompt answers, the child settles, or the driver asks before a cancel
+//!   ([`Adapter::flush_text`]: text streamed before a cancel is kept on the canceled turn).
 //! - Cancel: `session/cancel` for the root when the root is a target (that also cancels the
 //!   agent's subagents); for a child-only target set, `session/cancel` per child when the agent
 //!   advertised per-child cancel (`capabilities.cancel` on the child's announcement), otherwise
@@ -901,6 +902,14 @@ impl Adapter for AcpAdapter {
                 out.native.push(json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}}));
             }
         }
+        out
+    }
+
+    /// Buffered `agent_message_chunk`/`agent_thought_chunk` text of sessions still accepting
+    /// output, as one message each (the same aggregation as any other flush).
+    fn flush_text(&mut self, _now: Millis) -> AdapterOutput {
+        let mut out = AdapterOutput::default();
+        self.flush_all(&mut out);
         out
     }
 

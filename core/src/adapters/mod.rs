@@ -105,6 +105,16 @@ pub trait Adapter: Send {
     fn on_dropped(&mut self, _now: Millis, _event: &NormalizedEvent) -> AdapterOutput {
         AdapterOutput::default()
     }
+    /// Text buffered from the provider but not yet emitted, emitted now as `messageAppended`
+    /// on the turn that produced it. Drivers call it just before they hand the engine a
+    /// `cancelTurn`, so that text streamed before the cancel is recorded on the turn while it is
+    /// still active (issue 23: "Flush buffered text before the cancel settles the turn; it is
+    /// the user's record of what happened"); once the cancel is prepared, output of the canceled
+    /// execution is dropped ("output from the canceled root execution is dropped"). Default:
+    /// nothing (adapters that do not buffer text).
+    fn flush_text(&mut self, _now: Millis) -> AdapterOutput {
+        AdapterOutput::default()
+    }
     /// Whether root-turn guidance is supported while only child agents run.
     fn guide_while_children_only(&self) -> bool {
         true

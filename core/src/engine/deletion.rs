@@ -55,6 +55,8 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
     tree.tool_calls.retain(|(s, _), _| !doomed.contains(s));
     let turns = &tree.turns;
     tree.pending.retain(|turn, _| turns.contains_key(turn));
+    tree.open_tool_calls
+        .retain(|turn, _| turns.contains_key(turn));
     tree.rebuild_provider_turns();
     for id in &ids {
         if let Some(hot) = tree.hot_of(id) {

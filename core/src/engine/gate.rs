@@ -62,6 +62,7 @@ pub(crate) fn settle_turn_at(
             }
         }
     }
+    close_open_tool_calls(tree, tx, turn_id, &session_id);
     if let Some(reqs) = tree.pending.remove(turn_id) {
         for req in reqs {
             if let Some(i) = tree.interactions.get_mut(turn_id, &req) {
@@ -69,6 +70,26 @@ pub(crate) fn settle_turn_at(
                     Arc::make_mut(i).status = InteractionStatus::Superseded;
                     tx.interaction(turn_id, &req);
                 }
+            }
+        }
+    }
+}
+
+/// Issue 23: "When a turn settles, its still-open tool calls get a terminal status (choose the
+/// wire value, document it, keep it distinct from a real completion)." Every tool call of the
+/// settling turn whose status is not terminal ([`crate::model::tool_call_status_is_terminal`])
+/// becomes [`crate::model::TOOL_CALL_INTERRUPTED`], whatever the turn's outcome, in the same
+/// step as the turn (its row is persisted and published with the turn's). Only the turn's own
+/// open tool calls are visited ([`super::tree::Tree::open_tool_calls`]), never the tree's.
+fn close_open_tool_calls(tree: &mut Tree, tx: &mut Tx, turn_id: &Id, session_id: &Id) {
+    let Some(calls) = tree.open_tool_calls.remove(turn_id) else {
+        return;
+    };
+    for call in calls {
+        if let Some(c) = tree.tool_calls.get_mut(session_id, &call) {
+            if !crate::model::tool_call_status_is_terminal(&c.status) {
+                Arc::make_mut(c).status = crate::model::TOOL_CALL_INTERRUPTED.into();
+                tx.tool_call(session_id, &call);
             }
         }
     }

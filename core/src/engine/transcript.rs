@@ -114,6 +114,7 @@ pub(crate) fn tool_call(
     if let Some(why) = drop_reason(t) {
         return Ok(ignored(why));
     }
+    let active = t.is_active();
     let Some((c, fresh)) = tree.tool_calls.slot(session, call, || {
         Arc::new(ToolCall {
             agent_session_id: session.clone(),
@@ -147,6 +148,7 @@ pub(crate) fn tool_call(
             return Ok(ignored(Ignored::Duplicate));
         }
     }
+    let status_changed = fresh || changes.1.is_some();
     let m = Arc::make_mut(c);
     let (name, status, kind, payload) = changes;
     if let Some(n) = name {
@@ -164,8 +166,30 @@ pub(crate) fn tool_call(
     // The row is built here, where the entry is at hand, instead of being looked up again.
     m.version += 1;
     m.updated_at = now;
+    let terminal = crate::model::tool_call_status_is_terminal(&m.status);
     let row = Row::ToolCall(Arc::clone(c));
+    if status_changed && active {
+        track_open(tree, turn, call, terminal);
+    }
     Ok(publish(tree, row))
+}
+
+/// Keeps [`Tree::open_tool_calls`] of an active turn: an open call is listed once, a terminal one
+/// is not. Only the turn's own (short) list is touched.
+fn track_open(tree: &mut Tree, turn: &Id, call: &Id, terminal: bool) {
+    if terminal {
+        if let Some(v) = tree.open_tool_calls.get_mut(turn) {
+            v.retain(|c| c != call);
+            if v.is_empty() {
+                tree.open_tool_calls.remove(turn);
+            }
+        }
+    } else {
+        let v = tree.open_tool_calls.get_or_insert_with(turn, Vec::new);
+        if !v.iter().any(|c| c == call) {
+            v.push(call.clone());
+        }
+    }
 }
 
 /// `sessionMetadataUpdated`: "Goal status must not settle the root, clear its active-turn

@@ -30,6 +30,10 @@ pub(crate) struct Tree {
     pub hot: Vec<SessionHot>,
     /// Tool calls keyed by (session id, tool call id).
     pub tool_calls: PairTable<Arc<ToolCall>>,
+    /// Tool calls of each active turn whose status is not terminal (turn id -> tool call ids of
+    /// that turn's session), kept as tool calls change, so settling a turn closes its open tool
+    /// calls without scanning the tree's ([`crate::model::ToolCall::status`], issue 23).
+    pub open_tool_calls: IdMap<Vec<Id>>,
     /// Cancel operations.
     pub ops: IdMap<Arc<CancelOperation>>,
     /// Turns that are targets of a prepared cancel operation (turn id -> operation id).
@@ -144,6 +148,8 @@ enum Key {
     Session(Id),
     Turn(Id),
     Interaction(Id, Id),
+    /// A tool call, by (session id, tool call id).
+    ToolCall(Id, Id),
     Op(Id),
 }
 
@@ -288,6 +294,10 @@ impl Tx {
             NO_HINT,
         );
     }
+    /// A tool call the step changed (published).
+    pub fn tool_call(&mut self, session: &Id, call: &Id) {
+        self.touch(Key::ToolCall(session.clone(), call.clone()), true, NO_HINT);
+    }
     pub fn op(&mut self, id: &Id) {
         self.touch(Key::Op(id.clone()), true, NO_HINT);
     }
@@ -366,6 +376,18 @@ impl Tx {
                             m.version += 1;
                             m.updated_at = now;
                             batch.rows.push(Row::Interaction(Arc::clone(i)));
+                            p
+                        }
+                        None => continue,
+                    }
+                }
+                Touch::Entity(Key::ToolCall(session, call), p, _) => {
+                    match tree.tool_calls.get_mut(&session, &call) {
+                        Some(c) => {
+                            let m = Arc::make_mut(c);
+                            m.version += 1;
+                            m.updated_at = now;
+                            batch.rows.push(Row::ToolCall(Arc::clone(c)));
                             p
                         }
                         None => continue,

@@ -25,7 +25,8 @@
 //! * `late=1`: about 200 ms after answering the prompt, send one more `session/update`
 //!   (an `agent_message_chunk` on the root session), to prove that late updates are
 //!   dropped. The delay does not depend on `TUTTI_DEMO_SPEED`.
-//! * `hang=1`: after the `Task` tool call, work until cancelled.
+//! * `hang=1`: after the `Task` tool call (left `in_progress`), stream one more
+//!   `agent_message_chunk` ("Still looking around.") and work until cancelled.
 //!
 //! # Environment
 //!
@@ -37,6 +38,8 @@
 //!   answers with an error) and, once any answer came back, writes `PATH`. The client read its
 //!   input in order, so when `PATH` exists the client has certainly read the late update: a
 //!   test waits for the file instead of sleeping.
+//! * `TUTTI_PLAIN_HANG_SENT=PATH`: the same round trip and report file after the last chunk of a
+//!   `hang=1` prompt, so a test knows the client read that chunk before it cancels.
 //!
 //! Logs go to stderr and carry identifiers, counts and lengths only, never prompt text.
 
@@ -149,15 +152,20 @@ impl Plain {
 
     /// `TUTTI_PLAIN_LATE_SENT`: a round trip behind the late update, then the report file.
     async fn report_late_update_read(&self, session: &str) {
-        let Some(path) = std::env::var_os("TUTTI_PLAIN_LATE_SENT") else {
+        self.report_read(session, "TUTTI_PLAIN_LATE_SENT").await;
+    }
+
+    /// A round trip behind what was sent so far, then the report file named by `var`.
+    async fn report_read(&self, session: &str, var: &str) {
+        let Some(path) = std::env::var_os(var) else {
             return;
         };
-        let request = ReadTextFileRequest::new(session.to_owned(), "/tutti-plain/late-update-sent");
-        // Any answer, an error included, means the client read past the late update.
+        let request = ReadTextFileRequest::new(session.to_owned(), "/tutti-plain/update-sent");
+        // Any answer, an error included, means the client read past what was sent before.
         let answered = self.cx.send_request(request).block_task().await;
-        log!("late update round trip answered (ok: {})", answered.is_ok());
-        if let Err(error) = std::fs::write(&path, b"late update sent\n") {
-            log!("late report not written: {:?}", error.kind());
+        log!("{var} round trip answered (ok: {})", answered.is_ok());
+        if let Err(error) = std::fs::write(&path, b"update sent\n") {
+            log!("{var} report not written: {:?}", error.kind());
         }
     }
 
@@ -196,6 +204,8 @@ impl Plain {
             ),
         )?;
         if script.hang {
+            self.say(session, "Still looking around.")?;
+            self.report_read(session, "TUTTI_PLAIN_HANG_SENT").await;
             log!("session {session} turn {turn} hangs until cancelled");
             std::future::pending::<()>().await;
         }

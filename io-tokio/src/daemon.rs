@@ -112,6 +112,9 @@ pub struct DaemonOptions {
 /// The default of [`DaemonOptions::idle_timeout`]: five minutes.
 pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// How long a cancel waits for the provider runtime to flush its buffered text.
+const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How long daemon shutdown waits for the provider runtimes to end their process groups.
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(1100);
 
@@ -303,8 +306,12 @@ impl Daemon {
         self.tx
             .send(Msg::Flush(session.clone(), tx))
             .map_err(|_| DaemonError::Stopped)?;
-        // A closed channel means no runtime (or it ended): nothing was buffered to keep.
-        let _ = rx.recv().await;
+        // A closed channel means no runtime (or it ended): nothing was buffered to keep. A
+        // runtime that does not answer in time (stuck writing to its process) must not hold the
+        // cancel up: the cancel goes ahead and only that buffered text is lost.
+        if tokio::time::timeout(FLUSH_WAIT, rx.recv()).await.is_err() {
+            warn!(session = %session, "provider text flush timed out; canceling anyway");
+        }
         Ok(())
     }
 

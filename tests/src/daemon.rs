@@ -140,19 +140,7 @@ impl TestDaemon {
 
     /// A request; returns (status, JSON body).
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let url = format!("http://{}{}", self.addr, path);
-        let req = ureq::request(method, &url)
-            .set("authorization", &format!("Bearer {}", self.token))
-            .timeout(Duration::from_secs(20));
-        let r = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match r {
-            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
+        call(&self.addr, &self.token, method, path, body)
     }
 
     /// A raw request with a string body (for malformed-body tests).
@@ -262,6 +250,30 @@ impl TestDaemon {
             }
         }
         out
+    }
+}
+
+/// One authorized API request to the daemon at `addr`; returns (status, JSON body). A
+/// transport error (no answer at all) fails the test.
+pub fn call(
+    addr: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let url = format!("http://{addr}{path}");
+    let req = ureq::request(method, &url)
+        .set("authorization", &format!("Bearer {token}"))
+        .timeout(Duration::from_secs(20));
+    let r = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    match r {
+        Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+        Err(e) => panic!("{method} {path}: {e}"),
     }
 }
 

@@ -14,7 +14,7 @@ const TUTTID: &str = env!("CARGO_BIN_EXE_tuttid-test");
 const TUTTI: &str = env!("CARGO_BIN_EXE_tutti-test");
 const WS: &str = "w1";
 
-/// Generous bound that only detects a hang (the daemon's own bound is 1.5 s).
+/// Generous bound that only detects a hang (the daemon's own bound is under 2 s).
 const HANG: Duration = Duration::from_secs(10);
 
 fn free_port() -> u16 {
@@ -80,18 +80,7 @@ impl Proc {
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let req = ureq::request(method, &format!("http://{}{path}", self.addr))
-            .set("authorization", &format!("Bearer {}", self.token))
-            .timeout(Duration::from_secs(20));
-        let r = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match r {
-            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
+        tutti_tests::daemon::call(&self.addr, &self.token, method, path, body)
     }
 
     fn signal(&self, sig: i32) {

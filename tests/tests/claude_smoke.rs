@@ -805,6 +805,13 @@ fn follow_ups(rows: &[Value]) -> Vec<&Value> {
         .collect()
 }
 
+/// How many SDK task notifications a captured transcript holds.
+fn task_notifications(rows: &[Value]) -> usize {
+    rows.iter()
+        .filter(|r| r["subtype"] == "task_notification")
+        .count()
+}
+
 /// Capture mode (not part of `cargo test`): the checked-in adapter test data
 /// `core/tests/data/claude/bg_two_together*.jsonl` was written by
 /// `TUTTI_CLAUDE_CAPTURE_DIR=DIR cargo test -p tutti-tests --test claude_smoke -- --ignored capture_two`
@@ -816,10 +823,7 @@ fn follow_ups(rows: &[Value]) -> Vec<&Value> {
 #[ignore = "capture mode: writes adapter test data, run by hand"]
 async fn capture_two_background_children_finishing_together() {
     let rows = capture_together("bg_two_together", None, Duration::ZERO, false).await;
-    let notes = rows
-        .iter()
-        .filter(|r| r["subtype"] == "task_notification")
-        .count();
+    let notes = task_notifications(&rows);
     assert_eq!(notes, 2, "both children notified");
     assert!(!follow_ups(&rows).is_empty(), "at least one follow-up");
 }
@@ -838,10 +842,7 @@ async fn capture_two_background_children_finishing_together_with_guidance() {
     )
     .await;
     assert!(rows.iter().any(|r| r["__input"] == "guidance"));
-    let notes = rows
-        .iter()
-        .filter(|r| r["subtype"] == "task_notification")
-        .count();
+    let notes = task_notifications(&rows);
     assert_eq!(notes, 2, "both children notified");
     assert!(!follow_ups(&rows).is_empty(), "at least one follow-up");
 }
@@ -859,10 +860,7 @@ async fn capture_two_background_children_finishing_during_a_guidance_turn() {
         false,
     )
     .await;
-    let notes = rows
-        .iter()
-        .filter(|r| r["subtype"] == "task_notification")
-        .count();
+    let notes = task_notifications(&rows);
     assert_eq!(notes, 2, "both children notified");
 }
 
@@ -874,9 +872,6 @@ async fn capture_two_background_children_finishing_during_a_guidance_turn() {
 async fn capture_two_background_children_finishing_during_a_tool_round() {
     let rows = capture_together("bg_two_during_tool_round", None, Duration::ZERO, true).await;
     // Both children's notifications, plus the Bash command's own task notification.
-    let notes = rows
-        .iter()
-        .filter(|r| r["subtype"] == "task_notification")
-        .count();
+    let notes = task_notifications(&rows);
     assert_eq!(notes, 3, "both children notified");
 }

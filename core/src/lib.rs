@@ -52,6 +52,7 @@ pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod hash;
+mod host_store;
 pub mod input;
 pub mod invariants;
 mod keyed;

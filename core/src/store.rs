@@ -15,6 +15,10 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use thiserror::Error;
 
+pub use crate::host_store::{
+    GroupError, HostStore, PruneOutcome, Published, RetentionPolicy, RootsPage,
+};
+
 /// One published change, in the order of its sequence number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -81,6 +85,7 @@ pub struct MemoryStore {
     tool_calls: BTreeMap<(Id, Id), ToolCall>,
     ops: BTreeMap<Id, CancelOperation>,
     outbox: Vec<OutboxRow>,
+    cwd: BTreeMap<Id, String>,
 }
 
 /// A version guard passes when the stored row is at the version the batch was decided on, or
@@ -101,6 +106,39 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> MemoryStore {
         MemoryStore::default()
+    }
+
+    /// [`Store::apply`], returning each outbox seq with the index of its row in the batch.
+    fn apply_published(&mut self, batch: &PersistBatch) -> Result<Vec<(u64, u32)>, StoreError> {
+        for g in &batch.guards {
+            self.check(g, batch)?;
+        }
+        let mut written = vec![false; batch.rows.len()];
+        for (i, row) in batch.rows.iter().enumerate() {
+            written[i] = self.write(row);
+        }
+        let mut seqs = Vec::new();
+        let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
+            return Ok(seqs);
+        };
+        for &i in &batch.outbox {
+            let Some(row) = batch.rows.get(i as usize) else {
+                continue;
+            };
+            if !written.get(i as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            let seq = self.outbox.len() as u64 + 1;
+            self.outbox.push(OutboxRow {
+                seq,
+                kind: row.kind().to_string(),
+                root_agent_session_id: root.clone(),
+                workspace_id: ws.clone(),
+                payload: row.to_json(),
+            });
+            seqs.push((seq, i));
+        }
+        Ok(seqs)
     }
 
     fn check(&self, g: &Guard, batch: &PersistBatch) -> Result<(), StoreError> {
@@ -289,34 +327,11 @@ impl Store for MemoryStore {
     type Error = StoreError;
 
     fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<u64>, StoreError> {
-        for g in &batch.guards {
-            self.check(g, batch)?;
-        }
-        let mut written = vec![false; batch.rows.len()];
-        for (i, row) in batch.rows.iter().enumerate() {
-            written[i] = self.write(row);
-        }
-        let mut seqs = Vec::new();
-        let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
-            return Ok(seqs);
-        };
-        for &i in &batch.outbox {
-            let i = i as usize;
-            if !written.get(i).copied().unwrap_or(false) {
-                continue;
-            }
-            let row = &batch.rows[i];
-            let seq = self.outbox.len() as u64 + 1;
-            self.outbox.push(OutboxRow {
-                seq,
-                kind: row.kind().to_string(),
-                root_agent_session_id: root.clone(),
-                workspace_id: ws.clone(),
-                payload: row.to_json(),
-            });
-            seqs.push(seq);
-        }
-        Ok(seqs)
+        Ok(self
+            .apply_published(batch)?
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect())
     }
 
     fn load_tree(&self, root: &str) -> Result<Option<TreeSnapshot>, StoreError> {
@@ -403,5 +418,106 @@ impl Store for MemoryStore {
             .take(limit)
             .cloned()
             .collect())
+    }
+}
+
+impl HostStore for MemoryStore {
+    /// Applies the group to a copy and keeps the copy only when every batch passed.
+    fn apply_group(
+        &mut self,
+        batches: &[&PersistBatch],
+        payloads: bool,
+    ) -> Result<Vec<Vec<Published>>, GroupError<StoreError>> {
+        let mut next = self.clone();
+        let mut out = Vec::with_capacity(batches.len());
+        for (index, batch) in batches.iter().enumerate() {
+            let seqs = next
+                .apply_published(batch)
+                .map_err(|source| GroupError::Batch { index, source })?;
+            let published = seqs
+                .into_iter()
+                .map(|(seq, row)| Published {
+                    seq,
+                    row,
+                    payload: if payloads {
+                        next.outbox
+                            .get((seq - 1) as usize)
+                            .map(|o| o.payload.to_string())
+                            .unwrap_or_default()
+                    } else {
+                        String::new()
+                    },
+                })
+                .collect();
+            out.push(published);
+        }
+        *self = next;
+        Ok(out)
+    }
+
+    fn is_guard_failure(error: &StoreError) -> bool {
+        matches!(error, StoreError::GuardFailed(_))
+    }
+
+    fn root_of(&self, session: &str) -> Result<Option<Id>, StoreError> {
+        Ok(self.sessions.get(session).map(|s| match s.kind {
+            SessionKind::Root => s.id.clone(),
+            _ => s
+                .root_agent_session_id
+                .clone()
+                .unwrap_or_else(|| s.id.clone()),
+        }))
+    }
+
+    fn root_of_cancel_operation(&self, operation: &str) -> Result<Option<Id>, StoreError> {
+        Ok(self
+            .ops
+            .get(operation)
+            .map(|o| o.root_agent_session_id.clone()))
+    }
+
+    /// Cursor: `{createdAt}:{id}` of the last session of the previous page.
+    fn roots(
+        &self,
+        workspace: &str,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<RootsPage, StoreError> {
+        let limit = limit.max(1);
+        let after = cursor.and_then(|c| {
+            let (at, id) = c.split_once(':')?;
+            Some((at.parse::<i64>().ok()?, id.to_string()))
+        });
+        let mut sessions: Vec<Session> = self
+            .roots(workspace)
+            .into_iter()
+            .filter(|s| match &after {
+                None => true,
+                Some((at, id)) => (s.created_at, &*s.id) < (*at, id.as_str()),
+            })
+            .take(limit + 1)
+            .collect();
+        let next = if sessions.len() > limit {
+            sessions.truncate(limit);
+            sessions
+                .last()
+                .map(|s| format!("{}:{}", s.created_at, s.id))
+        } else {
+            None
+        };
+        Ok(RootsPage { sessions, next })
+    }
+
+    fn last_outbox_seq(&self) -> Result<u64, StoreError> {
+        Ok(self.outbox.len() as u64)
+    }
+
+    fn set_session_cwd(&mut self, root: &str, cwd: &str) -> Result<(), StoreError> {
+        self.cwd.insert(Id::from(root), cwd.to_string());
+        Ok(())
+    }
+
+    fn session_cwd(&self, root: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.cwd.get(root).cloned())
     }
 }

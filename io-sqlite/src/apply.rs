@@ -252,17 +252,7 @@ pub(crate) struct Writer<'c> {
     folded: Vec<Option<usize>>,
 }
 
-/// One outbox row written by a batch: its sequence number, the index of the published row in
-/// the batch, and (when asked for) the payload exactly as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Published {
-    /// Outbox sequence number.
-    pub seq: u64,
-    /// Index into the batch's `rows`.
-    pub row: u32,
-    /// The stored payload (the entity's wire JSON); empty unless captured.
-    pub payload: String,
-}
+pub use tutti_core::store::Published;
 
 impl<'c> Writer<'c> {
     pub(crate) fn new(conn: &'c Connection, rule: ReplayRule, arena: &'c mut Vec<u8>) -> Self {

@@ -71,6 +71,7 @@ mod codec;
 mod consistent;
 mod cwd;
 mod error;
+mod host;
 mod open;
 mod outbox;
 mod read;

@@ -22,34 +22,7 @@ use crate::SqliteStore;
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 /// How long outbox rows are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetentionPolicy {
-    /// Keep at most this many of the newest rows (`None`: no count limit).
-    pub keep_rows: Option<u64>,
-    /// Keep rows younger than this (ms; `None`: no age limit).
-    pub max_age_ms: Option<i64>,
-}
-
-impl Default for RetentionPolicy {
-    /// 100,000 rows (about 8,000 settled demo sessions) and 7 days.
-    fn default() -> Self {
-        RetentionPolicy {
-            keep_rows: Some(100_000),
-            max_age_ms: Some(7 * 24 * 3600 * 1000),
-        }
-    }
-}
-
-/// What one retention pass did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PruneOutcome {
-    /// Rows deleted.
-    pub deleted: usize,
-    /// `outbox_pruned_through` afterwards (every seq at or below it is gone).
-    pub pruned_through: u64,
-    /// Whether expired rows remain that this pass left for the next (`max_rows` reached).
-    pub more: bool,
-}
+pub use tutti_core::store::{PruneOutcome, RetentionPolicy};
 
 impl SqliteStore {
     /// The highest outbox seq ever pruned (0: none). A position `p` with `0 < p < this` asks for

@@ -132,6 +132,8 @@ pub struct AcpAdapter {
     closed: std::collections::BTreeSet<String>,
     prompt_turn: Option<Id>,
     pending_start: Option<(Id, String)>,
+    /// Why the last `session/new` failed; the next request tries again.
+    session_error: Option<String>,
 }
 
 impl AcpAdapter {
@@ -160,6 +162,7 @@ impl AcpAdapter {
             closed: Default::default(),
             prompt_turn: None,
             pending_start: None,
+            session_error: None,
         }
     }
 
@@ -212,6 +215,55 @@ impl AcpAdapter {
                 turn_id: self.root_turn.clone(),
                 provider_turn_id: Some(format!("prompt-{id}")),
             });
+        }
+    }
+
+    /// `session/new` failed (issue 23: claude-code-acp answers it with an internal error when
+    /// its Claude CLI refuses to start): every request waiting for the session is answered
+    /// instead of waiting forever. A root turn start becomes a root provider turn that failed
+    /// with `error`, so the turn settles `failed` with the agent's reason; guidance is
+    /// `guideFailed`; a cancel is acknowledged at once (nothing runs natively); an interaction
+    /// answer cannot exist without a session and is dropped. The next request sends `session/new`
+    /// again.
+    fn fail_queued(&mut self, out: &mut AdapterOutput, error: String) {
+        self.session_error = Some(error.clone());
+        for r in std::mem::take(&mut self.queued) {
+            match r {
+                ProviderRequest::Start { turn_id, .. } => {
+                    out.events.push(NormalizedEvent::RootProviderTurnStarted {
+                        agent_session_id: self.root.clone(),
+                        turn_id: Some(turn_id.clone()),
+                        provider_turn_id: None,
+                    });
+                    out.events.push(NormalizedEvent::RootProviderTurnCompleted {
+                        agent_session_id: self.root.clone(),
+                        turn_id: Some(turn_id),
+                        provider_turn_id: None,
+                        outcome: Outcome::Failed,
+                        error: Some(error.clone()),
+                    });
+                }
+                ProviderRequest::Guide {
+                    agent_session_id,
+                    turn_id,
+                    ..
+                } => out.answers.push(RuntimeAnswer::GuideFailed {
+                    agent_session_id,
+                    turn_id,
+                    error: error.clone(),
+                }),
+                ProviderRequest::Cancel {
+                    operation_id,
+                    targets,
+                    ..
+                } => out.answers.push(RuntimeAnswer::CancelResult {
+                    operation_id,
+                    acked: targets,
+                }),
+                ProviderRequest::RespondInteraction { request_id, .. } => out.diagnostics.push(
+                    format!("acp: answer to {request_id} without a session dropped"),
+                ),
+            }
         }
     }
 
@@ -333,6 +385,11 @@ impl AcpAdapter {
                     .and_then(Value::as_str)
                 else {
                     out.diagnostics.push("acp: session/new failed".into());
+                    let why = error
+                        .and_then(|e| e.get("message"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("no session id in the answer");
+                    self.fail_queued(out, format!("the agent could not start a session: {why}"));
                     return;
                 };
                 self.session = Some(sid.to_string());
@@ -715,6 +772,10 @@ impl Adapter for AcpAdapter {
         let mut out = AdapterOutput::default();
         if self.session.is_none() {
             self.queued.push(request.clone());
+            if self.session_error.take().is_some() {
+                // The last `session/new` failed: this request tries again.
+                self.new_session(&mut out);
+            }
             return out;
         }
         match request {

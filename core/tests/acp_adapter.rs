@@ -364,3 +364,58 @@ fn acp_failed_session_new_answers_every_waiting_request_and_the_next_request_ret
         .expect("the queued start's prompt goes out");
     assert_eq!(prompt["params"]["sessionId"], SESSION);
 }
+
+fn tool_updates(out: &AdapterOutput) -> Vec<(String, String)> {
+    out.events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::ToolCallUpdated {
+                tool_call_id,
+                status,
+                ..
+            } => Some((tool_call_id.to_string(), status.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 23 (codex-acp announces a command needing approval only inside
+/// `session/request_permission`): a tool call not reported before is recorded from the
+/// permission request's `toolCall`, as `pending`; one the agent already reported keeps the
+/// status the agent gave it.
+#[test]
+fn acp_permission_for_an_unreported_tool_call_records_the_call_once() {
+    let (mut a, _prompt) = running(false);
+    let permission = |id: &str, call: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "session/request_permission", "params": {
+            "sessionId": SESSION,
+            "toolCall": {"toolCallId": call, "title": "echo later", "kind": "execute"},
+            "options": [{"optionId": "approved", "name": "Yes", "kind": "allow_once"}]}})
+    };
+    let out = a.on_native(4, &permission("p1", "c1")).expect("permission");
+    assert_eq!(tool_updates(&out), vec![("c1".into(), "pending".into())]);
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, NormalizedEvent::InteractionRequested { .. })));
+
+    let out = a
+        .on_native(
+            5,
+            &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": SESSION,
+                "update": {"sessionUpdate": "tool_call", "toolCallId": "c2", "title": "Edit",
+                           "status": "in_progress"}}}),
+        )
+        .expect("tool call");
+    assert_eq!(
+        tool_updates(&out),
+        vec![("c2".into(), "in_progress".into())]
+    );
+    let out = a.on_native(6, &permission("p2", "c2")).expect("permission");
+    assert!(
+        tool_updates(&out).is_empty(),
+        "a reported call keeps its status: {out:?}"
+    );
+    let out = a.on_native(7, &permission("p3", "c1")).expect("permission");
+    assert!(tool_updates(&out).is_empty(), "recorded once: {out:?}");
+}

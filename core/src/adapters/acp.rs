@@ -26,6 +26,9 @@
 //!   child's `idle`/`cancelled` state. The acknowledged subset is reported when every target is
 //!   confirmed or the cancel timer fires.
 //! - Pending permission requests of a canceled prompt are answered `cancelled`, as ACP requires.
+//! - A permission request's `toolCall` (an ACP `ToolCallUpdate`) for a tool call the agent has not
+//!   reported during the running prompt is recorded as that tool call (status `pending` unless
+//!   given): codex-acp announces commands needing approval only there.
 //! - Relaunch (issue 17/23: "relaunch with `session/load` of the recorded ACP session id when
 //!   advertised"): with [`AcpConfig::resume_session_id`] set (the root's recorded provider session
 //!   id, after an idle stop, a provider exit or a daemon restart) and the agent advertising
@@ -134,6 +137,8 @@ pub struct AcpAdapter {
     pending_start: Option<(Id, String)>,
     /// Why the last `session/new` failed; the next request tries again.
     session_error: Option<String>,
+    /// (native session, tool call id) of the tool calls reported during the running prompt.
+    tool_calls: std::collections::BTreeSet<(String, String)>,
 }
 
 impl AcpAdapter {
@@ -163,6 +168,7 @@ impl AcpAdapter {
             prompt_turn: None,
             pending_start: None,
             session_error: None,
+            tool_calls: Default::default(),
         }
     }
 
@@ -411,6 +417,7 @@ impl AcpAdapter {
                 let root_native = self.session.clone().unwrap_or_default();
                 self.flush(out, &root_native);
                 self.prompt = None;
+                self.tool_calls.clear();
                 let stop = result
                     .and_then(|r| r.get("stopReason"))
                     .and_then(Value::as_str);
@@ -519,6 +526,7 @@ impl AcpAdapter {
                         field: "toolCallId",
                     });
                 };
+                self.tool_calls.insert((native.clone(), call.to_string()));
                 let status = update.get("status").and_then(Value::as_str).unwrap_or(
                     if kind == "tool_call" {
                         "pending"
@@ -721,6 +729,36 @@ impl AcpAdapter {
                 native: native.to_string(),
             },
         );
+        // Issue 23 (codex-acp): an agent may announce a tool call only inside the permission
+        // request (its `toolCall` is an ACP `ToolCallUpdate`). A tool call not reported before
+        // is recorded from it (status `pending` unless given), so the turn's record shows the
+        // call and its end (`interrupted` when the turn settles first). One already reported
+        // is left as the agent last reported it.
+        if let Some(call) = params
+            .pointer("/toolCall/toolCallId")
+            .and_then(Value::as_str)
+        {
+            if self
+                .tool_calls
+                .insert((native.to_string(), call.to_string()))
+            {
+                self.flush(out, native);
+                let tool = params.get("toolCall");
+                let field = |k: &str| tool.and_then(|t| t.get(k));
+                out.events.push(NormalizedEvent::ToolCallUpdated {
+                    agent_session_id: session.clone(),
+                    turn_id: turn.clone(),
+                    tool_call_id: call.into(),
+                    name: field("title").and_then(Value::as_str).map(Text::from),
+                    status: field("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("pending")
+                        .into(),
+                    kind: field("kind").cloned(),
+                    payload: None,
+                });
+            }
+        }
         out.events.push(NormalizedEvent::InteractionRequested {
             agent_session_id: session,
             turn_id: turn,

@@ -28,20 +28,25 @@ pub fn ensure_chromium() {
     if Path::new(CHROMEDRIVER).exists() && Path::new(CHROMIUM).exists() {
         return;
     }
+    // SAFETY: geteuid(2) has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let mut cmd = if root {
-        Command::new("apt-get")
-    } else {
-        let mut c = Command::new("sudo");
-        c.arg("-n").arg("apt-get");
-        c
+    let apt = |args: &[&str]| {
+        let mut cmd = if root {
+            Command::new("apt-get")
+        } else {
+            let mut c = Command::new("sudo");
+            c.arg("-n").arg("apt-get");
+            c
+        };
+        cmd.args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
     };
-    let status = cmd
-        .args(["install", "-y", "chromium", "chromium-driver"])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status();
+    let install = ["install", "-y", "chromium", "chromium-driver"];
+    let ok = apt(&install) || (apt(&["update"]) && apt(&install));
     assert!(
-        status.is_ok_and(|s| s.success()),
+        ok,
         "installing chromium and chromium-driver with apt-get failed"
     );
     assert!(

@@ -228,6 +228,33 @@ fn web_lanes_nest_under_their_delegation_cards_and_the_root_waits_for_its_childr
     );
     assert_eq!(listed, json!([root]), "roots only");
     b.screenshot(&screenshots().join("sessions.png"));
+    // A submit while the root turn is active is guidance for the same turn, never a new turn.
+    open(&b, &d, &root);
+    b.wait(
+        "the guidance composer",
+        20,
+        "const s = document.getElementById('send'); return s && s.textContent === 'Send guidance'",
+        vec![],
+    );
+    b.keys("#composer-text", "please also check the tests");
+    b.click("#send");
+    let notice = b.wait(
+        "the guidance notice",
+        20,
+        "const n = document.getElementById('notice'); return n && !n.hidden && n.textContent",
+        vec![],
+    );
+    let notice = notice.as_str().unwrap_or_default();
+    assert!(
+        notice == "Appended to the running turn as guidance."
+            || notice.starts_with("Pending: this provider cannot take guidance now"),
+        "{notice}"
+    );
+    let after = d.detail(WS, &root);
+    assert_eq!(
+        after["session"]["lastTurnId"], detail["session"]["lastTurnId"],
+        "no new root turn"
+    );
 }
 
 #[test]
@@ -353,6 +380,23 @@ fn web_cancel_settles_every_lane() {
         turn_of(&end, &root).expect("root turn")["outcome"],
         "canceled"
     );
+    // A settled session can be deleted (with its children) from the page.
+    b.click("#delete");
+    b.click("#delete-confirm");
+    b.wait(
+        "the sessions page without the deleted root",
+        20,
+        "return document.getElementById('sessions')
+            && ![...document.querySelectorAll('ul.sessions li')]
+                .some(e => e.dataset.sessionId === arguments[0])",
+        vec![json!(root)],
+    );
+    let (st, v) = d.call(
+        "GET",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{root}"),
+        None,
+    );
+    assert_eq!(st, 404, "{v}");
 }
 
 #[test]

@@ -179,6 +179,8 @@
     if (app.es) app.es.close();
     const es = new EventSource(`/v1/events?after=${app.seq}`);
     app.es = es;
+    const conn = document.getElementById("conn");
+    conn.dataset.connects = String(Number(conn.dataset.connects || 0) + 1);
     let failed = false;
     for (const k of ROW_KINDS) es.addEventListener(k, onRow);
     es.addEventListener("reset", (e) => {
@@ -189,6 +191,7 @@
       schedule(0);
     });
     es.onopen = () => {
+      app.failures = 0;
       setConn("live", "Live");
       if (app.wasDown) {
         app.wasDown = false;
@@ -201,9 +204,14 @@
       es.close();
       if (app.es === es) app.es = null;
       app.wasDown = true;
+      app.failures = (app.failures || 0) + 1;
       setConn("reconnecting", "Reconnecting…");
+      // A stream refused for want of the cookie looks like any other failure: ask the API
+      // (a 401 there shows the signed-out page and stops reconnecting).
+      if (app.failures >= 3) api("GET", "/v1/providers").catch(() => {});
       // Resume after the last row applied (the same position Last-Event-ID would carry).
-      app.reconnectTimer = setTimeout(() => { if (!app.signedOut) connect(); }, 500);
+      const delay = Math.min(500 * 2 ** Math.min(app.failures - 1, 4), 5000);
+      app.reconnectTimer = setTimeout(() => { if (!app.signedOut) connect(); }, delay);
     };
   }
 
@@ -301,9 +309,19 @@
   }
 
   async function loadSessions(v) {
-    const list = await api("GET", `/v1/workspaces/${enc(v.ws)}/agent-sessions?limit=100`);
-    startStream(list.eventSeq);
-    const roots = (list.sessions || []).slice().sort((a, b) => b.createdAt - a.createdAt);
+    // Newest first, as the API pages them; "Show more" adds pages.
+    let roots = [];
+    let cursor = null;
+    let more = false;
+    for (let page = 0; page < (v.pages || 1); page += 1) {
+      const q = cursor ? `&cursor=${enc(cursor)}` : "";
+      const list = await api("GET", `/v1/workspaces/${enc(v.ws)}/agent-sessions?limit=50${q}`);
+      if (page === 0) startStream(list.eventSeq);
+      roots = roots.concat(list.sessions || []);
+      cursor = list.nextCursor;
+      more = Boolean(cursor);
+      if (!cursor) break;
+    }
     // The state of an active root needs its turn and children (one detail read each).
     const details = await Promise.all(roots.map((s) => s.activeTurnId
       ? api("GET", sessionPath(v.ws, s.id)).catch(() => null) : Promise.resolve(null)));
@@ -318,6 +336,10 @@
         h("span", { class: "state", "data-state": st.key, text: st.label }));
     });
     if (items.length === 0) items.push(h("li", { class: "empty", text: "No sessions yet." }));
+    if (more) {
+      items.push(h("li", {}, h("button", { type: "button", id: "more", "data-key": "more",
+        onclick: () => { v.pages = (v.pages || 1) + 1; schedule(0); } }, "Show more")));
+    }
     replaceKeepingFocus(ul, items);
   }
 

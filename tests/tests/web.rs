@@ -420,6 +420,15 @@ fn web_catches_up_after_a_daemon_restart_without_duplicates() {
     );
     // A page reload would lose this.
     b.js("window.__sameDocument = 'yes'", vec![]);
+    let connects = || {
+        b.js(
+            "return Number(document.getElementById('conn').dataset.connects)",
+            vec![],
+        )
+        .as_u64()
+        .unwrap_or(0)
+    };
+    let before = connects();
     d.restart_same_port();
     // The restart interrupts the running turns; the page learns it from the resumed stream.
     b.wait(
@@ -436,6 +445,7 @@ fn web_catches_up_after_a_daemon_restart_without_duplicates() {
         "yes",
         "no reload"
     );
+    assert!(connects() > before, "the event stream was opened again");
     // Live after the restart: a new turn started from the page shows its new lane.
     b.keys(
         "#composer-text",

@@ -72,7 +72,7 @@ pub struct Browser {
 }
 
 impl Browser {
-    /// Starts chromedriver and a headless Chromium with a `width` x `height` window.
+    /// Starts chromedriver and a headless Chromium with a `width` x `height` viewport.
     pub fn start(width: u32, height: u32) -> Browser {
         let one = ONE_BROWSER.lock().unwrap_or_else(PoisonError::into_inner);
         ensure_chromium();
@@ -121,6 +121,13 @@ impl Browser {
                 ],
             },
         }}});
+        // Chromium keeps desktop windows at least 500 px wide: a narrower viewport is emulated
+        // (device metrics only: same browser, same engine).
+        let mut caps = caps;
+        if width < 500 {
+            caps["capabilities"]["alwaysMatch"]["goog:chromeOptions"]["mobileEmulation"] =
+                json!({"deviceMetrics": {"width": width, "height": height, "pixelRatio": 1.0}});
+        }
         let v = b.raw("POST", "/session", Some(caps));
         b.session = v["sessionId"]
             .as_str()

@@ -264,7 +264,8 @@ fn web_approving_a_permission_in_a_child_lane_lets_that_child_finish() {
     let b = Browser::start(400, 900);
     sign_in(&b, &d);
     let root = d.create(WS, "demo");
-    d.submit(WS, &root, "children=2 permission=2 fail=0 late=0 nested=0");
+    // Child 1 fails: its lane shows the error while the root still completes.
+    d.submit(WS, &root, "children=2 permission=2 fail=1 late=0 nested=0");
     let detail = d.wait_for(WS, &root, 60, "child 2's permission request", |v| {
         v["interactions"]
             .as_array()
@@ -296,6 +297,7 @@ fn web_approving_a_permission_in_a_child_lane_lets_that_child_finish() {
     assert_eq!(routed["options"], json!(["allow", "reject"]), "{routed}");
     assert_eq!(b.js(LANE_STATE, vec![c2["id"].clone()]), "waiting");
     // Nothing is wider than the 400 px window.
+    assert_eq!(b.js("return window.innerWidth", vec![]), 400);
     let wide = b.js(
         "const w = document.documentElement.clientWidth;
          return [...document.querySelectorAll('body *')]
@@ -304,6 +306,11 @@ fn web_approving_a_permission_in_a_child_lane_lets_that_child_finish() {
         vec![],
     );
     assert_eq!(wide, json!([]), "elements wider than the 400 px window");
+    b.js(
+        "document.querySelector('.interaction').scrollIntoView({block: 'center'})",
+        vec![],
+    );
+    b.screenshot(&screenshots().join("session-400px-permission.png"));
     b.keys(".interaction button[data-option-id='allow']", ENTER);
     b.wait(
         "child 2's lane completed",
@@ -330,6 +337,34 @@ fn web_approving_a_permission_in_a_child_lane_lets_that_child_finish() {
         "const s = document.getElementById('root-status'); return s && s.dataset.state === 'idle'",
         vec![],
     );
+    assert_eq!(
+        turn_of(&end, &root).expect("root turn")["outcome"],
+        "completed"
+    );
+    let c1 = child_by_title(&end, "explorer");
+    let t1 = turn_of(&end, c1["id"].as_str().unwrap_or_default()).expect("child 1 turn");
+    assert_eq!(t1["outcome"], "failed", "{t1}");
+    let shown = b.js(
+        "const l = [...document.querySelectorAll('details.lane')]
+            .find(e => e.dataset.sessionId === arguments[0]);
+         const e = l && l.querySelector('.lane-error');
+         return l ? {state: l.dataset.state, error: e ? e.textContent : null} : null",
+        vec![c1["id"].clone()],
+    );
+    assert_eq!(shown["state"], "failed", "{shown}");
+    assert_eq!(
+        shown["error"],
+        json!(format!(
+            "Error: {}",
+            t1["error"].as_str().unwrap_or_default()
+        )),
+        "{shown}"
+    );
+    let root_status = b.js(
+        "return document.getElementById('root-status').textContent",
+        vec![],
+    );
+    assert_eq!(root_status, "Idle. The last turn completed.");
 }
 
 #[test]

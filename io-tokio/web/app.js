@@ -69,6 +69,14 @@
     }
   }
 
+  // Re-renders only when what the container shows changed (a click on a button that was just
+  // replaced by an identical one would be lost).
+  function replaceIfChanged(container, sig, build) {
+    if (container.dataset.sig === sig) return;
+    container.dataset.sig = sig;
+    replaceKeepingFocus(container, build());
+  }
+
   // ---- API -----------------------------------------------------------------------------
 
   class ApiError extends Error {
@@ -466,8 +474,9 @@
     }
     st.append(h("span", { class: "state", "data-state": status.dataset.state, text }));
     status.replaceChildren(st);
-    replaceKeepingFocus(document.getElementById("root-interactions"),
-      renderInteractions(ctx, s.id));
+    const own = (ctx.pendingOf.get(s.id) || []).map((i) => [i.turnId, i.requestId]);
+    replaceIfChanged(document.getElementById("root-interactions"), JSON.stringify(own),
+      () => renderInteractions(ctx, s.id));
     // Actions.
     const actions = [];
     if (s.activeTurnId) {
@@ -482,14 +491,20 @@
       actions.push(h("button", { type: "button", id: "delete", "data-key": "delete",
         onclick: () => { app.deleteArmed = true; renderSession(v, d); } }, "Delete session"));
     }
-    replaceKeepingFocus(document.getElementById("actions"), actions);
+    replaceIfChanged(document.getElementById("actions"),
+      `${s.activeTurnId || ""}|${app.deleteArmed}`, () => actions);
     const guiding = Boolean(s.activeTurnId);
     document.getElementById("composer-label").textContent =
       guiding ? "Guidance for the running turn" : "Message";
     document.getElementById("send").textContent = guiding ? "Send guidance" : "Send";
     setNotice(app.notice);
-    replaceKeepingFocus(document.getElementById("transcript"), [renderTranscript(ctx, s.id)]);
+    const shown = JSON.stringify([d.session, d.childSessions, d.turns, d.interactions,
+      d.toolCalls, ids(ctx).map((id) => (app.msgs.get(id) || new Map()).size)]);
+    replaceIfChanged(document.getElementById("transcript"), shown,
+      () => [renderTranscript(ctx, s.id)]);
   }
+
+  const ids = (ctx) => ctx.all.map((x) => x.id);
 
   function context(v, d) {
     const all = [d.session, ...(d.childSessions || [])];

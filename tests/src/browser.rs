@@ -221,9 +221,28 @@ impl Browser {
     }
 
     /// Clicks the first element matching `css`, as a user would (WebDriver element click).
+    /// A live page may replace the element between finding and clicking it; then it is found
+    /// again (a few times).
     pub fn click(&self, css: &str) {
-        let id = self.find(css);
-        self.cmd("POST", &format!("/element/{id}/click"), Some(json!({})));
+        for _ in 0..5 {
+            let id = self.find(css);
+            let url = format!("{}/session/{}/element/{id}/click", self.base, self.session);
+            match ureq::post(&url)
+                .timeout(Duration::from_secs(60))
+                .send_json(json!({}))
+            {
+                Ok(_) => return,
+                Err(ureq::Error::Status(404, r)) => {
+                    let v: Value = r.into_json().unwrap_or(Value::Null);
+                    assert_eq!(
+                        v["value"]["error"], "stale element reference",
+                        "click {css}: {v}"
+                    );
+                }
+                Err(e) => panic!("click {css}: {e}"),
+            }
+        }
+        panic!("click {css}: the element kept being replaced");
     }
 
     /// Types `text` into the first element matching `css` (WebDriver element send keys: real

@@ -49,8 +49,6 @@
 pub mod adapters;
 mod engine;
 pub mod error;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
 mod hash;
 mod host_store;
 pub mod input;

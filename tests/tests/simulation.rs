@@ -139,14 +139,14 @@ fn seeded_simulation() {
 // ----- regressions found by the simulation -----------------------------------------------------
 //
 // Each test below is the minimal reproduction of a failing seed, through the real adapter and
-// engine ([`sim::fuzzing::LineDriver`]: `<<` lines come from the provider, `!` lines are the
+// engine ([`tutti_testkit::LineDriver`]: `<<` lines come from the provider, `!` lines are the
 // user). Every bug below is fixed; each comment describes the bug as it was found, and the test
 // fails if it comes back.
 
 /// Feeds ACP lines; returns the driver.
-fn acp(lines: &[&str]) -> sim::fuzzing::LineDriver<tutti_core::adapters::acp::AcpAdapter> {
+fn acp(lines: &[&str]) -> tutti_testkit::LineDriver<tutti_core::adapters::acp::AcpAdapter> {
     let adapter = tutti_core::adapters::acp::AcpAdapter::new("root".into(), Default::default());
-    let d = sim::fuzzing::LineDriver::new(adapter, "acp", None).expect("driver starts");
+    let d = tutti_testkit::LineDriver::new(adapter, "acp", None).expect("driver starts");
     d.run(lines.join("\n").as_bytes()).expect("no rule broke")
 }
 
@@ -154,7 +154,7 @@ fn acp(lines: &[&str]) -> sim::fuzzing::LineDriver<tutti_core::adapters::acp::Ac
 /// `interactionRequested` the engine did not take back to the adapter's `on_dropped`, every
 /// provider request back to `on_request`; until quiet.
 fn pump<A: tutti_core::adapters::Adapter>(
-    h: &mut sim::fuzzing::Harness,
+    h: &mut tutti_testkit::Harness,
     a: &mut A,
     out: tutti_core::adapters::AdapterOutput,
 ) {
@@ -224,7 +224,7 @@ fn regression_acp_guidance_folded_into_the_next_prompt_still_settles_the_root() 
 #[test]
 fn regression_duplicate_root_provider_start_after_its_completion_changes_nothing() {
     use serde_json::json;
-    let mut h = sim::fuzzing::Harness::new();
+    let mut h = tutti_testkit::Harness::new();
     for v in [
         json!({"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"test"}),
         json!({"type":"submit","agentSessionId":"R","turnId":"T","text":"go"}),
@@ -291,7 +291,7 @@ fn regression_acp_child_cancel_answers_the_childs_pending_permission() {
 fn regression_claude_steer_after_the_steered_turn_ended_fails_instead_of_orphaning() {
     use tutti_core::adapters::Adapter;
     use tutti_core::RuntimeAnswer;
-    let mut h = sim::fuzzing::Harness::new();
+    let mut h = tutti_testkit::Harness::new();
     let mut a = tutti_core::adapters::claude::ClaudeAdapter::new("root".into(), Default::default());
     h.feed_json(serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":"claude"})).unwrap();
     let start = h.feed_json(serde_json::json!({"type":"submit","agentSessionId":"root","turnId":"turn-1","text":"go"})).unwrap().unwrap();
@@ -343,7 +343,7 @@ fn regression_claude_steer_after_the_steered_turn_ended_fails_instead_of_orphani
 #[test]
 fn regression_claude_guidance_during_the_notification_continuation_joins_it() {
     use tutti_core::adapters::Adapter;
-    let mut h = sim::fuzzing::Harness::new();
+    let mut h = tutti_testkit::Harness::new();
     let mut a = tutti_core::adapters::claude::ClaudeAdapter::new("root".into(), Default::default());
     let line = |v: serde_json::Value| tutti_core::adapters::claude::sidecar_line(&v, 0).unwrap();
     h.feed_json(serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":"claude"})).unwrap();
@@ -352,7 +352,7 @@ fn regression_claude_guidance_during_the_notification_continuation_joins_it() {
         let out = a.on_request(1, &r);
         pump(&mut h, &mut a, out);
     }
-    let sdk = |h: &mut sim::fuzzing::Harness,
+    let sdk = |h: &mut tutti_testkit::Harness,
                a: &mut tutti_core::adapters::claude::ClaudeAdapter,
                v: serde_json::Value| {
         let out = a.on_native(h.now, &line(v)).expect("a valid line");
@@ -479,7 +479,7 @@ fn regression_acp_new_turn_while_the_canceled_prompt_still_runs_gets_its_own_pro
 fn regression_acp_steer_after_the_prompt_answered_fails_instead_of_orphaning() {
     use tutti_core::adapters::Adapter;
     use tutti_core::RuntimeAnswer;
-    let mut h = sim::fuzzing::Harness::new();
+    let mut h = tutti_testkit::Harness::new();
     let mut a = tutti_core::adapters::acp::AcpAdapter::new("root".into(), Default::default());
     h.feed_json(serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":"acp"})).unwrap();
     let out = a.open(0);

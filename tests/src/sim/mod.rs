@@ -48,17 +48,8 @@ pub mod acp;
 pub mod claude;
 pub mod codex;
 pub mod direct;
-pub mod roundtrip;
 
-/// `tutti_core::fuzzing`, included by source so this crate needs no feature of tutti-core: the
-/// module only names `super::` items, which the glob import below provides.
-#[allow(dead_code)]
-#[path = "../../../core/src/fuzzing.rs"]
-pub mod fuzzing;
-#[allow(unused_imports)]
-use tutti_core::*;
-
-use fuzzing::{check_all, check_one, unsettled, History};
+use tutti_testkit::{check_all, check_one, unsettled, History};
 
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};

@@ -144,9 +144,14 @@ fn seeded_simulation() {
 // fails if it comes back.
 
 /// Feeds ACP lines; returns the driver.
-fn acp(lines: &[&str]) -> tutti_testkit::LineDriver<tutti_core::adapters::acp::AcpAdapter> {
-    let adapter = tutti_core::adapters::acp::AcpAdapter::new("root".into(), Default::default());
-    let d = tutti_testkit::LineDriver::new(adapter, "acp", None).expect("driver starts");
+fn acp(lines: &[&str]) -> tutti_testkit::LineDriver {
+    let make = || -> Box<dyn tutti_core::adapters::Adapter> {
+        Box::new(tutti_core::adapters::acp::AcpAdapter::new(
+            "root".into(),
+            Default::default(),
+        ))
+    };
+    let d = tutti_testkit::LineDriver::new(make, "acp", None).expect("driver starts");
     d.run(lines.join("\n").as_bytes()).expect("no rule broke")
 }
 
@@ -202,11 +207,11 @@ fn regression_acp_guidance_folded_into_the_next_prompt_still_settles_the_root() 
         r#"<< {"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}"#,
     ]);
     let d = acp(&lines);
-    let turn =
-        d.h.engine
-            .turn("root", "turn-1")
-            .expect("root turn")
-            .clone();
+    let turn = d
+        .engine()
+        .turn("root", "turn-1")
+        .expect("root turn")
+        .clone();
     assert!(
         !turn.is_active(),
         "root turn stuck {:?}: {:?}",
@@ -450,7 +455,7 @@ fn regression_acp_new_turn_while_the_canceled_prompt_still_runs_gets_its_own_pro
         r#"<< {"jsonrpc":"2.0","id":2,"result":{"stopReason":"cancelled"}}"#,
     ]);
     let d = acp(&lines);
-    let t2 = d.h.engine.turn("root", "turn-2").expect("turn-2").clone();
+    let t2 = d.engine().turn("root", "turn-2").expect("turn-2").clone();
     assert!(
         t2.is_active(),
         "turn-2 settled {:?} from the canceled prompt of turn-1: {:?}",

@@ -1,39 +1,53 @@
-//! The `*_native` fuzz targets: native lines through a real adapter and the engine
-//! ([`LineDriver`]): no panic, garbage is a typed error, [`check_all`] after every engine step.
+//! The `*_native` fuzz targets: native lines through a real adapter, the engine and the
+//! [`Driver`] that wires them ([`LineDriver`]): no panic, garbage is a typed error, [`check_all`]
+//! after every line.
 
-use crate::checks::check_all;
-use crate::harness::{Harness, MAX_INPUTS};
+use crate::checks::{check_all, History};
+use crate::harness::MAX_INPUTS;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
-use tutti_core::adapters::{parse_line, take_due, Adapter, AdapterOutput, AdapterTimer};
-use tutti_core::input::{Command, Input, NormalizedEvent, RuntimeAnswer};
+use tutti_core::adapters::{parse_line, Adapter};
+use tutti_core::driver::{Driver, LaunchSpec, Output, Record};
+use tutti_core::input::{Command, Input};
 use tutti_core::model::{Id, Millis, SessionKind};
-use tutti_core::step::{ProviderRequest, TimerRequest};
+use tutti_core::store::MemoryStore;
+use tutti_core::Engine;
 
 /// Lines a [`LineDriver`] reads at most from one input.
 pub const MAX_LINES: usize = 4_000;
 
-/// Drives one real adapter and the engine from text lines, as the runtime would:
+/// Timer rounds `!timers` fires at most (a timer may arm another).
+const TIMER_ROUNDS: usize = 64;
+
+/// Makes a fresh adapter for the root (at the start, and after `!exit` when the engine asks to
+/// start the provider again).
+pub type MakeAdapter = fn() -> Box<dyn Adapter>;
+
+/// Drives one real adapter and the engine from text lines through a [`Driver`] (the host's
+/// side: a [`MemoryStore`] that commits every batch, the clock, the provider's lines):
 ///
 /// - `{...}` or `<< {...}`: a native message from the provider (a line that is not a JSON object
-///   gets the adapter's typed error from [`parse_line`]; an `Err` from `on_native` is a typed
-///   error too: the line is dropped, nothing else happens);
+///   gets the adapter's typed error from [`parse_line`]; an adapter error is a typed error too:
+///   the line is dropped, nothing else happens);
 /// - `>> {...}`: a message the capturing client sent; a request teaches which adapter request id
 ///   the transcript's id stands for, so captured responses reach the adapter's own requests;
 /// - `!submit`, `!cancel`, `!cancel-child N`, `!respond N allow|deny`, `!delete N`, `!timers`,
 ///   `!tick MS`, `!reload`, `!exit`, `!ack`, `!nack`: the user, the clock, the runtime.
 ///
-/// Every event and answer of the adapter goes to the engine, every provider request of the
-/// engine back to the adapter, and (as the daemon does) every `interactionRequested` the engine
-/// did not take back to the adapter's `on_dropped`; [`check_all`] runs after every engine step.
-pub struct LineDriver<A: Adapter> {
-    /// The engine side.
-    pub h: Harness,
-    /// The adapter.
-    pub adapter: A,
+/// The wiring (events before answers, engine requests to the adapter, an `interactionRequested`
+/// the engine did not take back to `on_dropped`, timers) is the driver's; after every line the
+/// host commits what was decided and [`check_all`] runs. After `!exit` the driver launches a new
+/// adapter (made by the [`MakeAdapter`]) when the engine starts the provider again.
+pub struct LineDriver {
+    driver: Driver,
+    /// The reference store every batch is committed to.
+    pub store: MemoryStore,
+    /// What was seen so far.
+    pub history: History,
+    /// The clock.
+    pub now: Millis,
     root: Id,
     convert: fn(&Value, usize) -> Option<Value>,
-    timers: Vec<AdapterTimer>,
     /// JSON-RPC requests the adapter sent and the transcript has not named yet: (id, method).
     unanswered: Vec<(Value, String)>,
     /// Transcript request id (JSON text) -> the adapter's id.
@@ -43,6 +57,8 @@ pub struct LineDriver<A: Adapter> {
     turns: u32,
     ops: u32,
     lines: usize,
+    /// Engine inputs decided so far.
+    inputs: usize,
     /// Every native message the adapter wrote, in order (at most [`MAX_INPUTS`]).
     pub native: Vec<Value>,
 }
@@ -51,29 +67,36 @@ fn identity(v: &Value, _: usize) -> Option<Value> {
     Some(v.clone())
 }
 
-impl<A: Adapter> LineDriver<A> {
-    /// Creates root session `root` (provider `provider`), opens the adapter and submits `turn-1`.
+impl LineDriver {
+    /// Creates root session `root` (provider `provider`), attaches an adapter made by `make`
+    /// (which opens it) and submits `turn-1`.
     pub fn new(
-        adapter: A,
+        make: MakeAdapter,
         provider: &str,
         convert: Option<fn(&Value, usize) -> Option<Value>>,
     ) -> Result<Self, String> {
         let root: Id = "root".into();
+        let mut driver = Driver::new();
+        driver.set_recording(true);
+        driver.set_factory(Box::new(move |_: &LaunchSpec| Some(make())));
+        let adapter = make();
         let mut d = LineDriver {
-            h: Harness::new(),
-            adapter,
+            driver,
+            store: MemoryStore::new(),
+            history: History::new(),
+            now: 0,
             root: root.clone(),
             convert: convert.unwrap_or(identity),
-            timers: Vec::new(),
             unanswered: Vec::new(),
             ids: BTreeMap::new(),
             commands: VecDeque::new(),
             turns: 1,
             ops: 0,
             lines: 0,
+            inputs: 0,
             native: Vec::new(),
         };
-        let guide = d.adapter.guide_while_children_only();
+        let guide = adapter.guide_while_children_only();
         d.command(Command::CreateSession {
             agent_session_id: root.clone(),
             workspace_id: "W".into(),
@@ -83,8 +106,8 @@ impl<A: Adapter> LineDriver<A> {
                 guide_while_children_only: guide,
             }),
         })?;
-        let out = d.adapter.open(d.h.now);
-        d.absorb(out)?;
+        d.driver.attach(d.now, root.clone(), adapter, &d.store);
+        d.settle()?;
         d.command(Command::Submit {
             agent_session_id: root,
             turn_id: "turn-1".into(),
@@ -93,29 +116,16 @@ impl<A: Adapter> LineDriver<A> {
         Ok(d)
     }
 
-    fn command(&mut self, c: Command) -> Result<(), String> {
-        if let Some(step) = self.h.feed(&Input::Command(c))? {
-            self.requests(step.provider)?;
-        }
-        Ok(())
+    /// The engine (read-only: every change goes through the driver).
+    pub fn engine(&self) -> &Engine {
+        self.driver.engine()
     }
 
-    fn requests(&mut self, reqs: Vec<ProviderRequest>) -> Result<(), String> {
-        for r in reqs {
-            let out = self.adapter.on_request(self.h.now, &r);
-            self.absorb(out)?;
-        }
-        Ok(())
-    }
-
-    /// Feeds an adapter output to the engine and the engine's requests back, until quiet.
-    fn absorb(&mut self, out: AdapterOutput) -> Result<(), String> {
-        let mut queue = VecDeque::from([out]);
-        while let Some(out) = queue.pop_front() {
-            if self.native.len() < MAX_INPUTS {
-                self.native.extend(out.native.iter().cloned());
-            }
-            for n in &out.native {
+    /// Commits what the driver decided to the store, notes what the adapter wrote, and checks.
+    fn settle(&mut self) -> Result<(), String> {
+        for o in self.driver.commit_pending(&mut self.store) {
+            let Output::Transmit(t) = o else { continue };
+            for n in t.messages {
                 match (
                     n.get("id"),
                     n.get("method").and_then(Value::as_str),
@@ -125,30 +135,29 @@ impl<A: Adapter> LineDriver<A> {
                     (Some(_), None, Some(_)) => self.commands.push_back(n.clone()),
                     _ => {}
                 }
-            }
-            self.timers.extend(out.timers);
-            let inputs = out
-                .events
-                .into_iter()
-                .map(Input::Event)
-                .chain(out.answers.into_iter().map(Input::Runtime));
-            for input in inputs {
-                let step = self.h.feed(&input)?;
-                // As the daemon does: an interaction request the engine did not take (rejected,
-                // or accepted as ignored) goes back to the adapter, which answers it natively.
-                if let Input::Event(e @ NormalizedEvent::InteractionRequested { .. }) = &input {
-                    if step.as_ref().is_none_or(|s| s.ignored.is_some()) {
-                        queue.push_back(self.adapter.on_dropped(self.h.now, e));
-                    }
-                }
-                if let Some(step) = step {
-                    for r in step.provider {
-                        queue.push_back(self.adapter.on_request(self.h.now, &r));
-                    }
+                if self.native.len() < MAX_INPUTS {
+                    self.native.push(n);
                 }
             }
         }
-        Ok(())
+        for r in self.driver.take_records() {
+            if let Record::Decided { input, .. } = r {
+                self.inputs += 1;
+                if self.inputs > MAX_INPUTS {
+                    return Err(format!(
+                        "more than {MAX_INPUTS} inputs (last {}): a loop between adapter and engine?",
+                        input.kind()
+                    ));
+                }
+            }
+        }
+        check_all(self.driver.engine(), &self.store, &mut self.history)
+    }
+
+    fn command(&mut self, c: Command) -> Result<(), String> {
+        self.driver
+            .handle_input(self.now, Input::Command(c), None, &self.store);
+        self.settle()
     }
 
     fn native(&mut self, v: Value) -> Result<(), String> {
@@ -156,17 +165,18 @@ impl<A: Adapter> LineDriver<A> {
             return Ok(());
         };
         if let Some(t) = v.get("__t").and_then(Value::as_i64) {
-            self.h.now = self.h.now.max(t);
+            self.now = self.now.max(t);
         }
-        match self.adapter.on_native(self.h.now, &v) {
-            Ok(out) => self.absorb(out),
+        let root = self.root.clone();
+        match self.driver.handle_native(self.now, &root, &v, &self.store) {
+            Ok(()) => self.settle(),
             // A typed error: the line is dropped.
             Err(_) => Ok(()),
         }
     }
 
     fn nth_active_child(&self, n: usize) -> Option<(Id, Id)> {
-        let snap = self.h.engine.snapshot(&self.root)?;
+        let snap = self.engine().snapshot(&self.root)?;
         let v: Vec<(Id, Id)> = snap
             .sessions
             .iter()
@@ -194,8 +204,7 @@ impl<A: Adapter> LineDriver<A> {
             "!cancel" => {
                 self.ops += 1;
                 if let Some(turn) = self
-                    .h
-                    .engine
+                    .engine()
                     .session(&root)
                     .and_then(|s| s.active_turn_id.clone())
                 {
@@ -217,7 +226,7 @@ impl<A: Adapter> LineDriver<A> {
                 }
             }
             "!respond" => {
-                let pending = self.h.engine.pending_interactions(&root);
+                let pending = self.engine().pending_interactions(&root);
                 if let Some(i) = pending.get(n % pending.len().max(1)) {
                     let allow = !line.contains("deny");
                     self.command(Command::RespondInteraction {
@@ -230,8 +239,7 @@ impl<A: Adapter> LineDriver<A> {
             }
             "!delete" => {
                 let ids: Vec<Id> = self
-                    .h
-                    .engine
+                    .engine()
                     .snapshot(&root)
                     .map(|s| s.sessions.into_iter().map(|s| s.id).collect())
                     .unwrap_or_default();
@@ -243,35 +251,44 @@ impl<A: Adapter> LineDriver<A> {
             }
             "!timers" => self.fire_all()?,
             "!tick" => {
-                self.h.now += n.min(1_000_000) as Millis;
-                self.fire_due()?;
+                self.now += n.min(1_000_000) as Millis;
+                self.driver.handle_timeout(self.now, &self.store);
+                self.settle()?;
             }
-            "!reload" => self.h.reload(&root)?,
-            "!exit" => {
-                let input = Input::Runtime(RuntimeAnswer::ProviderExited {
-                    root_agent_session_id: root,
-                    error: "killed".into(),
-                });
-                if let Some(step) = self.h.feed(&input)? {
-                    self.requests(step.provider)?;
+            "!reload" => {
+                if !self.driver.reload(&root, &self.store) {
+                    return Err(format!("stored tree {root} does not reload"));
                 }
+                check_all(self.driver.engine(), &self.store, &mut self.history)
+                    .map_err(|e| format!("after reload: {e}"))?;
+            }
+            "!exit" => {
+                self.driver
+                    .handle_exit(self.now, &root, "killed", &self.store);
+                self.settle()?;
             }
             "!ack" | "!nack" => {
-                if let Some(c) = self.commands.pop_front() {
-                    let ack = json!({"kind":"ack","id":c.get("id"),"ok":cmd == "!ack","error":(cmd == "!nack").then_some("refused")});
-                    if let Ok(out) = self.adapter.on_native(self.h.now, &ack) {
-                        self.absorb(out)?;
-                    }
-                } else if let Some((id, _)) =
-                    (!self.unanswered.is_empty()).then(|| self.unanswered.remove(0))
-                {
-                    let msg = if cmd == "!ack" {
+                let msg = if let Some(c) = self.commands.pop_front() {
+                    Some(
+                        json!({"kind":"ack","id":c.get("id"),"ok":cmd == "!ack","error":(cmd == "!nack").then_some("refused")}),
+                    )
+                } else if !self.unanswered.is_empty() {
+                    let (id, _) = self.unanswered.remove(0);
+                    Some(if cmd == "!ack" {
                         json!({"jsonrpc":"2.0","id":id,"result":{}})
                     } else {
                         json!({"jsonrpc":"2.0","id":id,"error":{"code":-32603,"message":"refused"}})
-                    };
-                    if let Ok(out) = self.adapter.on_native(self.h.now, &msg) {
-                        self.absorb(out)?;
+                    })
+                } else {
+                    None
+                };
+                if let Some(msg) = msg {
+                    if self
+                        .driver
+                        .handle_native(self.now, &root, &msg, &self.store)
+                        .is_ok()
+                    {
+                        self.settle()?;
                     }
                 }
             }
@@ -280,45 +297,16 @@ impl<A: Adapter> LineDriver<A> {
         Ok(())
     }
 
-    fn fire_due(&mut self) -> Result<(), String> {
-        loop {
-            let now = self.h.now;
-            let Some(t) = take_due(&mut self.timers, now, |t| t.at) else {
+    /// Advances the clock to every armed timer (adapter and engine), earliest first, and fires
+    /// it.
+    pub fn fire_all(&mut self) -> Result<(), String> {
+        for _ in 0..TIMER_ROUNDS {
+            let Some(at) = self.driver.poll_timeout() else {
                 break;
             };
-            let out = self.adapter.on_timer(now, &t.id);
-            self.absorb(out)?;
-        }
-        let due: Vec<TimerRequest> = self
-            .h
-            .timers
-            .iter()
-            .filter(|t| t.at <= self.h.now)
-            .cloned()
-            .collect();
-        self.h.timers.retain(|t| t.at > self.h.now);
-        for t in due {
-            if let Some(step) = self.h.feed(&Input::Runtime(RuntimeAnswer::TimerFired {
-                timer: t.timer,
-            }))? {
-                self.requests(step.provider)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Advances the clock past every armed timer (adapter and engine) and fires them.
-    pub fn fire_all(&mut self) -> Result<(), String> {
-        for _ in 0..16 {
-            let latest = self
-                .timers
-                .iter()
-                .map(|t| t.at)
-                .chain(self.h.timers.iter().map(|t| t.at))
-                .max();
-            let Some(at) = latest else { break };
-            self.h.now = self.h.now.max(at);
-            self.fire_due()?;
+            self.now = self.now.max(at);
+            self.driver.handle_timeout(self.now, &self.store);
+            self.settle()?;
         }
         Ok(())
     }
@@ -330,7 +318,7 @@ impl<A: Adapter> LineDriver<A> {
         if line.is_empty() || self.lines > MAX_LINES {
             return Ok(());
         }
-        self.h.now += 1;
+        self.now += 1;
         if line.starts_with('!') {
             return self.control(line);
         }
@@ -375,7 +363,7 @@ impl<A: Adapter> LineDriver<A> {
             self.line(l)?;
         }
         self.fire_all()?;
-        check_all(&self.h.engine, &self.h.store, &mut self.h.history)?;
+        check_all(self.driver.engine(), &self.store, &mut self.history)?;
         Ok(self)
     }
 }
@@ -383,11 +371,18 @@ impl<A: Adapter> LineDriver<A> {
 /// Fuzz target `acp_native`: native ACP lines through [`tutti_core::adapters::acp::AcpAdapter`] and
 /// the engine.
 pub fn try_acp_native(data: &[u8]) -> Result<(), String> {
-    let adapter = tutti_core::adapters::acp::AcpAdapter::new(
-        "root".into(),
-        tutti_core::adapters::acp::AcpConfig::default(),
-    );
-    LineDriver::new(adapter, "acp", None)?.run(data).map(|_| ())
+    LineDriver::new(
+        || {
+            Box::new(tutti_core::adapters::acp::AcpAdapter::new(
+                "root".into(),
+                tutti_core::adapters::acp::AcpConfig::default(),
+            ))
+        },
+        "acp",
+        None,
+    )?
+    .run(data)
+    .map(|_| ())
 }
 
 /// Fuzz target `acp_native`; panics with the broken rule.
@@ -400,13 +395,18 @@ pub fn acp_native(data: &[u8]) {
 /// Fuzz target `codex_native`: app-server lines (`<<` / `>>` transcripts as captured) through
 /// [`tutti_core::adapters::codex::CodexAdapter`] and the engine.
 pub fn try_codex_native(data: &[u8]) -> Result<(), String> {
-    let adapter = tutti_core::adapters::codex::CodexAdapter::new(
-        "root".into(),
-        tutti_core::adapters::codex::CodexConfig::default(),
-    );
-    LineDriver::new(adapter, "codex", None)?
-        .run(data)
-        .map(|_| ())
+    LineDriver::new(
+        || {
+            Box::new(tutti_core::adapters::codex::CodexAdapter::new(
+                "root".into(),
+                tutti_core::adapters::codex::CodexConfig::default(),
+            ))
+        },
+        "codex",
+        None,
+    )?
+    .run(data)
+    .map(|_| ())
 }
 
 /// Fuzz target `codex_native`; panics with the broken rule.
@@ -419,12 +419,13 @@ pub fn codex_native(data: &[u8]) {
 /// Fuzz target `claude_native`: captured Claude rows (SDK messages, `__hook`, `__canUseTool`) or
 /// sidecar lines through [`tutti_core::adapters::claude::ClaudeAdapter`] and the engine.
 pub fn try_claude_native(data: &[u8]) -> Result<(), String> {
-    let adapter = tutti_core::adapters::claude::ClaudeAdapter::new(
-        "root".into(),
-        tutti_core::adapters::claude::ClaudeConfig::default(),
-    );
     LineDriver::new(
-        adapter,
+        || {
+            Box::new(tutti_core::adapters::claude::ClaudeAdapter::new(
+                "root".into(),
+                tutti_core::adapters::claude::ClaudeConfig::default(),
+            ))
+        },
         "claude",
         Some(tutti_core::adapters::claude::sidecar_line),
     )?

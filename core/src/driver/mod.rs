@@ -670,6 +670,16 @@ impl Driver {
         self.adapters.get(root).map(|a| &**a as &dyn Adapter)
     }
 
+    /// The adapter of a live root, mutably, for adapter unit checks that look at an adapter's
+    /// answer to one call in isolation. Whatever such a call returns is NOT carried out (no
+    /// native message, event or timer leaves the driver): a host drives adapters only through
+    /// the `handle_*` calls and [`Driver::call_adapter`].
+    pub fn adapter_mut(&mut self, root: &str) -> Option<&mut dyn Adapter> {
+        self.adapters
+            .get_mut(root)
+            .map(|a| &mut **a as &mut dyn Adapter)
+    }
+
     /// Calls the adapter of a live root with something outside the [`Adapter`] trait (for
     /// example the Codex adapter's `attach_root_thread`) and carries out the output it returns
     /// like any other adapter output. `Err(NoAdapter)` when the root has no live adapter.

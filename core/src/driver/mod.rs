@@ -761,7 +761,7 @@ impl Driver {
         self.record(|| Record::Decided {
             input: input.clone(),
             outcome: match &outcome {
-                Ok(step) => Ok(step.ignored.clone()),
+                Ok(step) => Ok(step.ignored),
                 Err(DriverError::Rejected(r)) => Err(r.clone()),
                 Err(_) => Ok(None),
             },

@@ -469,7 +469,12 @@ impl World {
                     };
                     let tree = &mut self.trees[t];
                     tree.incarnation += 1;
-                    let provider = new_provider(tree.kind, &tree.root, tree.incarnation, &mut self.rng);
+                    let mut provider =
+                        new_provider(tree.kind, &tree.root, tree.incarnation, &mut self.rng);
+                    if !self.faults {
+                        // Launched during the liveness phase: no hanging work from the start.
+                        provider.calm();
+                    }
                     tree.link = Some(Link {
                         provider,
                         down: VecDeque::new(),
@@ -522,7 +527,9 @@ impl World {
             }
             if let Some(batch) = self.driver.batch(id) {
                 if let Err(err) = self.store.apply(batch) {
-                    return Err(format!("the store refused a batch of its only writer: {err}"));
+                    return Err(format!(
+                        "the store refused a batch of its only writer: {err}"
+                    ));
                 }
                 self.driver.ack_commit(id, Vec::new(), &self.store);
             }
@@ -644,22 +651,20 @@ impl World {
                 self.trees[t].turns += 1;
                 let turn = format!("{root}-t{}", self.trees[t].turns);
                 self.feed(Input::Command(Command::Submit {
-                        agent_session_id: root,
-                        turn_id: turn.into(),
-                        text: "continue".into(),
-                    }),
-                )
+                    agent_session_id: root,
+                    turn_id: turn.into(),
+                    text: "continue".into(),
+                }))
             }
             3 | 4 => {
                 let Some(turn) = active else { return Ok(()) };
                 self.trees[t].ops += 1;
                 let op = format!("{root}-op{}", self.trees[t].ops);
                 self.feed(Input::Command(Command::CancelTurn {
-                        operation_id: op.into(),
-                        agent_session_id: root,
-                        turn_id: turn,
-                    }),
-                )
+                    operation_id: op.into(),
+                    agent_session_id: root,
+                    turn_id: turn,
+                }))
             }
             5 => {
                 let kids: Vec<(Id, Id)> = snap
@@ -675,11 +680,10 @@ impl World {
                 self.trees[t].ops += 1;
                 let op = format!("{root}-op{}", self.trees[t].ops);
                 self.feed(Input::Command(Command::CancelTurn {
-                        operation_id: op.into(),
-                        agent_session_id: s,
-                        turn_id: turn,
-                    }),
-                )
+                    operation_id: op.into(),
+                    agent_session_id: s,
+                    turn_id: turn,
+                }))
             }
             6..=8 => self.answer(t),
             _ => {
@@ -712,12 +716,11 @@ impl World {
         let i = pending[self.rng.below(pending.len())].clone();
         let allow = !self.faults || !self.rng.chance(300);
         self.feed(Input::Command(Command::RespondInteraction {
-                agent_session_id: i.agent_session_id,
-                turn_id: i.turn_id,
-                request_id: i.request_id,
-                response: json!(if allow { "allow" } else { "deny" }),
-            }),
-        )
+            agent_session_id: i.agent_session_id,
+            turn_id: i.turn_id,
+            request_id: i.request_id,
+            response: json!(if allow { "allow" } else { "deny" }),
+        }))
     }
 
     // ----- the scheduler -----
@@ -884,7 +887,8 @@ impl World {
     /// The liveness verdict: every stored tree settled, nothing prepared or pending.
     fn settled(&self) -> R {
         for tree in &self.trees {
-            let Some(snap) = Store::load_tree(&self.store, &tree.root).map_err(|e| e.to_string())?
+            let Some(snap) =
+                Store::load_tree(&self.store, &tree.root).map_err(|e| e.to_string())?
             else {
                 continue;
             };
@@ -982,15 +986,14 @@ fn simulate(w: &mut World) -> R {
             deleted: false,
         });
         w.feed(Input::Command(Command::CreateSession {
-                agent_session_id: root.clone(),
-                workspace_id: "w".into(),
-                provider: kind.name().into(),
-                title: None,
-                capabilities: Some(tutti_core::model::Capabilities {
-                    guide_while_children_only: guide,
-                }),
+            agent_session_id: root.clone(),
+            workspace_id: "w".into(),
+            provider: kind.name().into(),
+            title: None,
+            capabilities: Some(tutti_core::model::Capabilities {
+                guide_while_children_only: guide,
             }),
-        )?;
+        }))?;
         w.feed(Input::Command(Command::Submit {
             agent_session_id: root.clone(),
             turn_id: format!("{root}-t1").into(),

@@ -13,7 +13,7 @@ use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::{Command, EngineConfig, Input};
-use tutti_tokio::daemon::{Daemon, DaemonOptions, ProviderFactory};
+use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
 use tutti_tokio::follow::Follower;
 use tutti_tokio::runtime::{Native, NativeSink, Transport};
 
@@ -44,7 +44,7 @@ impl ProviderFactory for Sim {
         root: &Id,
         _: Option<&str>,
         _: Option<&str>,
-    ) -> Result<(Box<dyn Adapter>, Transport), String> {
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
         let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
         let (to_runtime, incoming) = mpsc::channel::<Native>(4096);
         let epoch = self.epoch;

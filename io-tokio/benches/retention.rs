@@ -29,7 +29,7 @@ use tutti_core::model::{Capabilities, Id};
 use tutti_core::store::Store;
 use tutti_core::{Command, Engine, EngineConfig, Input};
 use tutti_sqlite::{CheckpointMode, SqliteStore};
-use tutti_tokio::daemon::{Daemon, DaemonOptions, ProviderFactory};
+use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
 use tutti_tokio::retention::Retention;
 use tutti_tokio::runtime::{Native, NativeSink, Transport};
 
@@ -64,7 +64,7 @@ impl ProviderFactory for Sim {
         root: &Id,
         _: Option<&str>,
         _: Option<&str>,
-    ) -> Result<(Box<dyn Adapter>, Transport), String> {
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
         let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
         let (to_runtime, incoming) = mpsc::channel::<Native>(64);
         tokio::spawn(async move {

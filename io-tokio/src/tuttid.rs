@@ -229,7 +229,8 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
         engine,
         idle_timeout,
         retention,
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;

@@ -11,6 +11,7 @@
 
 use crate::clock::now_ms;
 use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, FromRuntime, RuntimeHandle, ToDaemon, Transport};
 use std::collections::{BTreeMap, HashMap};
@@ -21,11 +22,15 @@ use tracing::{debug, error, info, warn};
 use tutti_core::adapters::Adapter;
 use tutti_core::driver::{BatchId, Driver, DriverError, LaunchSpec, Output, Publication};
 use tutti_core::model::{Capabilities, Id};
-use tutti_core::store::{GroupError, HostStore};
+use tutti_core::step::PersistBatch;
+use tutti_core::store::HostStore;
 use tutti_core::{Engine, EngineConfig, Input, Rejected, RuntimeAnswer, Step};
 use tutti_sqlite::{
     CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore,
 };
+
+/// Inputs (and batches) one group commit takes at most (as the SQLite store's bound).
+const MAX_GROUP: usize = tutti_sqlite::MAX_GROUP;
 
 /// Starts provider runtimes for root sessions.
 pub trait ProviderFactory: Send + Sync {
@@ -64,16 +69,83 @@ pub enum LaunchError {
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The database could not be opened or read.
+    /// The SQLite database could not be opened.
     #[error("database: {0}")]
     Database(#[from] tutti_sqlite::SqliteError),
+    /// The store could not be read.
+    #[error("store: {0}")]
+    Store(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The recovery commit (settling the turns whose provider died with the previous daemon)
     /// failed.
     #[error("recovery commit failed: {0}")]
-    Recovery(tutti_sqlite::SqliteError),
+    Recovery(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
+}
+
+impl StartError {
+    fn store<E: std::error::Error + Send + Sync + 'static>(e: E) -> StartError {
+        StartError::Store(Box::new(e))
+    }
+}
+
+/// What a store needs done by the engine thread besides commits (for SQLite: WAL checkpoints,
+/// see [`SqliteCheckpoints`]).
+pub trait Housekeeping<S>: Send {
+    /// A commit went through.
+    fn committed(&mut self) {}
+    /// The engine thread finished one round of inputs and commits.
+    fn after_round(&mut self, store: &mut S);
+}
+
+/// The housekeeping of a store without its own: [`HostStore::checkpoint`] after rounds with
+/// commits.
+#[derive(Debug, Default)]
+pub struct StoreCheckpoint {
+    dirty: bool,
+}
+
+impl<S: HostStore> Housekeeping<S> for StoreCheckpoint {
+    fn committed(&mut self) {
+        self.dirty = true;
+    }
+    fn after_round(&mut self, store: &mut S) {
+        if std::mem::take(&mut self.dirty) {
+            if let Err(e) = store.checkpoint() {
+                warn!(error = %e, "store checkpoint failed");
+            }
+        }
+    }
+}
+
+/// SQLite's housekeeping: commits never checkpoint; the [`Checkpointer`] thread does passive
+/// checkpoints (and its fsync) so that they never hold up the engine thread, and asks the engine
+/// thread for a WAL restart when the log grew, which is done without waiting for readers.
+pub struct SqliteCheckpoints(pub Checkpointer);
+
+impl Housekeeping<SqliteStore> for SqliteCheckpoints {
+    fn committed(&mut self) {
+        self.0.committed();
+    }
+    fn after_round(&mut self, store: &mut SqliteStore) {
+        if !self.0.restart_wanted() {
+            return;
+        }
+        let t = std::time::Instant::now();
+        // Never wait here: a reader in the way makes it `busy`, and the checkpoint thread asks
+        // again after its next pass.
+        match SqliteStore::checkpoint(store, CheckpointMode::RestartNoWait) {
+            Ok(c) => debug!(
+                wal_frames = c.wal_frames,
+                busy = c.busy,
+                micros = t.elapsed().as_micros() as u64,
+                "WAL restart"
+            ),
+            Err(e) => warn!(error = %e, "WAL restart failed"),
+        }
+        self.0.restarted();
+    }
 }
 
 /// Why a daemon call failed.
@@ -130,7 +202,7 @@ enum Msg {
 #[derive(Clone)]
 pub struct Daemon {
     tx: mpsc::UnboundedSender<Msg>,
-    reader: Arc<Mutex<SqliteStore>>,
+    reader: Arc<Mutex<Box<dyn Reads>>>,
     outbox: watch::Receiver<u64>,
     live: broadcast::WeakSender<LiveBatch>,
     providers: Arc<dyn ProviderFactory>,
@@ -166,14 +238,36 @@ impl Daemon {
     pub fn start(opts: DaemonOptions) -> Result<Daemon, StartError> {
         // Commits never checkpoint: the checkpoint (and its fsync) runs on a thread of its own so
         // that it never holds up the engine thread (see `checkpointer`).
-        let mut store =
-            SqliteStore::open_with(&opts.db, &OpenOptions::new().auto_checkpoint(false))?;
+        let store = SqliteStore::open_with(&opts.db, &OpenOptions::new().auto_checkpoint(false))?;
         let reader = SqliteStore::open(&opts.db)?;
+        let checkpoints =
+            Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)?;
+        Daemon::start_on(
+            store,
+            Box::new(reader),
+            Box::new(SqliteCheckpoints(checkpoints)),
+            opts,
+        )
+    }
+
+    /// [`Daemon::start`] on any store: `store` is the engine thread's writer, `reader` a second
+    /// handle on the same data for the API's reads (it must see every commit of `store`), and
+    /// `housekeeping` what the store needs between commits (see [`Housekeeping`]; for
+    /// [`SqliteStore`], [`Daemon::start`] runs its checkpoint thread). `opts.db` is only reported
+    /// by [`Daemon::db`].
+    pub fn start_on<S: HostStore + Send + 'static>(
+        mut store: S,
+        reader: Box<dyn Reads>,
+        housekeeping: Box<dyn Housekeeping<S>>,
+        opts: DaemonOptions,
+    ) -> Result<Daemon, StartError> {
         let mut engine = Engine::with_config(opts.engine);
         // Without message ids: the settle step below appends no message, and every recovered
         // tree is evicted right after it (the next input loads the whole tree). Reading and
         // indexing every stored message id would dominate the start-up time.
-        let live = store.load_live_trees_without_messages()?;
+        let live = store
+            .load_live_trees_without_messages()
+            .map_err(StartError::store)?;
         let mut recovered = Vec::new();
         for t in live {
             let root = t.root().map(|r| r.id.clone());
@@ -201,10 +295,11 @@ impl Daemon {
         }
         // Group-committed like any other steps (one transaction per `MAX_GROUP` trees), so a
         // restart after a crash with many live trees is not one commit per tree.
-        for group in settle.chunks(tutti_sqlite::MAX_GROUP) {
+        for group in settle.chunks(MAX_GROUP) {
+            let group: Vec<&PersistBatch> = group.iter().collect();
             store
-                .apply_many(group.iter())
-                .map_err(StartError::Recovery)?;
+                .apply_group(&group, false)
+                .map_err(|e| StartError::Recovery(Box::new(e)))?;
         }
         info!(trees = recovered.len(), "recovered live trees");
         // Loaded without their message ids: none may stay (see above).
@@ -212,11 +307,9 @@ impl Daemon {
             engine.evict(root);
         }
         let quiescent = QuiescentTrees::default();
-        let last_seq = HostStore::last_outbox_seq(&store)?;
+        let last_seq = store.last_outbox_seq().map_err(StartError::store)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
-        let checkpoints =
-            Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)?;
         let (live, _) = broadcast::channel(LIVE_CAPACITY);
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
@@ -235,7 +328,7 @@ impl Daemon {
             });
         }
         let core = Core {
-            checkpoints,
+            housekeeping,
             live,
             driver: Driver::with_engine(engine),
             store,
@@ -291,16 +384,23 @@ impl Daemon {
         let _ = self.tx.send(Msg::SetCwd(root, cwd));
     }
 
-    /// Runs a read against the read connection (blocking; call from `spawn_blocking`).
-    pub fn read<T>(&self, f: impl FnOnce(&SqliteStore) -> T) -> Result<T, DaemonError> {
+    /// Runs a read against the reader (blocking; call from `spawn_blocking`). The reads inside
+    /// see one committed state.
+    pub fn read<T>(&self, f: impl FnOnce(&dyn Reads) -> T) -> Result<T, DaemonError> {
         let guard = self
             .reader
             .lock()
             .map_err(|_| DaemonError::Storage("reader poisoned".into()))?;
-        // One read transaction per call: the reads inside see one committed state.
+        let mut f = Some(f);
+        let mut out = None;
         guard
-            .read_consistent(f)
-            .map_err(|e| DaemonError::Storage(e.to_string()))
+            .read_consistent_dyn(&mut |r| {
+                if let Some(f) = f.take() {
+                    out = Some(f(r));
+                }
+            })
+            .map_err(|e| DaemonError::Storage(e.to_string()))?;
+        out.ok_or_else(|| DaemonError::Storage("the read did not run".into()))
     }
 
     /// The newest published outbox sequence number (changes when new rows are committed).
@@ -377,13 +477,13 @@ fn log_checkpoint(e: CheckpointEvent) {
     }
 }
 
-struct Core {
-    /// The checkpoint thread (commits never checkpoint; see [`Checkpointer`]).
-    checkpoints: Checkpointer,
+struct Core<S> {
+    /// What the store needs besides commits.
+    housekeeping: Box<dyn Housekeeping<S>>,
     live: broadcast::Sender<LiveBatch>,
     /// The engine, the adapters of the live roots and their timers.
     driver: Driver,
-    store: SqliteStore,
+    store: S,
     rx: mpsc::UnboundedReceiver<Msg>,
     tx: mpsc::UnboundedSender<Msg>,
     seq: watch::Sender<u64>,
@@ -425,11 +525,11 @@ struct Idle {
     armed: BTreeMap<Id, u64>,
 }
 
-impl Core {
+impl<S: HostStore + Send + 'static> Core<S> {
     fn run(mut self) {
         while let Some(first) = self.rx.blocking_recv() {
             let mut batch = vec![first];
-            while batch.len() < tutti_sqlite::MAX_GROUP {
+            while batch.len() < MAX_GROUP {
                 match self.rx.try_recv() {
                     Ok(m) => batch.push(m),
                     Err(_) => break,
@@ -479,21 +579,7 @@ impl Core {
             for r in resident {
                 let _ = r.send(self.driver.engine().roots());
             }
-            if self.checkpoints.restart_wanted() {
-                let t = std::time::Instant::now();
-                // Never wait here: a reader in the way makes it `busy`, and the checkpoint
-                // thread asks again after its next pass.
-                match self.store.checkpoint(CheckpointMode::RestartNoWait) {
-                    Ok(c) => debug!(
-                        wal_frames = c.wal_frames,
-                        busy = c.busy,
-                        micros = t.elapsed().as_micros() as u64,
-                        "WAL restart"
-                    ),
-                    Err(e) => warn!(error = %e, "WAL restart failed"),
-                }
-                self.checkpoints.restarted();
-            }
+            self.housekeeping.after_round(&mut self.store);
             if let Some(done) = shutdown {
                 self.stop_all_runtimes();
                 let _ = done.send(());
@@ -534,7 +620,7 @@ impl Core {
         let mut touched = Vec::new();
         loop {
             let ids: Vec<BatchId> = std::iter::from_fn(|| self.driver.poll_batch()).collect();
-            for chunk in ids.chunks(tutti_sqlite::MAX_GROUP) {
+            for chunk in ids.chunks(MAX_GROUP) {
                 self.commit(chunk, &mut touched);
             }
             let mut any = false;
@@ -566,15 +652,13 @@ impl Core {
         }
         match self.store.apply_group(&batches, true) {
             Ok(published) => {
-                self.checkpoints.committed();
+                self.housekeeping.committed();
                 for (id, p) in ids.iter().zip(published) {
                     self.driver.ack_commit(*id, p, &self.store);
                 }
             }
             Err(e) => {
-                let e = match &e {
-                    GroupError::Batch { source, .. } | GroupError::Commit(source) => source,
-                };
+                let e = e.source_error();
                 warn!(error = %e, steps = ids.len(), "group commit failed; retrying one by one");
                 for id in ids {
                     // Skipped when an earlier failed batch of its tree superseded it.
@@ -583,7 +667,7 @@ impl Core {
                     };
                     match self.store.apply_group(&[batch], true) {
                         Ok(mut p) => {
-                            self.checkpoints.committed();
+                            self.housekeeping.committed();
                             let p = p.pop().unwrap_or_default();
                             self.driver.ack_commit(*id, p, &self.store);
                         }

@@ -7,7 +7,6 @@ use crate::render::render_tree;
 use std::io::IsTerminal;
 use std::time::Duration;
 use tutti_core::model::{Id, InteractionStatus};
-use tutti_core::store::Store;
 use tutti_core::{Command, Input};
 
 /// The demo's prompt: directives the demo agent understands (see `agents::demo`).
@@ -100,7 +99,7 @@ pub async fn run(d: &Daemon) -> Result<(), String> {
     }
 }
 
-fn pending_interactions(s: &tutti_sqlite::SqliteStore, root: &Id) -> Vec<(Id, Id, Id)> {
+fn pending_interactions(s: &dyn crate::reads::Reads, root: &Id) -> Vec<(Id, Id, Id)> {
     let Ok(Some(t)) = s.load_tree(root) else {
         return Vec::new();
     };

@@ -3,10 +3,9 @@
 //! content.
 
 use tutti_core::model::{Session, Turn};
-use tutti_core::store::Store;
 
 /// Renders a session and its nested children from a store.
-pub fn render_tree<S: Store>(s: &S, id: &str) -> Result<String, String> {
+pub fn render_tree(s: &dyn crate::reads::Reads, id: &str) -> Result<String, String> {
     let d = s
         .session_detail(id)
         .map_err(|e| e.to_string())?

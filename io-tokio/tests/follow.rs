@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
-use tutti_core::store::{OutboxRow, Store};
+use tutti_core::store::OutboxRow;
 use tutti_core::{Command, EngineConfig, Input};
 use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
 use tutti_tokio::follow::Follower;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
-use tutti_core::store::{OutboxRow, Store};
+use tutti_core::store::OutboxRow;
 use tutti_core::{Command, EngineConfig, Input};
 use tutti_sqlite::RetentionPolicy;
 use tutti_tokio::config::{ConfigFile, ProviderConfig, ProviderKind};

@@ -15,12 +15,15 @@ use tutti_core::model::{Capabilities, Id};
 use tutti_core::{Command, EngineConfig, Input};
 use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
 use tutti_tokio::follow::Follower;
-use tutti_tokio::runtime::{Native, NativeSink, Transport};
+use tutti_tokio::runtime::{Native, NativeSink, Transport, WriteError};
 
 struct ChannelSink(mpsc::UnboundedSender<Value>);
 impl NativeSink for ChannelSink {
-    fn send<'a>(&'a mut self, m: &'a Value) -> BoxFuture<'a, Result<(), String>> {
-        let r = self.0.send(m.clone()).map_err(|e| e.to_string());
+    fn send<'a>(&'a mut self, m: &'a Value) -> BoxFuture<'a, Result<(), WriteError>> {
+        let r = self
+            .0
+            .send(m.clone())
+            .map_err(|_| WriteError::Transport("closed".into()));
         Box::pin(async move { r })
     }
 }

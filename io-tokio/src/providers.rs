@@ -5,7 +5,7 @@
 //! `claude`).
 
 use crate::acp_transport::spawn_acp_process;
-use crate::config::{ConfigFile, ProviderConfig, ProviderKind};
+use crate::config::{ConfigError, ConfigFile, ProviderConfig, ProviderKind};
 use crate::daemon::{LaunchError, ProviderFactory};
 use crate::runtime::{spawn_line_process, ProcessSpec, Transport};
 use std::collections::BTreeMap;
@@ -60,7 +60,7 @@ pub fn bundled_agent(sub: &str) -> Vec<String> {
 
 impl Registry {
     /// The built-in providers plus the config file's.
-    pub fn with_builtins(config: ConfigFile) -> Result<Registry, String> {
+    pub fn with_builtins(config: ConfigFile) -> Result<Registry, ConfigError> {
         let mut providers = BTreeMap::new();
         for (name, sub) in [("demo", "demo-agent"), ("plain", "plain-agent")] {
             providers.insert(
@@ -76,7 +76,7 @@ impl Registry {
         }
         for (name, p) in config.providers {
             if p.command.is_empty() {
-                return Err(format!("provider {name}: empty command"));
+                return Err(ConfigError::EmptyCommand(name));
             }
             providers.insert(name, p);
         }

@@ -27,10 +27,25 @@ pub enum Native {
     Exited(String),
 }
 
+/// Why a native message could not be written to a provider.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The message could not be encoded.
+    #[error("encode: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// The pipe to the process failed.
+    #[error("write: {0}")]
+    Io(#[from] std::io::Error),
+    /// The transport refused it (closed connection, unusable message); the text carries no
+    /// message content.
+    #[error("{0}")]
+    Transport(String),
+}
+
 /// Writes native messages to a provider.
 pub trait NativeSink: Send {
     /// Sends one native message.
-    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), String>>;
+    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), WriteError>>;
 }
 
 /// A provider transport: a stream of native messages and a sink.
@@ -46,12 +61,12 @@ pub struct Transport {
 struct StdinSink(ChildStdin);
 
 impl NativeSink for StdinSink {
-    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), String>> {
+    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), WriteError>> {
         Box::pin(async move {
-            let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+            let mut line = serde_json::to_vec(message)?;
             line.push(b'\n');
-            self.0.write_all(&line).await.map_err(|e| e.to_string())?;
-            self.0.flush().await.map_err(|e| e.to_string())
+            self.0.write_all(&line).await?;
+            Ok(self.0.flush().await?)
         })
     }
 }
@@ -297,7 +312,7 @@ pub fn start_runtime(
                             if let Err(e) = transport.sink.send(m).await {
                                 // "A failed session/cancel transport write is an operation failure."
                                 if let Some(f) = on_failure.clone() {
-                                    let _ = to_daemon.send(FromRuntime::WriteFailed(f, e.clone()));
+                                    let _ = to_daemon.send(FromRuntime::WriteFailed(f, e.to_string()));
                                 }
                                 exit_reason = Some(format!("write failed: {e}"));
                                 break;

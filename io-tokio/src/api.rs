@@ -558,9 +558,8 @@ async fn cancel(
     Path((ws, id, turn)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     session_in(&s.daemon, &ws, &id).await?;
-    let session = check_id("session id", &id)?;
-    // Text the provider streamed before the cancel is recorded first, on the still-active turn.
-    s.daemon.flush_provider_text(&session).await?;
+    // Text the provider streamed before the cancel is recorded first, on the still-active turn:
+    // the driver flushes the root adapter's buffered text right before it decides the cancel.
     let step = s
         .daemon
         .call(Input::Command(Command::CancelTurn {

@@ -437,13 +437,6 @@ impl Daemon {
         rx.await.map_err(|_| DaemonError::Stopped)
     }
 
-    /// Kept for callers of the earlier API: the driver itself flushes the adapter's buffered text
-    /// right before it decides a `cancelTurn` (issue 23: "Flush buffered text before the cancel
-    /// settles the turn"), so there is nothing to wait for.
-    pub async fn flush_provider_text(&self, _session: &Id) -> Result<(), DaemonError> {
-        Ok(())
-    }
-
     /// The positions of the live outbox followers (retention never prunes above the lowest).
     pub fn live_positions(&self) -> &Arc<LivePositions> {
         &self.positions

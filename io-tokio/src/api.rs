@@ -33,7 +33,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tutti_core::model::{Id, InteractionStatus};
-use tutti_core::store::Store;
 use tutti_core::{Command, Input, Reply};
 
 /// Largest accepted request body.
@@ -338,7 +337,7 @@ pub fn check_id(what: &str, id: &str) -> Result<Id, ApiError> {
 
 async fn read<T: Send + 'static>(
     d: &Daemon,
-    f: impl FnOnce(&tutti_sqlite::SqliteStore) -> T + Send + 'static,
+    f: impl FnOnce(&dyn crate::reads::Reads) -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     let d = d.clone();
     tokio::task::spawn_blocking(move || d.read(f))
@@ -437,10 +436,12 @@ async fn list(
     let Query(q) = q?;
     check_id("workspace id", &ws)?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
-    let (sessions, next) = read(&s.daemon, move |r| r.roots(&ws, limit, q.cursor.as_deref()))
+    let page = read(&s.daemon, move |r| r.roots(&ws, limit, q.cursor.as_deref()))
         .await?
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    Ok(Json(json!({"sessions": sessions, "nextCursor": next})))
+    Ok(Json(
+        json!({"sessions": page.sessions, "nextCursor": page.next}),
+    ))
 }
 
 async fn detail(
@@ -557,9 +558,8 @@ async fn cancel(
     Path((ws, id, turn)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     session_in(&s.daemon, &ws, &id).await?;
-    let session = check_id("session id", &id)?;
-    // Text the provider streamed before the cancel is recorded first, on the still-active turn.
-    s.daemon.flush_provider_text(&session).await?;
+    // Text the provider streamed before the cancel is recorded first, on the still-active turn:
+    // the driver flushes the root adapter's buffered text right before it decides the cancel.
     let step = s
         .daemon
         .call(Input::Command(Command::CancelTurn {

@@ -25,6 +25,9 @@ const T1: &str = "turn-1";
 /// passed between the adapter and the engine (from the driver's records). The driver does the
 /// daemon's wiring: engine requests to the adapter, events before answers, an
 /// `interactionRequested` the engine did not take (rejected or ignored) back to `on_dropped`.
+/// The driver's replies to host inputs (token, committed step or why not).
+type Replies = Vec<(u64, Result<Step, DriverError>)>;
+
 struct Rig {
     d: Driver,
     store: MemoryStore,
@@ -111,7 +114,7 @@ impl Rig {
 
     /// Commits what the driver decided, checks the invariants, notes the records; returns the
     /// adapter outputs in order and the replies.
-    fn settle(&mut self) -> (Vec<AdapterOutput>, Vec<(u64, Result<Step, DriverError>)>) {
+    fn settle(&mut self) -> (Vec<AdapterOutput>, Replies) {
         let mut replies = Vec::new();
         for o in self.d.commit_pending(&mut self.store) {
             if let Output::Reply { to, result } = o {

@@ -108,6 +108,9 @@ fn resolved(thread: &str, id: Value) -> Value {
 /// before answers into the engine, an interaction the engine did not take back to `on_dropped`.
 /// Every host call commits what was decided and checks the invariants; the rig notes what passed
 /// between the adapter and the engine from the driver's records.
+/// The driver's replies to host inputs (token, committed step or why not).
+type Replies = Vec<(u64, Result<Step, DriverError>)>;
+
 struct Rig {
     d: Driver,
     store: MemoryStore,
@@ -215,7 +218,7 @@ impl Rig {
     }
 
     /// Commits what the driver decided, checks, notes the records; returns the adapter outputs.
-    fn settle(&mut self) -> (Vec<AdapterOutput>, Vec<(u64, Result<Step, DriverError>)>) {
+    fn settle(&mut self) -> (Vec<AdapterOutput>, Replies) {
         let mut replies = Vec::new();
         for o in self.d.commit_pending(&mut self.store) {
             if let Output::Reply { to, result } = o {

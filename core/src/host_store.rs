@@ -173,6 +173,15 @@ pub trait HostStore: Store {
         Ok(f(self))
     }
 
+    /// [`Store::load_live_trees`] for crash recovery at start-up: a store may leave out the
+    /// trees' messages (and their ids), because the host only settles these trees and then
+    /// drops them from memory (the next input loads the whole tree). Default: every message.
+    fn load_live_trees_without_messages(
+        &self,
+    ) -> Result<Vec<crate::snapshot::TreeSnapshot>, Self::Error> {
+        self.load_live_trees()
+    }
+
     /// Called by the host when it is idle after commits; a store that needs housekeeping (a WAL
     /// checkpoint) does it here. The default does nothing.
     fn checkpoint(&mut self) -> Result<(), Self::Error> {

@@ -6,10 +6,20 @@
 //! provider's events arrive in. It does no I/O, reads no clock, uses no randomness and starts no
 //! threads: inputs go in, data describing what to do comes out.
 //!
-//! ## The driver loop
+//! ## Embedding: the [`Driver`]
+//!
+//! A host runs the engine, the provider adapters and every timer through one sans-I/O
+//! [`Driver`] ([`driver`]: inputs go in with `handle_*`, batches to commit and effects to carry
+//! out come out with `poll_*`; the module docs show a complete host loop over [`MemoryStore`]
+//! and list what the host still owns). The daemon (`tutti-tokio`) is that loop plus process
+//! I/O, HTTP and a store.
+//!
+//! [`MemoryStore`]: store::MemoryStore
+//!
+//! ## The engine alone
 //!
 //! One input enum ([`Input`]: normalized provider events, host commands, runtime answers, timers)
-//! and one output type ([`Step`]). A driver (see `tutti-tokio`) runs:
+//! and one output type ([`Step`]). Underneath the driver, the engine alone runs:
 //!
 //! ```no_run
 //! # use tutti_core::{Engine, Input, Step, store::{MemoryStore, Store}};
@@ -35,6 +45,7 @@
 //! - [`model`]: sessions, turns, interactions, messages, tool calls, cancel operations (wire form).
 //! - [`input`]: [`NormalizedEvent`], [`Command`], [`RuntimeAnswer`].
 //! - [`step`]: [`Step`], [`PersistBatch`] (rows, guards, outbox), [`ProviderRequest`], [`Reply`].
+//! - [`driver`]: [`Driver`], the engine with its adapters and timers, for hosts.
 //! - [`Engine`]: one state machine per root tree: the root gate, cancellation, guidance,
 //!   interactions, deletion.
 //! - [`snapshot`]: [`TreeSnapshot`] for `restore` / `snapshot`.
@@ -47,10 +58,9 @@
 #![warn(missing_docs)]
 
 pub mod adapters;
+pub mod driver;
 mod engine;
 pub mod error;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
 mod hash;
 mod host_store;
 pub mod input;
@@ -65,6 +75,7 @@ pub mod snapshot;
 pub mod step;
 pub mod store;
 
+pub use driver::Driver;
 pub use engine::{Engine, EngineConfig, UNCONFIRMED};
 pub use error::{Rejected, RestoreError};
 pub use hash::{FxMap, FxSet};

@@ -76,6 +76,12 @@ impl HostStore for SqliteStore {
         SqliteStore::read_consistent(self, f)
     }
 
+    fn load_live_trees_without_messages(
+        &self,
+    ) -> Result<Vec<tutti_core::snapshot::TreeSnapshot>, SqliteError> {
+        SqliteStore::load_live_trees_without_messages(self)
+    }
+
     /// A WAL restart checkpoint that never waits ([`CheckpointMode::RestartNoWait`]): a reader
     /// in the way makes it a no-op until the next call.
     fn checkpoint(&mut self) -> Result<(), SqliteError> {

@@ -13,14 +13,17 @@ use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::{Command, EngineConfig, Input};
-use tutti_tokio::daemon::{Daemon, DaemonOptions, ProviderFactory};
+use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
 use tutti_tokio::follow::Follower;
-use tutti_tokio::runtime::{Native, NativeSink, Transport};
+use tutti_tokio::runtime::{Native, NativeSink, Transport, WriteError};
 
 struct ChannelSink(mpsc::UnboundedSender<Value>);
 impl NativeSink for ChannelSink {
-    fn send<'a>(&'a mut self, m: &'a Value) -> BoxFuture<'a, Result<(), String>> {
-        let r = self.0.send(m.clone()).map_err(|e| e.to_string());
+    fn send<'a>(&'a mut self, m: &'a Value) -> BoxFuture<'a, Result<(), WriteError>> {
+        let r = self
+            .0
+            .send(m.clone())
+            .map_err(|_| WriteError::Transport("closed".into()));
         Box::pin(async move { r })
     }
 }
@@ -44,7 +47,7 @@ impl ProviderFactory for Sim {
         root: &Id,
         _: Option<&str>,
         _: Option<&str>,
-    ) -> Result<(Box<dyn Adapter>, Transport), String> {
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
         let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
         let (to_runtime, incoming) = mpsc::channel::<Native>(4096);
         let epoch = self.epoch;

@@ -68,7 +68,7 @@
 //!
 //! Logs carry ids, methods and lengths only.
 
-use crate::runtime::{Native, NativeSink, ProcessSpec, Transport};
+use crate::runtime::{Native, NativeSink, ProcessSpec, Transport, WriteError};
 use agent_client_protocol::v1::schema::{
     CancelNotification, InitializeRequest, LoadSessionRequest, NewSessionRequest, PromptRequest,
     RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
@@ -469,8 +469,18 @@ impl AcpSink {
 }
 
 impl NativeSink for AcpSink {
-    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), String>> {
+    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), WriteError>> {
         Box::pin(async move {
+            self.send_native(message)
+                .await
+                .map_err(WriteError::Transport)
+        })
+    }
+}
+
+impl AcpSink {
+    async fn send_native(&mut self, message: &Value) -> Result<(), String> {
+        {
             let cx = self.connection().await?;
             let method = message.get("method").and_then(Value::as_str);
             let id = message.get("id").filter(|id| !id.is_null());
@@ -494,7 +504,7 @@ impl NativeSink for AcpSink {
                 (None, Some(id)) => self.respond(id, message),
                 (None, None) => Err("neither a request, a notification nor a response".into()),
             }
-        })
+        }
     }
 }
 

@@ -34,7 +34,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tutti_core::model::{Id, InteractionStatus};
-use tutti_core::store::{HostStore, Store};
 use tutti_core::{Command, Input, Reply};
 
 /// Largest accepted request body.
@@ -371,7 +370,7 @@ pub fn check_id(what: &str, id: &str) -> Result<Id, ApiError> {
 
 async fn read<T: Send + 'static>(
     d: &Daemon,
-    f: impl FnOnce(&tutti_sqlite::SqliteStore) -> T + Send + 'static,
+    f: impl FnOnce(&dyn crate::reads::Reads) -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     let d = d.clone();
     tokio::task::spawn_blocking(move || d.read(f))
@@ -473,14 +472,14 @@ async fn list(
     // `eventSeq` is read first: every change after it comes on `/v1/events?after=eventSeq`.
     let (seq, page) = read(&s.daemon, move |r| {
         (
-            HostStore::last_outbox_seq(r).ok(),
+            r.last_outbox_seq().ok(),
             r.roots(&ws, limit, q.cursor.as_deref()),
         )
     })
     .await?;
-    let (sessions, next) = page.map_err(|e| ApiError::invalid(e.to_string()))?;
+    let page = page.map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(Json(
-        json!({"sessions": sessions, "nextCursor": next, "eventSeq": seq}),
+        json!({"sessions": page.sessions, "nextCursor": page.next, "eventSeq": seq}),
     ))
 }
 
@@ -494,7 +493,7 @@ async fn detail(
     // one durable snapshot (never half of a step).
     let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
         // Read first: every change after it comes on `/v1/events?after=eventSeq`.
-        let seq = HostStore::last_outbox_seq(r).map_err(|e| e.to_string())?;
+        let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
         let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
             return Ok(None);
         };
@@ -616,9 +615,8 @@ async fn cancel(
     Path((ws, id, turn)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     session_in(&s.daemon, &ws, &id).await?;
-    let session = check_id("session id", &id)?;
-    // Text the provider streamed before the cancel is recorded first, on the still-active turn.
-    s.daemon.flush_provider_text(&session).await?;
+    // Text the provider streamed before the cancel is recorded first, on the still-active turn:
+    // the driver flushes the root adapter's buffered text right before it decides the cancel.
     let step = s
         .daemon
         .call(Input::Command(Command::CancelTurn {

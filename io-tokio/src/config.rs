@@ -146,6 +146,9 @@ pub enum ConfigError {
         /// Parser message.
         message: String,
     },
+    /// A provider is configured without a command.
+    #[error("provider {0}: empty command")]
+    EmptyCommand(String),
 }
 
 impl ConfigFile {

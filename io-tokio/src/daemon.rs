@@ -1,29 +1,36 @@
-//! The daemon core: one engine thread that owns the [`Engine`] and the SQLite writer, carries out
-//! every [`Step`] (commit first, then provider requests, timers, outbox publication, reply), and
-//! a runtime manager with one provider runtime per root session.
+//! The daemon core: one engine thread that owns a [`Driver`] (the engine, the adapters of the live
+//! roots and every timer) and the store's writer, and one provider runtime task per root session
+//! that only moves native messages between the provider process and the driver.
 //!
-//! Inputs that arrive together are decided one after another and group-committed in one
-//! transaction. If a commit fails, the trees involved are evicted and reloaded from the file
-//! (crash-only), and the inputs whose steps did not land get an error.
+//! The engine thread loops: receive (API calls, provider messages, exits, timer ticks) →
+//! `driver.handle_*` → take the decided batches and group-commit them in one transaction →
+//! acknowledge them → carry out the driver's outputs (launch a provider, write to it, publish to
+//! followers, reply to callers) → arm the next deadline. If a group commit fails, its batches are
+//! retried one by one; a batch that still fails is reported to the driver, which evicts and
+//! reloads its tree (crash-only), and the inputs whose steps did not land get an error.
 
 use crate::clock::now_ms;
 use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
-use crate::runtime::{start_runtime, RuntimeHandle, ToDaemon, Transport};
-use std::collections::BTreeMap;
+use crate::runtime::{start_runtime, FromRuntime, RuntimeHandle, ToDaemon, Transport};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 use tutti_core::adapters::Adapter;
+use tutti_core::driver::{BatchId, Driver, DriverError, LaunchSpec, Output, Publication};
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::step::PersistBatch;
-use tutti_core::store::Store;
-use tutti_core::{Engine, EngineConfig, Input, ProviderRequest, Rejected, RuntimeAnswer, Step};
+use tutti_core::store::HostStore;
+use tutti_core::{Engine, EngineConfig, Input, Rejected, RuntimeAnswer, Step};
 use tutti_sqlite::{
-    CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, Published,
-    SqliteStore,
+    CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore,
 };
+
+/// Inputs (and batches) one group commit takes at most (as the SQLite store's bound).
+const MAX_GROUP: usize = tutti_sqlite::MAX_GROUP;
 
 /// Starts provider runtimes for root sessions.
 pub trait ProviderFactory: Send + Sync {
@@ -38,9 +45,107 @@ pub trait ProviderFactory: Send + Sync {
         root: &Id,
         cwd: Option<&str>,
         provider_session_id: Option<&str>,
-    ) -> Result<(Box<dyn Adapter>, Transport), String>;
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError>;
     /// Names of the known providers.
     fn names(&self) -> Vec<String>;
+}
+
+/// Why a provider runtime could not be started.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LaunchError {
+    /// No provider of that name is configured.
+    #[error("unknown provider {0}")]
+    UnknownProvider(String),
+    /// The provider process could not be started.
+    #[error("cannot start {provider}: {error}")]
+    Spawn {
+        /// Provider name.
+        provider: String,
+        /// Why.
+        error: String,
+    },
+}
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The SQLite database could not be opened.
+    #[error("database: {0}")]
+    Database(#[from] tutti_sqlite::SqliteError),
+    /// The store could not be read.
+    #[error("store: {0}")]
+    Store(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The recovery commit (settling the turns whose provider died with the previous daemon)
+    /// failed.
+    #[error("recovery commit failed: {0}")]
+    Recovery(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+impl StartError {
+    fn store<E: std::error::Error + Send + Sync + 'static>(e: E) -> StartError {
+        StartError::Store(Box::new(e))
+    }
+}
+
+/// What a store needs done by the engine thread besides commits (for SQLite: WAL checkpoints,
+/// see [`SqliteCheckpoints`]).
+pub trait Housekeeping<S>: Send {
+    /// A commit went through.
+    fn committed(&mut self) {}
+    /// The engine thread finished one round of inputs and commits.
+    fn after_round(&mut self, store: &mut S);
+}
+
+/// The housekeeping of a store without its own: [`HostStore::checkpoint`] after rounds with
+/// commits.
+#[derive(Debug, Default)]
+pub struct StoreCheckpoint {
+    dirty: bool,
+}
+
+impl<S: HostStore> Housekeeping<S> for StoreCheckpoint {
+    fn committed(&mut self) {
+        self.dirty = true;
+    }
+    fn after_round(&mut self, store: &mut S) {
+        if std::mem::take(&mut self.dirty) {
+            if let Err(e) = store.checkpoint() {
+                warn!(error = %e, "store checkpoint failed");
+            }
+        }
+    }
+}
+
+/// SQLite's housekeeping: commits never checkpoint; the [`Checkpointer`] thread does passive
+/// checkpoints (and its fsync) so that they never hold up the engine thread, and asks the engine
+/// thread for a WAL restart when the log grew, which is done without waiting for readers.
+pub struct SqliteCheckpoints(pub Checkpointer);
+
+impl Housekeeping<SqliteStore> for SqliteCheckpoints {
+    fn committed(&mut self) {
+        self.0.committed();
+    }
+    fn after_round(&mut self, store: &mut SqliteStore) {
+        if !self.0.restart_wanted() {
+            return;
+        }
+        let t = std::time::Instant::now();
+        // Never wait here: a reader in the way makes it `busy`, and the checkpoint thread asks
+        // again after its next pass.
+        match SqliteStore::checkpoint(store, CheckpointMode::RestartNoWait) {
+            Ok(c) => debug!(
+                wal_frames = c.wal_frames,
+                busy = c.busy,
+                micros = t.elapsed().as_micros() as u64,
+                "WAL restart"
+            ),
+            Err(e) => warn!(error = %e, "WAL restart failed"),
+        }
+        self.0.restarted();
+    }
 }
 
 /// Why a daemon call failed.
@@ -66,9 +171,24 @@ pub enum DaemonError {
     },
 }
 
+impl From<DriverError> for DaemonError {
+    fn from(e: DriverError) -> DaemonError {
+        match e {
+            DriverError::Rejected(r) => DaemonError::Rejected(r),
+            DriverError::Storage(m) => DaemonError::Storage(m),
+            other => DaemonError::Storage(other.to_string()),
+        }
+    }
+}
+
 #[allow(clippy::large_enum_variant)] // one message per input; boxing would add an allocation each
 enum Msg {
     Input(Input, Option<oneshot::Sender<Result<Step, DaemonError>>>),
+    /// What the runtime of a root (at a generation: an earlier runtime's messages are stale)
+    /// reported.
+    Runtime(Id, u64, FromRuntime),
+    /// The deadline armed for the driver's timers (or a later one) was reached.
+    Tick,
     SetCwd(Id, String),
     /// The idle timer of a root's provider runtime, armed at the given generation.
     IdleCheck(Id, u64),
@@ -77,15 +197,13 @@ enum Msg {
     /// The root ids of the trees loaded in the engine.
     Resident(oneshot::Sender<Vec<Id>>),
     Shutdown(oneshot::Sender<()>),
-    /// Flush the buffered text of the provider runtime of this session's tree.
-    Flush(Id, mpsc::UnboundedSender<()>),
 }
 
 /// A handle to a running daemon core (cheap to clone).
 #[derive(Clone)]
 pub struct Daemon {
     tx: mpsc::UnboundedSender<Msg>,
-    reader: Arc<Mutex<SqliteStore>>,
+    reader: Arc<Mutex<Box<dyn Reads>>>,
     outbox: watch::Receiver<u64>,
     live: broadcast::WeakSender<LiveBatch>,
     providers: Arc<dyn ProviderFactory>,
@@ -112,29 +230,45 @@ pub struct DaemonOptions {
 /// The default of [`DaemonOptions::idle_timeout`]: five minutes.
 pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// How long a cancel waits for the provider runtime to flush its buffered text.
-const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// How long daemon shutdown waits for the provider runtimes to end their process groups.
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(1100);
 
 impl Daemon {
     /// Opens the database, restores live trees, settles the turns whose provider process no
     /// longer exists (they cannot survive a daemon restart), and starts the engine thread.
-    pub fn start(opts: DaemonOptions) -> Result<Daemon, String> {
+    pub fn start(opts: DaemonOptions) -> Result<Daemon, StartError> {
         // Commits never checkpoint: the checkpoint (and its fsync) runs on a thread of its own so
         // that it never holds up the engine thread (see `checkpointer`).
-        let mut store =
-            SqliteStore::open_with(&opts.db, &OpenOptions::new().auto_checkpoint(false))
-                .map_err(|e| e.to_string())?;
-        let reader = SqliteStore::open(&opts.db).map_err(|e| e.to_string())?;
+        let store = SqliteStore::open_with(&opts.db, &OpenOptions::new().auto_checkpoint(false))?;
+        let reader = SqliteStore::open(&opts.db)?;
+        let checkpoints =
+            Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)?;
+        Daemon::start_on(
+            store,
+            Box::new(reader),
+            Box::new(SqliteCheckpoints(checkpoints)),
+            opts,
+        )
+    }
+
+    /// [`Daemon::start`] on any store: `store` is the engine thread's writer, `reader` a second
+    /// handle on the same data for the API's reads (it must see every commit of `store`), and
+    /// `housekeeping` what the store needs between commits (see [`Housekeeping`]; for
+    /// [`SqliteStore`], [`Daemon::start`] runs its checkpoint thread). `opts.db` is only reported
+    /// by [`Daemon::db`].
+    pub fn start_on<S: HostStore + Send + 'static>(
+        mut store: S,
+        reader: Box<dyn Reads>,
+        housekeeping: Box<dyn Housekeeping<S>>,
+        opts: DaemonOptions,
+    ) -> Result<Daemon, StartError> {
         let mut engine = Engine::with_config(opts.engine);
         // Without message ids: the settle step below appends no message, and every recovered
         // tree is evicted right after it (the next input loads the whole tree). Reading and
         // indexing every stored message id would dominate the start-up time.
         let live = store
             .load_live_trees_without_messages()
-            .map_err(|e| e.to_string())?;
+            .map_err(StartError::store)?;
         let mut recovered = Vec::new();
         for t in live {
             let root = t.root().map(|r| r.id.clone());
@@ -162,10 +296,11 @@ impl Daemon {
         }
         // Group-committed like any other steps (one transaction per `MAX_GROUP` trees), so a
         // restart after a crash with many live trees is not one commit per tree.
-        for group in settle.chunks(tutti_sqlite::MAX_GROUP) {
-            if let Err(e) = store.apply_many(group.iter()) {
-                return Err(format!("recovery commit failed: {e}"));
-            }
+        for group in settle.chunks(MAX_GROUP) {
+            let group: Vec<&PersistBatch> = group.iter().collect();
+            store
+                .apply_group(&group, false)
+                .map_err(|e| StartError::Recovery(Box::new(e)))?;
         }
         info!(trees = recovered.len(), "recovered live trees");
         // Loaded without their message ids: none may stay (see above).
@@ -173,12 +308,9 @@ impl Daemon {
             engine.evict(root);
         }
         let quiescent = QuiescentTrees::default();
-        let last_seq = store.last_outbox_seq().map_err(|e| e.to_string())?;
+        let last_seq = store.last_outbox_seq().map_err(StartError::store)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (seq_tx, seq_rx) = watch::channel(last_seq);
-        let checkpoints =
-            Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)
-                .map_err(|e| e.to_string())?;
         let (live, _) = broadcast::channel(LIVE_CAPACITY);
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
@@ -197,14 +329,19 @@ impl Daemon {
             });
         }
         let core = Core {
-            checkpoints,
+            housekeeping,
             live,
-            engine,
+            driver: Driver::with_engine(engine),
             store,
             rx,
             tx: tx.clone(),
             seq: seq_tx,
             runtimes: BTreeMap::new(),
+            generation: 0,
+            current: HashMap::new(),
+            replies: HashMap::new(),
+            next_reply: 0,
+            deadline: None,
             providers: opts.providers.clone(),
             idle: Idle {
                 timeout: opts.idle_timeout,
@@ -213,7 +350,6 @@ impl Daemon {
             },
             retention: opts.retention,
             quiescent,
-            loaded: Vec::new(),
             positions: positions.clone(),
         };
         std::thread::Builder::new()
@@ -221,8 +357,7 @@ impl Daemon {
             .spawn(move || {
                 let _guard = rt.enter();
                 core.run();
-            })
-            .map_err(|e| e.to_string())?;
+            })?;
         Ok(Daemon {
             tx,
             reader: Arc::new(Mutex::new(reader)),
@@ -250,16 +385,23 @@ impl Daemon {
         let _ = self.tx.send(Msg::SetCwd(root, cwd));
     }
 
-    /// Runs a read against the read connection (blocking; call from `spawn_blocking`).
-    pub fn read<T>(&self, f: impl FnOnce(&SqliteStore) -> T) -> Result<T, DaemonError> {
+    /// Runs a read against the reader (blocking; call from `spawn_blocking`). The reads inside
+    /// see one committed state.
+    pub fn read<T>(&self, f: impl FnOnce(&dyn Reads) -> T) -> Result<T, DaemonError> {
         let guard = self
             .reader
             .lock()
             .map_err(|_| DaemonError::Storage("reader poisoned".into()))?;
-        // One read transaction per call: the reads inside see one committed state.
+        let mut f = Some(f);
+        let mut out = None;
         guard
-            .read_consistent(f)
-            .map_err(|e| DaemonError::Storage(e.to_string()))
+            .read_consistent_dyn(&mut |r| {
+                if let Some(f) = f.take() {
+                    out = Some(f(r));
+                }
+            })
+            .map_err(|e| DaemonError::Storage(e.to_string()))?;
+        out.ok_or_else(|| DaemonError::Storage("the read did not run".into()))
     }
 
     /// The newest published outbox sequence number (changes when new rows are committed).
@@ -296,25 +438,6 @@ impl Daemon {
         rx.await.map_err(|_| DaemonError::Stopped)
     }
 
-    /// Has the provider runtime of `session`'s tree emit the text it buffered, and waits until
-    /// those events are queued for the engine: an input sent after this returns is handled
-    /// after them. Used before `cancelTurn` (issue 23: "Flush buffered text before the cancel
-    /// settles the turn; it is the user's record of what happened"). Returns at once when the
-    /// tree has no running provider.
-    pub async fn flush_provider_text(&self, session: &Id) -> Result<(), DaemonError> {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        self.tx
-            .send(Msg::Flush(session.clone(), tx))
-            .map_err(|_| DaemonError::Stopped)?;
-        // A closed channel means no runtime (or it ended): nothing was buffered to keep. A
-        // runtime that does not answer in time (stuck writing to its process) must not hold the
-        // cancel up: the cancel goes ahead and only that buffered text is lost.
-        if tokio::time::timeout(FLUSH_WAIT, rx.recv()).await.is_err() {
-            warn!(session = %session, "provider text flush timed out; canceling anyway");
-        }
-        Ok(())
-    }
-
     /// The positions of the live outbox followers (retention never prunes above the lowest).
     pub fn live_positions(&self) -> &Arc<LivePositions> {
         &self.positions
@@ -348,23 +471,34 @@ fn log_checkpoint(e: CheckpointEvent) {
     }
 }
 
-struct Core {
-    /// The checkpoint thread (commits never checkpoint; see [`Checkpointer`]).
-    checkpoints: Checkpointer,
+struct Core<S> {
+    /// What the store needs besides commits.
+    housekeeping: Box<dyn Housekeeping<S>>,
     live: broadcast::Sender<LiveBatch>,
-    engine: Engine,
-    store: SqliteStore,
+    /// The engine, the adapters of the live roots and their timers.
+    driver: Driver,
+    store: S,
     rx: mpsc::UnboundedReceiver<Msg>,
     tx: mpsc::UnboundedSender<Msg>,
     seq: watch::Sender<u64>,
+    /// The provider runtime (process I/O) of each root with a live provider.
     runtimes: BTreeMap<Id, RuntimeHandle>,
+    /// Launches so far (each runtime's generation).
+    generation: u64,
+    /// The generation of each root's current runtime, until it is stopped on purpose or its
+    /// exit is handled (kept when an ended runtime's handle is dropped to free its buffers, so
+    /// that its exit still counts).
+    current: HashMap<Id, u64>,
+    /// Callers waiting for the reply to their input, by the driver's reply token.
+    replies: HashMap<u64, oneshot::Sender<Result<Step, DaemonError>>>,
+    next_reply: u64,
+    /// The deadline a tick is armed for.
+    deadline: Option<i64>,
     providers: Arc<dyn ProviderFactory>,
     idle: Idle,
     retention: Retention,
     /// Loaded quiescent trees, least recently touched first (see [`crate::retention`]).
     quiescent: QuiescentTrees,
-    /// Trees loaded on demand since the last residency check.
-    loaded: Vec<Id>,
     positions: Arc<LivePositions>,
 }
 
@@ -385,20 +519,17 @@ struct Idle {
     armed: BTreeMap<Id, u64>,
 }
 
-type Reply = Option<oneshot::Sender<Result<Step, DaemonError>>>;
-
-impl Core {
+impl<S: HostStore + Send + 'static> Core<S> {
     fn run(mut self) {
         while let Some(first) = self.rx.blocking_recv() {
             let mut batch = vec![first];
-            while batch.len() < tutti_sqlite::MAX_GROUP {
+            while batch.len() < MAX_GROUP {
                 match self.rx.try_recv() {
                     Ok(m) => batch.push(m),
                     Err(_) => break,
                 }
             }
             let now = now_ms();
-            let mut decided: Vec<(Step, Reply)> = Vec::new();
             let mut shutdown = None;
             let mut prune = false;
             let mut resident = Vec::new();
@@ -412,38 +543,26 @@ impl Core {
                     Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
                     Msg::Prune => prune = true,
                     Msg::Resident(r) => resident.push(r),
-                    Msg::Flush(session, done) => self.flush_runtime(&session, done),
                     Msg::Shutdown(done) => shutdown = Some(done),
-                    Msg::Input(input, reply) => match self.decide(now, &input) {
-                        Ok(step) => {
-                            if step.ignored.is_some() {
-                                self.tell_dropped(&input);
-                            }
-                            decided.push((step, reply))
-                        }
-                        Err(e) => {
-                            debug!(kind = input.kind(), error = %e, "input rejected");
-                            self.tell_dropped(&input);
-                            if let Some(r) = reply {
-                                let _ = r.send(Err(e.into()));
-                            }
-                        }
-                    },
-                }
-            }
-            let committed = self.commit(decided);
-            let mut touched = std::mem::take(&mut self.loaded);
-            for (step, reply) in committed {
-                self.effects(now, &step);
-                if let Some(root) = &step.persist.root_agent_session_id {
-                    if !touched.contains(root) {
-                        touched.push(root.clone());
+                    Msg::Tick => {
+                        self.deadline = None;
+                        self.driver.handle_timeout(now, &self.store);
+                    }
+                    Msg::Input(input, reply) => {
+                        let token = reply.map(|r| {
+                            self.next_reply += 1;
+                            self.replies.insert(self.next_reply, r);
+                            self.next_reply
+                        });
+                        debug!(kind = input.kind(), "input");
+                        self.driver.handle_input(now, input, token, &self.store);
+                    }
+                    Msg::Runtime(root, generation, m) => {
+                        self.runtime_said(now, root, generation, m)
                     }
                 }
-                if let Some(r) = reply {
-                    let _ = r.send(Ok(step));
-                }
             }
+            let touched = self.settle(now);
             for root in &touched {
                 self.review_runtime(root);
             }
@@ -452,122 +571,196 @@ impl Core {
                 self.prune();
             }
             for r in resident {
-                let _ = r.send(self.engine.roots());
+                let _ = r.send(self.driver.engine().roots());
             }
-            if self.checkpoints.restart_wanted() {
-                let t = std::time::Instant::now();
-                // Never wait here: a reader in the way makes it `busy`, and the checkpoint
-                // thread asks again after its next pass.
-                match self.store.checkpoint(CheckpointMode::RestartNoWait) {
-                    Ok(c) => debug!(
-                        wal_frames = c.wal_frames,
-                        busy = c.busy,
-                        micros = t.elapsed().as_micros() as u64,
-                        "WAL restart"
-                    ),
-                    Err(e) => warn!(error = %e, "WAL restart failed"),
-                }
-                self.checkpoints.restarted();
-            }
+            self.housekeeping.after_round(&mut self.store);
             if let Some(done) = shutdown {
                 self.stop_all_runtimes();
                 let _ = done.send(());
                 return;
             }
+            self.arm_deadline(now);
         }
     }
 
-    /// [`Msg::Flush`]: the runtime of the session's root (if it runs) flushes and tells `done`;
-    /// otherwise `done` is dropped.
-    fn flush_runtime(&self, session: &Id, done: mpsc::UnboundedSender<()>) {
-        let root = match self.engine.root_of(session) {
-            Some(r) => r.clone(),
-            None => return,
-        };
-        if let Some(r) = self.runtimes.get(&root) {
-            r.flush(done);
+    /// A message of a root's runtime; one of an earlier (stopped) runtime of the root is stale.
+    fn runtime_said(&mut self, now: i64, root: Id, generation: u64, m: FromRuntime) {
+        if self.current.get(&root) != Some(&generation) {
+            debug!(root = %root, generation, "message of a stopped runtime dropped");
+            return;
+        }
+        match m {
+            FromRuntime::Native(v) => {
+                if let Err(e) = self.driver.handle_native(now, &root, &v, &self.store) {
+                    warn!(root = %root, error = %e, "dropped a native message");
+                }
+            }
+            FromRuntime::WriteFailed(failure, error) => {
+                self.driver
+                    .handle_write_failed(now, failure, &error, &self.store)
+            }
+            FromRuntime::Exited(why) => {
+                self.current.remove(&root);
+                self.runtimes.remove(&root);
+                self.idle.armed.remove(&root);
+                self.driver.handle_exit(now, &root, &why, &self.store);
+            }
         }
     }
 
-    /// A provider's interaction request that the engine did not take still waits for an
-    /// answer: its adapter answers it natively so the provider never hangs.
-    fn tell_dropped(&self, input: &Input) {
-        if let Input::Event(
-            e @ tutti_core::NormalizedEvent::InteractionRequested {
-                agent_session_id, ..
+    /// Commits what the driver decided and carries out what it released, until it is quiet;
+    /// returns the roots whose trees a committed batch touched or that were loaded.
+    fn settle(&mut self, now: i64) -> Vec<Id> {
+        let mut touched = Vec::new();
+        loop {
+            let ids: Vec<BatchId> = std::iter::from_fn(|| self.driver.poll_batch()).collect();
+            for chunk in ids.chunks(MAX_GROUP) {
+                self.commit(chunk, &mut touched);
+            }
+            let mut any = false;
+            while let Some(out) = self.driver.poll_output() {
+                any = true;
+                self.carry_out(now, out);
+            }
+            if ids.is_empty() && !any {
+                break;
+            }
+        }
+        for root in self.driver.take_loaded() {
+            if !touched.contains(&root) {
+                touched.push(root);
+            }
+        }
+        touched
+    }
+
+    /// One group commit; on failure the batches one by one (see [`HostStore::apply_group`]).
+    fn commit(&mut self, ids: &[BatchId], touched: &mut Vec<Id>) {
+        let batches: Vec<_> = ids.iter().filter_map(|id| self.driver.batch(*id)).collect();
+        for b in &batches {
+            if let Some(root) = &b.root_agent_session_id {
+                if !touched.contains(root) {
+                    touched.push(root.clone());
+                }
+            }
+        }
+        match self.store.apply_group(&batches, true) {
+            Ok(published) => {
+                self.housekeeping.committed();
+                for (id, p) in ids.iter().zip(published) {
+                    self.driver.ack_commit(*id, p, &self.store);
+                }
+            }
+            Err(e) => {
+                let e = e.source_error();
+                warn!(error = %e, steps = ids.len(), "group commit failed; retrying one by one");
+                for id in ids {
+                    // Skipped when an earlier failed batch of its tree superseded it.
+                    let Some(batch) = self.driver.batch(*id) else {
+                        continue;
+                    };
+                    match self.store.apply_group(&[batch], true) {
+                        Ok(mut p) => {
+                            self.housekeeping.committed();
+                            let p = p.pop().unwrap_or_default();
+                            self.driver.ack_commit(*id, p, &self.store);
+                        }
+                        Err(e) => {
+                            error!(error = %e, "step not committed; reloading its tree");
+                            self.driver.commit_failed(*id, &e.to_string(), &self.store);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn carry_out(&mut self, now: i64, out: Output) {
+        match out {
+            Output::Launch(spec) => self.launch(now, spec),
+            Output::Transmit(t) => match self.runtimes.get(&t.root) {
+                Some(r) if r.write(t.messages, t.on_failure.clone()) => {}
+                _ => {
+                    warn!(root = %t.root, "provider runtime is gone");
+                    if let Some(f) = t.on_failure {
+                        self.driver.handle_write_failed(
+                            now,
+                            f,
+                            "provider runtime is gone",
+                            &self.store,
+                        );
+                    }
+                }
             },
-        ) = input
-        {
-            let root = self
-                .engine
-                .root_of(agent_session_id)
-                .cloned()
-                .unwrap_or_else(|| {
-                    // Adapter-made child ids start with their root's id (`{root}~...`).
-                    agent_session_id
-                        .split('~')
-                        .next()
-                        .unwrap_or_default()
-                        .into()
-                });
-            if let Some(r) = self.runtimes.get(&root) {
-                r.dropped(e.clone());
-            }
-        }
-    }
-
-    /// Handles one input, loading an evicted tree on demand.
-    fn decide(&mut self, now: i64, input: &Input) -> Result<Step, Rejected> {
-        match self.engine.handle(now, input) {
-            Err(Rejected::UnknownSession(id)) => {
-                if self.load_tree_of(&id) {
-                    self.engine.handle(now, input)
-                } else {
-                    Err(Rejected::UnknownSession(id))
+            Output::Publish(p) => self.publish(p),
+            Output::Reply { to, result } => {
+                if let Some(r) = self.replies.remove(&to) {
+                    if let Err(e) = &result {
+                        debug!(error = %e, "input not applied");
+                    }
+                    let _ = r.send(result.map_err(DaemonError::from));
                 }
             }
-            other => other,
         }
     }
 
-    fn load_tree_of(&mut self, session: &str) -> bool {
-        let root = match self.store.root_of(session) {
-            Ok(Some(r)) => r,
-            _ => return false,
+    /// Announces a commit: the newest sequence number, and its rows to live followers.
+    fn publish(&mut self, p: Publication) {
+        let Some(max) = p.rows.iter().map(|r| r.seq).max() else {
+            return;
         };
-        if self.engine.root_of(&root).is_some() {
-            return false;
-        }
-        match self.store.load_tree(&root) {
-            Ok(Some(t)) => {
-                let ok = self.engine.restore(t).is_ok();
-                if ok {
-                    debug!(root = %root, "evicted tree reloaded");
-                    self.loaded.push(root);
-                }
-                ok
+        if self.live.receiver_count() > 0 {
+            if let (Some(root), Some(ws)) = (p.root_agent_session_id, p.workspace_id) {
+                let rows = p
+                    .rows
+                    .into_iter()
+                    .map(|r| LiveRow {
+                        seq: r.seq,
+                        kind: r.kind,
+                        root_agent_session_id: root.clone(),
+                        workspace_id: ws.clone(),
+                        payload: r.payload,
+                    })
+                    .collect();
+                let _ = self.live.send(Arc::new(rows));
             }
-            _ => false,
         }
+        self.seq.send_replace(max);
+    }
+
+    /// Arms one tick for the driver's next deadline (unless one is armed at or before it).
+    fn arm_deadline(&mut self, now: i64) {
+        let Some(at) = self.driver.poll_timeout() else {
+            return;
+        };
+        if self.deadline.is_some_and(|d| d <= at) {
+            return;
+        }
+        self.deadline = Some(at);
+        let tx = self.tx.clone();
+        let wait = (at - now).max(0) as u64;
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            let _ = tx.send(Msg::Tick);
+        });
     }
 
     /// After a commit: the touched trees that are quiescent become the most recent eviction
     /// candidates, the others stop being candidates, and the least recently touched candidates
-    /// beyond [`Retention::resident_trees`] leave the engine (reloaded on demand by
-    /// [`Core::decide`]).
+    /// beyond [`Retention::resident_trees`] leave the engine (reloaded on demand by the driver).
     fn residency(&mut self, touched: Vec<Id>) {
+        let engine = self.driver.engine();
         for root in touched {
-            if self.engine.root_of(&root).is_none() {
+            if engine.root_of(&root).is_none() {
                 self.quiescent.forget(&root);
-            } else if self.engine.is_quiescent(&root) {
+            } else if engine.is_quiescent(&root) {
                 self.quiescent.touch(&root);
             } else {
                 self.quiescent.forget(&root);
             }
         }
         while let Some(root) = self.quiescent.over(self.retention.resident_trees) {
-            if self.engine.is_quiescent(&root) {
-                self.engine.evict(&root);
+            if self.driver.evict(&root) {
                 // The handle of a runtime that has ended holds its channel's buffers (several
                 // KB); a later `Start` launches a new one either way.
                 if self.runtimes.get(&root).is_some_and(|r| !r.is_alive()) {
@@ -603,152 +796,11 @@ impl Core {
         }
     }
 
-    fn commit(&mut self, decided: Vec<(Step, Reply)>) -> Vec<(Step, Reply)> {
-        let batches: Vec<&PersistBatch> = decided
-            .iter()
-            .filter(|(s, _)| !s.persist.is_empty())
-            .map(|(s, _)| &s.persist)
-            .collect();
-        if batches.is_empty() {
-            return decided;
-        }
-        match self.store.apply_many_published(batches.iter().copied()) {
-            Ok(published) => {
-                self.checkpoints.committed();
-                self.publish(&batches, published);
-                decided
-            }
-            Err(e) => {
-                warn!(error = %e, steps = batches.len(), "group commit failed; retrying one by one");
-                let mut ok = Vec::new();
-                for (step, reply) in decided {
-                    if step.persist.is_empty() {
-                        ok.push((step, reply));
-                        continue;
-                    }
-                    match self
-                        .store
-                        .apply_many_published(std::iter::once(&step.persist))
-                    {
-                        Ok(published) => {
-                            self.checkpoints.committed();
-                            self.publish(&[&step.persist], published);
-                            ok.push((step, reply));
-                        }
-                        Err(e) => {
-                            error!(error = %e, "step not committed; reloading its tree");
-                            if let Some(root) = &step.persist.root_agent_session_id {
-                                self.engine.evict(root);
-                                if let Ok(Some(t)) = self.store.load_tree(root) {
-                                    let _ = self.engine.restore(t);
-                                }
-                            }
-                            if let Some(r) = reply {
-                                let _ = r.send(Err(DaemonError::Storage(e.to_string())));
-                            }
-                        }
-                    }
-                }
-                ok
-            }
-        }
-    }
-
-    /// Announces a commit: the newest sequence number, and its rows to live followers.
-    fn publish(&mut self, batches: &[&PersistBatch], published: Vec<Vec<Published>>) {
-        let Some(max) = published.iter().flatten().map(|p| p.seq).max() else {
-            return;
-        };
-        if self.live.receiver_count() > 0 {
-            let mut rows = Vec::with_capacity(published.iter().map(Vec::len).sum());
-            for (batch, published) in batches.iter().zip(published) {
-                let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id)
-                else {
-                    continue;
-                };
-                for p in published {
-                    let Some(row) = batch.rows.get(p.row as usize) else {
-                        continue;
-                    };
-                    rows.push(LiveRow {
-                        seq: p.seq,
-                        kind: row.kind(),
-                        root_agent_session_id: root.clone(),
-                        workspace_id: ws.clone(),
-                        payload: p.payload,
-                    });
-                }
-            }
-            let _ = self.live.send(Arc::new(rows));
-        }
-        self.seq.send_replace(max);
-    }
-
-    fn effects(&mut self, now: i64, step: &Step) {
-        for req in &step.provider {
-            self.dispatch(req.clone());
-        }
-        for t in &step.timers {
-            let tx = self.tx.clone();
-            let timer = t.timer.clone();
-            let wait = (t.at - now).max(0) as u64;
-            tokio::spawn(async move {
-                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-                let _ = tx.send(Msg::Input(
-                    Input::Runtime(RuntimeAnswer::TimerFired { timer }),
-                    None,
-                ));
-            });
-        }
-    }
-
-    fn dispatch(&mut self, req: ProviderRequest) {
-        let root = req.root_agent_session_id().clone();
-        let alive = self.runtimes.get(&root).is_some_and(|r| r.is_alive());
-        if !alive {
-            if matches!(req, ProviderRequest::Start { .. }) {
-                if let Err(e) = self.launch(&root) {
-                    error!(root = %root, error = %e, "provider could not be started");
-                    self.answer(RuntimeAnswer::ProviderExited {
-                        root_agent_session_id: root,
-                        error: format!("provider could not be started: {e}"),
-                    });
-                    return;
-                }
-            } else {
-                // No live provider runtime: nothing can confirm anything.
-                match &req {
-                    ProviderRequest::Cancel { operation_id, .. } => {
-                        self.answer(RuntimeAnswer::CancelFailed {
-                            operation_id: operation_id.clone(),
-                            error: "no live provider runtime".into(),
-                        })
-                    }
-                    ProviderRequest::Guide {
-                        agent_session_id,
-                        turn_id,
-                        ..
-                    } => self.answer(RuntimeAnswer::GuideFailed {
-                        agent_session_id: agent_session_id.clone(),
-                        turn_id: turn_id.clone(),
-                        error: "no live provider runtime".into(),
-                    }),
-                    _ => warn!(root = %root, "no live provider runtime for an interaction answer"),
-                }
-                return;
-            }
-        }
-        if let Some(r) = self.runtimes.get(&root) {
-            if !r.send(req) {
-                warn!(root = %root, "provider runtime is gone");
-            }
-        }
-    }
-
     /// Whether a root's provider runtime may be stopped: "no active turn, no prepared cancel, no
     /// pending interaction" in its tree. A tree that is not loaded has none of them.
     fn runtime_quiescent(&self, root: &Id) -> bool {
-        self.engine.is_quiescent(root) && self.engine.pending_interactions(root).is_empty()
+        let engine = self.driver.engine();
+        engine.is_quiescent(root) && engine.pending_interactions(root).is_empty()
     }
 
     /// After a committed step of `root`: stops its runtime at once if the root is deleted and
@@ -775,7 +827,8 @@ impl Core {
         // A tombstoned root (deleted sessions stay loaded as tombstones); a tree that is merely
         // not loaded is not deleted.
         let deleted = self
-            .engine
+            .driver
+            .engine()
             .session(root)
             .is_some_and(|s| s.deleted_at.is_some());
         if deleted {
@@ -802,6 +855,8 @@ impl Core {
 
     fn stop_runtime(&mut self, root: &Id, why: &'static str) {
         self.idle.armed.remove(root);
+        self.current.remove(root);
+        self.driver.detach(root);
         if let Some(r) = self.runtimes.remove(root) {
             info!(root = %root, reason = why, "stopping the provider runtime");
             r.stop(None);
@@ -814,7 +869,9 @@ impl Core {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let runtimes = std::mem::take(&mut self.runtimes);
         let n = runtimes.len();
-        for r in runtimes.values() {
+        for (root, r) in &runtimes {
+            self.current.remove(root);
+            self.driver.detach(root);
             r.stop(Some(done_tx.clone()));
         }
         drop(done_tx);
@@ -834,28 +891,48 @@ impl Core {
         self.idle.armed.clear();
     }
 
-    fn answer(&self, a: RuntimeAnswer) {
-        let _ = self.tx.send(Msg::Input(Input::Runtime(a), None));
-    }
-
-    fn launch(&mut self, root: &Id) -> Result<(), String> {
-        let (provider, previous) = self
-            .engine
-            .session(root)
-            .map(|s| (s.provider.to_string(), s.provider_session_id.clone()))
-            .ok_or("unknown root session")?;
-        let cwd = self.store.session_cwd(root).unwrap_or_else(|e| {
+    /// [`Output::Launch`]: starts the root's provider process and attaches its adapter to the
+    /// driver; a provider that cannot be started is an exit of that root.
+    fn launch(&mut self, now: i64, spec: LaunchSpec) {
+        let root = spec.root.clone();
+        // A runtime that ended without its exit being handled yet: it is replaced (its exit
+        // is stale from now on).
+        if let Some(old) = self.runtimes.remove(&root) {
+            old.stop(None);
+        }
+        self.current.remove(&root);
+        let cwd = self.store.session_cwd(&root).unwrap_or_else(|e| {
             warn!(root = %root, error = %e, "session cwd not readable; using the default");
             None
         });
-        let (adapter, transport) =
-            self.providers
-                .launch(&provider, root, cwd.as_deref(), previous.as_deref())?;
-        let tx = self.tx.clone();
-        let to_daemon = ToDaemon::new(move |i| tx.send(Msg::Input(i, None)).is_ok());
-        info!(root = %root, provider = %provider, "provider runtime started");
-        let handle = start_runtime(root.clone(), adapter, transport, to_daemon);
-        self.runtimes.insert(root.clone(), handle);
-        Ok(())
+        match self.providers.launch(
+            &spec.provider,
+            &root,
+            cwd.as_deref(),
+            spec.provider_session_id.as_deref(),
+        ) {
+            Ok((adapter, transport)) => {
+                self.generation += 1;
+                let generation = self.generation;
+                let tx = self.tx.clone();
+                let r = root.clone();
+                let to_daemon =
+                    ToDaemon::new(move |m| tx.send(Msg::Runtime(r.clone(), generation, m)).is_ok());
+                info!(root = %root, provider = %spec.provider, "provider runtime started");
+                let handle = start_runtime(root.clone(), generation, transport, to_daemon);
+                self.runtimes.insert(root.clone(), handle);
+                self.current.insert(root.clone(), generation);
+                self.driver.attach(now, root, adapter, &self.store);
+            }
+            Err(e) => {
+                error!(root = %root, error = %e, "provider could not be started");
+                self.driver.handle_exit(
+                    now,
+                    &root,
+                    &format!("provider could not be started: {e}"),
+                    &self.store,
+                );
+            }
+        }
     }
 }

@@ -7,7 +7,6 @@ use crate::render::render_tree;
 use std::io::IsTerminal;
 use std::time::Duration;
 use tutti_core::model::{Id, InteractionStatus};
-use tutti_core::store::Store;
 use tutti_core::{Command, Input};
 
 /// The demo's prompt: directives the demo agent understands (see `agents::demo`).
@@ -26,9 +25,23 @@ pub fn cli_example(addr: &str, token_file: &std::path::Path) -> String {
     )
 }
 
+/// Why the demo stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The daemon refused or failed a call.
+    #[error(transparent)]
+    Daemon(#[from] crate::daemon::DaemonError),
+    /// The root turn did not settle within 120 s.
+    #[error("the demo did not settle within 120 s")]
+    Unsettled,
+    /// A read task failed.
+    #[error("read task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// Runs the demo until the root turn settles. `login`, the web view's one-time login link, is
 /// printed under the tree at every redraw (a terminal redraw clears what was printed before).
-pub async fn run(d: &Daemon, login: Option<&str>) -> Result<(), String> {
+pub async fn run(d: &Daemon, login: Option<&str>) -> Result<(), DemoError> {
     let root: Id = new_id("s").into();
     d.call(Input::Command(Command::CreateSession {
         agent_session_id: root.clone(),
@@ -37,16 +50,14 @@ pub async fn run(d: &Daemon, login: Option<&str>) -> Result<(), String> {
         title: Some("tutti demo".into()),
         capabilities: d.providers().capabilities("demo"),
     }))
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let turn: Id = new_id("t").into();
     d.call(Input::Command(Command::Submit {
         agent_session_id: root.clone(),
         turn_id: turn.clone(),
         text: DEMO_PROMPT.into(),
     }))
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let tty = std::io::stdout().is_terminal();
     let mut watch = d.outbox_watch();
     let mut last = String::new();
@@ -66,9 +77,7 @@ pub async fn run(d: &Daemon, login: Option<&str>) -> Result<(), String> {
                     (text, settled, pending_interactions(s, &r))
                 })
             })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?
+            .await??
         };
         if text != last {
             if tty {
@@ -98,13 +107,13 @@ pub async fn run(d: &Daemon, login: Option<&str>) -> Result<(), String> {
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
-            return Err("the demo did not settle within 120 s".into());
+            return Err(DemoError::Unsettled);
         }
         let _ = tokio::time::timeout(Duration::from_millis(500), watch.changed()).await;
     }
 }
 
-fn pending_interactions(s: &tutti_sqlite::SqliteStore, root: &Id) -> Vec<(Id, Id, Id)> {
+fn pending_interactions(s: &dyn crate::reads::Reads, root: &Id) -> Vec<(Id, Id, Id)> {
     let Ok(Some(t)) = s.load_tree(root) else {
         return Vec::new();
     };

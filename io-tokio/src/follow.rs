@@ -18,7 +18,7 @@ use crate::daemon::{Daemon, DaemonError};
 use std::sync::Arc;
 use tokio::sync::broadcast;
 use tutti_core::model::Id;
-use tutti_core::store::{OutboxRow, Store};
+use tutti_core::store::OutboxRow;
 
 /// One outbox row as a commit wrote it (the payload is the stored JSON text).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +135,7 @@ impl Follower {
                         } else {
                             r.outbox_after(after, PAGE)?
                         };
-                        Ok::<_, tutti_sqlite::SqliteError>((pruned, rows))
+                        Ok::<_, crate::reads::ReadError>((pruned, rows))
                     })
                 })
                 .await

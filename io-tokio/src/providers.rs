@@ -5,8 +5,8 @@
 //! `claude`).
 
 use crate::acp_transport::spawn_acp_process;
-use crate::config::{ConfigFile, ProviderConfig, ProviderKind};
-use crate::daemon::ProviderFactory;
+use crate::config::{ConfigError, ConfigFile, ProviderConfig, ProviderKind};
+use crate::daemon::{LaunchError, ProviderFactory};
 use crate::runtime::{spawn_line_process, ProcessSpec, Transport};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -60,7 +60,7 @@ pub fn bundled_agent(sub: &str) -> Vec<String> {
 
 impl Registry {
     /// The built-in providers plus the config file's.
-    pub fn with_builtins(config: ConfigFile) -> Result<Registry, String> {
+    pub fn with_builtins(config: ConfigFile) -> Result<Registry, ConfigError> {
         let mut providers = BTreeMap::new();
         for (name, sub) in [("demo", "demo-agent"), ("plain", "plain-agent")] {
             providers.insert(
@@ -76,7 +76,7 @@ impl Registry {
         }
         for (name, p) in config.providers {
             if p.command.is_empty() {
-                return Err(format!("provider {name}: empty command"));
+                return Err(ConfigError::EmptyCommand(name));
             }
             providers.insert(name, p);
         }
@@ -114,9 +114,9 @@ impl Registry {
         root: &Id,
         cwd: &str,
         previous: Option<&str>,
-    ) -> Result<Box<dyn Adapter>, String> {
+    ) -> Box<dyn Adapter> {
         let options = p.options.clone().unwrap_or(serde_json::Value::Null);
-        Ok(match p.kind {
+        match p.kind {
             ProviderKind::Acp => Box::new(AcpAdapter::new(
                 root.clone(),
                 AcpConfig {
@@ -171,7 +171,7 @@ impl Registry {
                 }
                 Box::new(ClaudeAdapter::new(root.clone(), cfg))
             }
-        })
+        }
     }
 }
 
@@ -189,11 +189,11 @@ impl ProviderFactory for Registry {
         root: &Id,
         cwd: Option<&str>,
         previous: Option<&str>,
-    ) -> Result<(Box<dyn Adapter>, Transport), String> {
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
         let p = self
             .providers
             .get(provider)
-            .ok_or_else(|| format!("unknown provider {provider}"))?;
+            .ok_or_else(|| LaunchError::UnknownProvider(provider.to_string()))?;
         let cwd = cwd
             .map(String::from)
             .or_else(|| {
@@ -202,7 +202,7 @@ impl ProviderFactory for Registry {
                     .map(|d| d.to_string_lossy().into_owned())
             })
             .unwrap_or_else(|| "/".into());
-        let adapter = self.adapter(p, root, &cwd, previous)?;
+        let adapter = self.adapter(p, root, &cwd, previous);
         let spec = ProcessSpec {
             command: p.command.clone(),
             env: p.env.clone(),
@@ -212,7 +212,10 @@ impl ProviderFactory for Registry {
             ProviderKind::Acp => spawn_acp_process(&spec),
             ProviderKind::Codex | ProviderKind::Claude => spawn_line_process(&spec),
         }
-        .map_err(|e| format!("cannot start {provider}: {e}"))?;
+        .map_err(|e| LaunchError::Spawn {
+            provider: provider.to_string(),
+            error: e.to_string(),
+        })?;
         Ok((adapter, transport))
     }
 

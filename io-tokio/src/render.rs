@@ -3,14 +3,21 @@
 //! content.
 
 use tutti_core::model::{Session, Turn};
-use tutti_core::store::Store;
+
+/// Why a tree could not be rendered.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RenderError {
+    /// The store could not be read.
+    #[error(transparent)]
+    Read(#[from] crate::reads::ReadError),
+    /// No such session.
+    #[error("no such session")]
+    NotFound,
+}
 
 /// Renders a session and its nested children from a store.
-pub fn render_tree<S: Store>(s: &S, id: &str) -> Result<String, String> {
-    let d = s
-        .session_detail(id)
-        .map_err(|e| e.to_string())?
-        .ok_or("no such session")?;
+pub fn render_tree(s: &dyn crate::reads::Reads, id: &str) -> Result<String, RenderError> {
+    let d = s.session_detail(id)?.ok_or(RenderError::NotFound)?;
     let turns: Vec<Turn> = std::iter::once(&d.session)
         .chain(d.child_sessions.iter())
         .filter_map(|x| {

@@ -10,7 +10,7 @@
 //!   API's reads come from the file anyway. Choice: a small LRU (default 64) rather than evicting
 //!   at once, so that a provider's late events right after a turn settles do not reload the tree
 //!   each time; `resident_trees = 0` evicts at once.
-//! - Disk: outbox rows are pruned by [`tutti_sqlite::RetentionPolicy`] (count and age) every
+//! - Disk: outbox rows are pruned by [`tutti_core::store::RetentionPolicy`] (count and age) every
 //!   [`Retention::prune_interval_ms`], at most [`Retention::prune_batch`] rows per write
 //!   transaction so that the engine thread is never held up long; never a row a live follower
 //!   (an open `GET /v1/events`) has not been sent: [`LivePositions`] holds every follower's
@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use tutti_core::model::Id;
-use tutti_sqlite::RetentionPolicy;
+use tutti_core::store::RetentionPolicy;
 
 /// How much the daemon keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

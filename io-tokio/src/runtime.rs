@@ -1,11 +1,9 @@
 //! Provider runtimes: one live provider process per root session, driven by a pure adapter.
 //!
-//! The runtime task loops over three sources: native messages from the provider, requests the
-//! engine decided, and the adapter's timers. It writes the adapter's native output to the
-//! provider and sends normalized events and runtime answers back to the daemon as [`Input`]s.
-//! It keeps no session state of its own: child targets are routed through the root's adapter.
+//! The runtime task only moves native messages: what the provider writes goes to the daemon's
+//! [`tutti_core::Driver`] (which owns the root's adapter and its timers), and what the driver
+//! releases is written to the provider. It keeps no session state of its own.
 
-use crate::clock::now_ms;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -14,9 +12,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
-use tutti_core::adapters::{parse_line, Adapter, AdapterOutput};
+use tutti_core::adapters::parse_line;
+use tutti_core::driver::WriteFailure;
 use tutti_core::model::Id;
-use tutti_core::{Input, NormalizedEvent, ProviderRequest, RuntimeAnswer};
 
 /// What comes out of a provider transport.
 #[derive(Debug)]
@@ -29,10 +27,25 @@ pub enum Native {
     Exited(String),
 }
 
+/// Why a native message could not be written to a provider.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The message could not be encoded.
+    #[error("encode: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// The pipe to the process failed.
+    #[error("write: {0}")]
+    Io(#[from] std::io::Error),
+    /// The transport refused it (closed connection, unusable message); the text carries no
+    /// message content.
+    #[error("{0}")]
+    Transport(String),
+}
+
 /// Writes native messages to a provider.
 pub trait NativeSink: Send {
     /// Sends one native message.
-    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), String>>;
+    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), WriteError>>;
 }
 
 /// A provider transport: a stream of native messages and a sink.
@@ -48,12 +61,12 @@ pub struct Transport {
 struct StdinSink(ChildStdin);
 
 impl NativeSink for StdinSink {
-    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), String>> {
+    fn send<'a>(&'a mut self, message: &'a Value) -> BoxFuture<'a, Result<(), WriteError>> {
         Box::pin(async move {
-            let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+            let mut line = serde_json::to_vec(message)?;
             line.push(b'\n');
-            self.0.write_all(&line).await.map_err(|e| e.to_string())?;
-            self.0.flush().await.map_err(|e| e.to_string())
+            self.0.write_all(&line).await?;
+            Ok(self.0.flush().await?)
         })
     }
 }
@@ -183,40 +196,45 @@ pub async fn end_process_group(child: &mut Child) -> String {
 /// What the daemon sends a runtime.
 #[derive(Debug, Clone)]
 pub enum RuntimeMsg {
-    /// A request the engine decided.
-    Request(ProviderRequest),
-    /// An event of this runtime's adapter that the engine did not accept.
-    Dropped(NormalizedEvent),
+    /// Native messages the driver released (see [`tutti_core::driver::Transmit`]), written in
+    /// order; if a write fails, `on_failure` is reported and the runtime ends.
+    Write(Vec<Value>, Option<WriteFailure>),
     /// Stop the provider (its tree is quiescent, deleted, or the daemon stops): the process group
     /// is ended and the runtime ends without reporting a provider exit. The sender, if any, is
     /// told once the processes are gone.
     Stop(Option<std::sync::mpsc::Sender<()>>),
-    /// Emit the adapter's buffered text now ([`Adapter::flush_text`]); the sender is told once
-    /// those events are in the daemon's queue (before a `cancelTurn` is queued behind them).
-    Flush(mpsc::UnboundedSender<()>),
+}
+
+/// What a runtime tells the daemon.
+#[derive(Debug)]
+pub enum FromRuntime {
+    /// One native message from the provider.
+    Native(Value),
+    /// A write of a transmit that carried `failure` failed.
+    WriteFailed(WriteFailure, String),
+    /// The provider is gone (the runtime ended).
+    Exited(String),
 }
 
 /// The daemon's side of a runtime.
 #[derive(Debug, Clone)]
 pub struct RuntimeHandle {
     requests: mpsc::UnboundedSender<RuntimeMsg>,
+    /// Which launch of its root this runtime is (messages of an earlier one are stale).
+    generation: u64,
 }
 
 impl RuntimeHandle {
-    /// Queues a request; false if the runtime is gone.
-    pub fn send(&self, request: ProviderRequest) -> bool {
-        self.requests.send(RuntimeMsg::Request(request)).is_ok()
+    /// Queues native messages to write; false if the runtime is gone.
+    pub fn write(&self, messages: Vec<Value>, on_failure: Option<WriteFailure>) -> bool {
+        self.requests
+            .send(RuntimeMsg::Write(messages, on_failure))
+            .is_ok()
     }
 
-    /// Tells the adapter that the engine dropped one of its events.
-    pub fn dropped(&self, event: NormalizedEvent) -> bool {
-        self.requests.send(RuntimeMsg::Dropped(event)).is_ok()
-    }
-
-    /// Asks the adapter to emit its buffered text ([`RuntimeMsg::Flush`]); `done` is told when
-    /// the events are queued for the engine (dropped at once if the runtime is gone).
-    pub fn flush(&self, done: mpsc::UnboundedSender<()>) {
-        let _ = self.requests.send(RuntimeMsg::Flush(done));
+    /// Which launch of its root this runtime is.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Whether the runtime task is still running.
@@ -236,20 +254,20 @@ impl RuntimeHandle {
     }
 }
 
-/// Where a runtime sends what its provider said (normalized inputs and runtime answers): straight
-/// into the daemon's engine queue, without a task in between.
+/// Where a runtime sends what its provider said: straight into the daemon's engine queue, without
+/// a task in between.
 #[derive(Clone)]
-pub struct ToDaemon(std::sync::Arc<dyn Fn(Input) -> bool + Send + Sync>);
+pub struct ToDaemon(std::sync::Arc<dyn Fn(FromRuntime) -> bool + Send + Sync>);
 
 impl ToDaemon {
-    /// Wraps the function that enqueues one input (returns false once the daemon is gone).
-    pub fn new(f: impl Fn(Input) -> bool + Send + Sync + 'static) -> ToDaemon {
+    /// Wraps the function that enqueues one message (returns false once the daemon is gone).
+    pub fn new(f: impl Fn(FromRuntime) -> bool + Send + Sync + 'static) -> ToDaemon {
         ToDaemon(std::sync::Arc::new(f))
     }
 
-    /// Enqueues one input; `false` if the daemon is gone.
-    pub fn send(&self, input: Input) -> bool {
-        (self.0)(input)
+    /// Enqueues one message; `false` if the daemon is gone.
+    pub fn send(&self, m: FromRuntime) -> bool {
+        (self.0)(m)
     }
 }
 
@@ -259,46 +277,27 @@ impl std::fmt::Debug for ToDaemon {
     }
 }
 
-/// Starts the runtime task of one root session.
+/// Starts the runtime task of one root session: it only moves native messages between the
+/// provider's transport and the daemon (the adapter lives in the daemon's
+/// [`tutti_core::Driver`]), and ends the provider's process group when it stops.
 pub fn start_runtime(
     root: Id,
-    mut adapter: Box<dyn Adapter>,
+    generation: u64,
     mut transport: Transport,
     to_daemon: ToDaemon,
 ) -> RuntimeHandle {
     let (tx, mut requests) = mpsc::unbounded_channel::<RuntimeMsg>();
     tokio::spawn(async move {
-        let mut timers: BTreeMap<(i64, String), ()> = BTreeMap::new();
         let mut garbage = 0u64;
-        let out = adapter.open(now_ms());
         let mut exit_reason: Option<String> = None;
-        if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
-            exit_reason = Some(format!("handshake write failed: {e}"));
-        }
         while exit_reason.is_none() {
-            let next_timer = timers.keys().next().map(|(at, _)| *at);
-            let sleep = async {
-                match next_timer {
-                    Some(at) => {
-                        let wait = (at - now_ms()).max(0) as u64;
-                        tokio::time::sleep(std::time::Duration::from_millis(wait)).await
-                    }
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 msg = transport.incoming.recv() => match msg {
-                    Some(Native::Message(v)) => match adapter.on_native(now_ms(), &v) {
-                        Ok(out) => {
-                            if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
-                                exit_reason = Some(format!("write failed: {e}"));
-                            }
+                    Some(Native::Message(v)) => {
+                        if !to_daemon.send(FromRuntime::Native(v)) {
+                            exit_reason = Some("the daemon is gone".into());
                         }
-                        Err(e) => {
-                            garbage += 1;
-                            warn!(root = %root, error = %e, garbage, "dropped a native message");
-                        }
-                    },
+                    }
                     Some(Native::Garbage(e)) => {
                         garbage += 1;
                         warn!(root = %root, error = %e, garbage, "provider wrote a line that is not JSON");
@@ -307,37 +306,17 @@ pub fn start_runtime(
                     None => exit_reason = Some("transport closed".into()),
                 },
                 req = requests.recv() => match req {
-                    Some(RuntimeMsg::Dropped(event)) => {
-                        let out = adapter.on_dropped(now_ms(), &event);
-                        if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
-                            exit_reason = Some(format!("write failed: {e}"));
-                        }
-                    }
-                    Some(RuntimeMsg::Flush(done)) => {
-                        let out = adapter.flush_text(now_ms());
-                        debug!(root = %root, events = out.events.len(), "buffered text flushed");
-                        if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
-                            exit_reason = Some(format!("write failed: {e}"));
-                        }
-                        let _ = done.send(());
-                    }
-                    Some(RuntimeMsg::Request(req)) => {
-                        debug!(root = %root, kind = request_kind(&req), "provider request");
-                        let failed_op = match &req {
-                            ProviderRequest::Cancel { operation_id, .. } => Some(operation_id.clone()),
-                            _ => None,
-                        };
-                        let guide = match &req {
-                            ProviderRequest::Guide { agent_session_id, turn_id, .. } => Some((agent_session_id.clone(), turn_id.clone())),
-                            _ => None,
-                        };
-                        let out = adapter.on_request(now_ms(), &req);
-                        if let Err(e) = deliver(&root, out, failed_op.clone(), &mut transport, &to_daemon, &mut timers).await {
-                            // "A failed session/cancel transport write is an operation failure."
-                            if let Some((s, t)) = guide {
-                                let _ = to_daemon.send(Input::Runtime(RuntimeAnswer::GuideFailed { agent_session_id: s, turn_id: t, error: e.clone() }));
+                    Some(RuntimeMsg::Write(messages, on_failure)) => {
+                        debug!(root = %root, messages = messages.len(), "provider write");
+                        for m in &messages {
+                            if let Err(e) = transport.sink.send(m).await {
+                                // "A failed session/cancel transport write is an operation failure."
+                                if let Some(f) = on_failure.clone() {
+                                    let _ = to_daemon.send(FromRuntime::WriteFailed(f, e.to_string()));
+                                }
+                                exit_reason = Some(format!("write failed: {e}"));
+                                break;
                             }
-                            exit_reason = Some(format!("write failed: {e}"));
                         }
                     }
                     Some(RuntimeMsg::Stop(done)) => {
@@ -359,17 +338,6 @@ pub fn start_runtime(
                         return;
                     }
                 },
-                _ = sleep => {
-                    let now = now_ms();
-                    let due: Vec<(i64, String)> = timers.range(..=(now, String::from("\u{10ffff}"))).map(|(k, _)| k.clone()).collect();
-                    for key in due {
-                        timers.remove(&key);
-                        let out = adapter.on_timer(now, &key.1);
-                        if let Err(e) = deliver(&root, out, None, &mut transport, &to_daemon, &mut timers).await {
-                            exit_reason = Some(format!("write failed: {e}"));
-                        }
-                    }
-                }
             }
         }
         let why = exit_reason.unwrap_or_default();
@@ -378,61 +346,10 @@ pub fn start_runtime(
             None => String::new(),
         };
         warn!(root = %root, reason = %why, status = %status, "provider runtime ended");
-        let _ = to_daemon.send(Input::Runtime(RuntimeAnswer::ProviderExited {
-            root_agent_session_id: root.clone(),
-            error: format!("{why} ({status})"),
-        }));
+        let _ = to_daemon.send(FromRuntime::Exited(format!("{why} ({status})")));
     });
-    RuntimeHandle { requests: tx }
-}
-
-fn request_kind(r: &ProviderRequest) -> &'static str {
-    match r {
-        ProviderRequest::Start { .. } => "start",
-        ProviderRequest::Guide { .. } => "guide",
-        ProviderRequest::Cancel { .. } => "cancel",
-        ProviderRequest::RespondInteraction { .. } => "respondInteraction",
-    }
-}
-
-/// Carries out one adapter output: native writes first (a failed write of a cancel becomes
-/// `cancelFailed`), then events and answers to the daemon, then timers.
-async fn deliver(
-    root: &Id,
-    out: AdapterOutput,
-    cancel_op: Option<Id>,
-    transport: &mut Transport,
-    to_daemon: &ToDaemon,
-    timers: &mut BTreeMap<(i64, String), ()>,
-) -> Result<(), String> {
-    for d in &out.diagnostics {
-        debug!(root = %root, diagnostic = %d, "adapter");
-    }
-    let mut write_error = None;
-    for m in &out.native {
-        if let Err(e) = transport.sink.send(m).await {
-            write_error = Some(e);
-            break;
-        }
-    }
-    for e in out.events {
-        let _ = to_daemon.send(Input::Event(e));
-    }
-    if let (Some(op), Some(e)) = (&cancel_op, &write_error) {
-        let _ = to_daemon.send(Input::Runtime(RuntimeAnswer::CancelFailed {
-            operation_id: op.clone(),
-            error: format!("cancel write failed: {e}"),
-        }));
-    } else {
-        for a in out.answers {
-            let _ = to_daemon.send(Input::Runtime(a));
-        }
-    }
-    for t in out.timers {
-        timers.insert((t.at, t.id), ());
-    }
-    match write_error {
-        Some(e) => Err(e),
-        None => Ok(()),
+    RuntimeHandle {
+        requests: tx,
+        generation,
     }
 }

@@ -165,7 +165,7 @@ fn run(args: ServeArgs, demo: bool) {
     // hold the exit up.
     rt.shutdown_timeout(Duration::from_millis(200));
     if let Err(e) = result {
-        fail(&e);
+        fail(&e.to_string());
     }
 }
 
@@ -176,22 +176,73 @@ fn fail(msg: &str) -> ! {
 
 /// Issue 17: "Listening on a non-loopback address is refused unless an explicit flag says so
 /// (and then logged as a warning)".
-fn check_listen(addr: SocketAddr, allowed: bool) -> Result<(), String> {
+fn check_listen(addr: SocketAddr, allowed: bool) -> Result<(), ServeError> {
     if addr.ip().is_loopback() {
         return Ok(());
     }
     if !allowed {
-        return Err(format!(
-            "refusing to listen on {addr}: not a loopback address, so the API would be \
-             reachable from other machines over plain HTTP; pass --allow-non-loopback to do it \
-             anyway"
-        ));
+        return Err(ServeError::NonLoopback(addr));
     }
     tracing::warn!(%addr, "listening on a non-loopback address (--allow-non-loopback)");
     Ok(())
 }
 
-async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
+/// Why `tuttid serve` stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Listening on a non-loopback address without `--allow-non-loopback`.
+    #[error(
+        "refusing to listen on {0}: not a loopback address, so the API would be reachable from \
+         other machines over plain HTTP; pass --allow-non-loopback to do it anyway"
+    )]
+    NonLoopback(SocketAddr),
+    /// A file or directory could not be created or read.
+    #[error("{what} {path}: {source}")]
+    File {
+        /// What it is.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The token file is not usable.
+    #[error("token file {path}: {source}")]
+    Token {
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        source: crate::auth::TokenError,
+    },
+    /// The config file is not usable.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The daemon core did not start.
+    #[error(transparent)]
+    Start(#[from] crate::daemon::StartError),
+    /// The listening socket.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// Address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("server: {0}")]
+    Server(std::io::Error),
+    /// The server task panicked or was cancelled.
+    #[error("server task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// The demo failed.
+    #[error(transparent)]
+    Demo(#[from] crate::demo::DemoError),
+    /// The web view's one-time login code could not be made (no randomness).
+    #[error("cannot make a login code: {0}")]
+    LoginCode(std::io::Error),
+}
+
+async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     let dir = data_dir();
     let db = match (&args.db, demo) {
         (Some(p), _) => p.clone(),
@@ -199,15 +250,21 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
         (None, true) => dir.join("demo.db"),
     };
     if let Some(parent) = db.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|source| ServeError::File {
+            what: "cannot create",
+            path: parent.to_path_buf(),
+            source,
+        })?;
     }
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
     check_listen(args.listen, args.allow_non_loopback)?;
-    let token = crate::auth::load_or_create_token(&token_file)
-        .map_err(|e| format!("token file {}: {e}", token_file.display()))?;
+    let token =
+        crate::auth::load_or_create_token(&token_file).map_err(|source| ServeError::Token {
+            path: token_file.clone(),
+            source,
+        })?;
     let mut config = match &args.config {
-        Some(p) => ConfigFile::load(p).map_err(|e| e.to_string())?,
+        Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
     };
     if let Some(secs) = args.idle_timeout_secs {
@@ -219,7 +276,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
         engine.cancel_timeout_ms = ms;
     }
     let retention = config.retention.resolve();
-    let mut registry = Registry::with_builtins(config).map_err(|e| e.to_string())?;
+    let mut registry = Registry::with_builtins(config)?;
     let mut demo_state = db.clone().into_os_string();
     demo_state.push(".demo-agent");
     registry.set_demo_state_dir(PathBuf::from(demo_state));
@@ -230,15 +287,17 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
         idle_timeout,
         retention,
     })?;
+    let listen = |source| ServeError::Listen {
+        addr: args.listen,
+        source,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(listen)?;
+    let addr = listener.local_addr().map_err(listen)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let web = crate::web::WebAuth::new(token.clone());
-    let code = web
-        .issue_code()
-        .map_err(|e| format!("cannot make a login code: {e}"))?;
+    let code = web.issue_code().map_err(ServeError::LoginCode)?;
     let ws = demo.then_some(crate::demo::DEMO_WORKSPACE);
     let login = format!("http://{addr}{}", crate::web::login_path(&code, ws));
     let app = crate::api::router_with_web(daemon.clone(), token.clone(), stop_rx.clone(), web);
@@ -286,8 +345,8 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), String> {
     };
     match served {
         Some(Ok(Ok(()))) | None => {}
-        Some(Ok(Err(e))) => return Err(format!("server: {e}")),
-        Some(Err(e)) => return Err(format!("server task: {e}")),
+        Some(Ok(Err(e))) => return Err(ServeError::Server(e)),
+        Some(Err(e)) => return Err(ServeError::Task(e)),
     }
     server.abort();
     if tokio::time::timeout(ENGINE_SHUTDOWN_BOUND, daemon.shutdown())

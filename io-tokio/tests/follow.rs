@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
-use tutti_core::store::{OutboxRow, Store};
+use tutti_core::store::OutboxRow;
 use tutti_core::{Command, EngineConfig, Input};
-use tutti_tokio::daemon::{Daemon, DaemonOptions, ProviderFactory};
+use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
 use tutti_tokio::follow::Follower;
 use tutti_tokio::runtime::Transport;
 
@@ -24,8 +24,10 @@ impl ProviderFactory for NoProviders {
         _: &Id,
         _: Option<&str>,
         _: Option<&str>,
-    ) -> Result<(Box<dyn Adapter>, Transport), String> {
-        Err("no providers in this test".into())
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
+        Err(LaunchError::UnknownProvider(
+            "no providers in this test".into(),
+        ))
     }
     fn names(&self) -> Vec<String> {
         Vec::new()

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tutti_core::adapters::Adapter;
 use tutti_core::model::{Capabilities, Id};
-use tutti_core::store::{OutboxRow, Store};
+use tutti_core::store::OutboxRow;
 use tutti_core::{Command, EngineConfig, Input};
 use tutti_sqlite::RetentionPolicy;
 use tutti_tokio::config::{ConfigFile, ProviderConfig, ProviderKind};
-use tutti_tokio::daemon::{Daemon, DaemonOptions, ProviderFactory};
+use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
 use tutti_tokio::follow::{Followed, Follower};
 use tutti_tokio::providers::Registry;
 use tutti_tokio::retention::Retention;
@@ -58,7 +58,7 @@ impl ProviderFactory for Recording {
         root: &Id,
         cwd: Option<&str>,
         previous: Option<&str>,
-    ) -> Result<(Box<dyn Adapter>, Transport), String> {
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
         if let Ok(mut l) = self.launches.lock() {
             l.push((root.clone(), cwd.map(str::to_string)));
         }

@@ -1,0 +1,1030 @@
+//! [`Driver`]: the engine, one adapter per live root and every timer, as one sans-I/O machine.
+//!
+//! A host (the daemon, a replay, an embedding application) feeds the driver what happened and
+//! carries out what the driver asks for. Inputs, in the `handle_*` style:
+//!
+//! - [`Driver::handle_native`] / [`Driver::handle_line`]: one native message from a root's
+//!   provider;
+//! - [`Driver::handle_input`]: a host command (`submit`, `cancelTurn`, ...) or any other
+//!   [`Input`], with an optional [`ReplyTo`] token;
+//! - [`Driver::handle_exit`]: a root's provider process is gone (or could not be started);
+//! - [`Driver::handle_write_failed`]: a write of a [`Transmit`] failed;
+//! - [`Driver::handle_timeout`]: the clock reached [`Driver::poll_timeout`].
+//!
+//! Outputs, in the `poll_*` style:
+//!
+//! - [`Driver::poll_batch`]: the next [`PersistBatch`] to make durable (read it with
+//!   [`Driver::batch`]); the host may take several and commit them as one group, then reports
+//!   each with [`Driver::ack_commit`] (with the outbox rows the store wrote) or
+//!   [`Driver::commit_failed`];
+//! - [`Driver::poll_output`]: what to carry out once the batches before it are durable:
+//!   [`Output::Launch`] a provider process, [`Output::Transmit`] native messages to it,
+//!   [`Output::Publish`] committed outbox rows, [`Output::Reply`] to a host command;
+//! - [`Driver::poll_timeout`]: the next deadline.
+//!
+//! ## The host loop
+//!
+//! ```
+//! use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
+//! use tutti_core::driver::{Driver, Output};
+//! use tutti_core::store::{HostStore, MemoryStore, Store};
+//! use tutti_core::{Command, Input};
+//!
+//! let (mut driver, mut store, mut now) = (Driver::new(), MemoryStore::new(), 1_000);
+//! let create = Command::CreateSession { agent_session_id: "root".into(), workspace_id: "W".into(),
+//!     provider: "acp".into(), title: None, capabilities: None };
+//! let submit = Command::Submit { agent_session_id: "root".into(), turn_id: "t1".into(), text: "hi".into() };
+//! driver.handle_input(now, Input::Command(create), None, &store);
+//! driver.handle_input(now, Input::Command(submit), Some(1), &store); // 1: our reply token
+//! let (mut written, mut replies) = (Vec::new(), Vec::new());
+//! loop {
+//!     // 1. Make the decided batches durable as one group, then acknowledge each.
+//!     let ids: Vec<_> = std::iter::from_fn(|| driver.poll_batch()).collect();
+//!     let batches: Vec<_> = ids.iter().filter_map(|id| driver.batch(*id)).collect();
+//!     match store.apply_group(&batches, true) {
+//!         Ok(rows) => ids.into_iter().zip(rows).for_each(|(id, r)| driver.ack_commit(id, r, &store)),
+//!         Err(e) => ids.into_iter().for_each(|id| driver.commit_failed(id, &e.to_string(), &store)),
+//!     }
+//!     // 2. Carry out what the committed batches caused, in order.
+//!     while let Some(out) = driver.poll_output() {
+//!         match out {
+//!             Output::Launch(spec) => { // start the provider process here, then:
+//!                 let adapter = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
+//!                 driver.attach(now, spec.root, Box::new(adapter), &store);
+//!             }
+//!             Output::Transmit(t) => written.extend(t.messages), // write to t.root's provider
+//!             Output::Publish(p) => { /* hand p.rows to outbox followers */ }
+//!             Output::Reply { to, result } => replies.push((to, result.is_ok())),
+//!         }
+//!     }
+//!     // 3. Wait for a provider line (handle_native), a command (handle_input), an exit
+//!     //    (handle_exit) or the deadline; here: only the deadline, and stop once idle.
+//!     match driver.poll_timeout() {
+//!         Some(at) if !driver.is_busy() && at < now + 60_000 => { now = at; driver.handle_timeout(now, &store) }
+//!         _ => break,
+//!     }
+//! }
+//! assert_eq!(replies, [(1, true)]);
+//! assert_eq!(written[0]["method"], "initialize"); // the ACP handshake went out
+//! assert!(store.session("root").unwrap().is_some());
+//! ```
+//!
+//! ## What the driver guarantees
+//!
+//! - **Nothing caused by a batch leaves the driver before that batch is acknowledged**: the
+//!   provider requests of a step (and the adapter calls they make), its timers, its outbox rows
+//!   and its reply are held in decision order until every batch decided before them is
+//!   acknowledged. A step without rows waits behind the batches decided before it.
+//! - An adapter's events reach the engine before its answers (`cancelResult`, ...).
+//! - An `interactionRequested` the engine did not take (rejected, ignored, or its batch was not
+//!   committed) goes back to the adapter that emitted it ([`Adapter::on_dropped`]), so the
+//!   provider never hangs.
+//! - Engine requests go to the adapter of their tree; a `Start` for a root without a live
+//!   adapter launches one ([`Output::Launch`]); a `cancel` or `guide` for a root without one is
+//!   answered `cancelFailed` / `guideFailed` ("no live provider runtime").
+//! - Before a `cancelTurn`, the root's adapter flushes the text it buffered
+//!   ([`Adapter::flush_text`], issue 23: "Flush buffered text before the cancel settles the
+//!   turn").
+//! - A failed commit drops that tree from memory and reloads it from the store; later batches of
+//!   the same tree that were decided on the lost state are not committed (they answer
+//!   [`DriverError::Storage`]).
+//! - An evicted tree is loaded on demand ([`Trees`]) when an input names one of its sessions or
+//!   cancel operations; [`Driver::root_of`] maps any session (child or root) to its root.
+//!
+//! ## What the host still owns
+//!
+//! The clock (`now` on every call), the store (commits, and [`Trees`] to read trees back), the
+//! provider processes (start on [`Output::Launch`], write [`Output::Transmit`], report lines,
+//! write failures and exits), publishing outbox rows, and its own policies (when to evict a
+//! quiescent tree with [`Driver::evict`], when to stop an idle provider with [`Driver::detach`]).
+//!
+//! Design choice (issue 19: "give the driver a way to get the tree"): the host passes a
+//! [`Trees`] reader (every [`HostStore`] is one) to the calls that may need to load a tree, so
+//! an input is decided at once and in order, instead of parking it behind a "load tree" output.
+
+mod record;
+mod timers;
+
+pub use record::Record;
+pub use timers::Timer;
+
+use crate::adapters::{parse_line, Adapter, AdapterError, AdapterOutput};
+use crate::engine::{Engine, EngineConfig};
+use crate::error::Rejected;
+use crate::hash::FxMap;
+use crate::input::{Command, Input, NormalizedEvent, RuntimeAnswer};
+use crate::model::{Id, Millis};
+use crate::snapshot::TreeSnapshot;
+use crate::step::{PersistBatch, ProviderRequest, Step};
+use crate::store::{HostStore, Published};
+use serde_json::Value;
+use std::collections::VecDeque;
+use thiserror::Error;
+use timers::TimerQueue;
+
+/// A host's token for the reply to one input (echoed in [`Output::Reply`]).
+pub type ReplyTo = u64;
+
+/// Identifies one batch handed out by [`Driver::poll_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchId(u64);
+
+/// Why an input got no step.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DriverError {
+    /// The engine refused the input; nothing changed.
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    /// The input's batch was not committed (nothing of it was written); its tree was reloaded.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// A native message the adapter cannot use (dropped; nothing changed).
+    #[error(transparent)]
+    Adapter(#[from] AdapterError),
+    /// A native message for a root without a live adapter (dropped).
+    #[error("no live adapter for root {0}")]
+    NoAdapter(Id),
+}
+
+/// Reads trees back from the store: to load an evicted tree on demand, and to reload a tree
+/// after a failed commit. Every [`HostStore`] is one; a read error counts as "not found".
+pub trait Trees {
+    /// The root of the tree a session belongs to.
+    fn root_of(&self, session: &str) -> Option<Id>;
+    /// The root of the tree a cancel operation belongs to.
+    fn root_of_operation(&self, operation: &str) -> Option<Id>;
+    /// One whole tree.
+    fn load_tree(&self, root: &str) -> Option<TreeSnapshot>;
+}
+
+impl<S: HostStore> Trees for S {
+    fn root_of(&self, session: &str) -> Option<Id> {
+        HostStore::root_of(self, session).ok().flatten()
+    }
+    fn root_of_operation(&self, operation: &str) -> Option<Id> {
+        self.root_of_cancel_operation(operation).ok().flatten()
+    }
+    fn load_tree(&self, root: &str) -> Option<TreeSnapshot> {
+        crate::store::Store::load_tree(self, root).ok().flatten()
+    }
+}
+
+/// [`Trees`] of a host that never evicts a tree (a replay, a test): nothing to load.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTrees;
+
+impl Trees for NoTrees {
+    fn root_of(&self, _: &str) -> Option<Id> {
+        None
+    }
+    fn root_of_operation(&self, _: &str) -> Option<Id> {
+        None
+    }
+    fn load_tree(&self, _: &str) -> Option<TreeSnapshot> {
+        None
+    }
+}
+
+/// A provider process to start for a root (its adapter is attached with [`Driver::attach`], or
+/// was made by the driver's factory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSpec {
+    /// The root session.
+    pub root: Id,
+    /// Its provider name.
+    pub provider: Id,
+    /// The provider's own id of the root from an earlier runtime, to resume.
+    pub provider_session_id: Option<String>,
+}
+
+/// What a failed write of a [`Transmit`] means for the engine ("a failed session/cancel
+/// transport write is an operation failure").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteFailure {
+    /// The write carried a cancel: the operation failed (`cancelFailed`).
+    Cancel {
+        /// Operation.
+        operation_id: Id,
+    },
+    /// The write carried guidance: it was not delivered (`guideFailed`).
+    Guide {
+        /// Root session.
+        agent_session_id: Id,
+        /// Root turn.
+        turn_id: Id,
+    },
+}
+
+/// Native messages to write to one root's provider, in order (after every earlier
+/// [`Transmit`] of that root).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transmit {
+    /// The root whose provider receives them.
+    pub root: Id,
+    /// The messages.
+    pub messages: Vec<Value>,
+    /// What to report with [`Driver::handle_write_failed`] if writing them fails.
+    pub on_failure: Option<WriteFailure>,
+}
+
+/// One committed outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedRow {
+    /// Outbox sequence number.
+    pub seq: u64,
+    /// Entity kind (the outbox row's `kind`).
+    pub kind: &'static str,
+    /// The stored payload (as the store returned it).
+    pub payload: String,
+}
+
+/// The outbox rows of one acknowledged batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publication {
+    /// The tree.
+    pub root_agent_session_id: Option<Id>,
+    /// Its workspace.
+    pub workspace_id: Option<Id>,
+    /// Rows, in seq order.
+    pub rows: Vec<PublishedRow>,
+}
+
+/// What the host carries out, in order.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // a reply moves its step to the host; boxing would allocate
+pub enum Output {
+    /// Start the provider process of a root.
+    Launch(LaunchSpec),
+    /// Write native messages to a root's provider.
+    Transmit(Transmit),
+    /// Publish the outbox rows of a committed batch.
+    Publish(Publication),
+    /// The outcome of an input given a [`ReplyTo`] token: its committed step or why not.
+    Reply {
+        /// The host's token.
+        to: ReplyTo,
+        /// The step (committed) or the error.
+        result: Result<Step, DriverError>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nothing to commit.
+    Ready,
+    /// A batch not handed out yet.
+    Decided,
+    /// Handed out by `poll_batch`.
+    Sent,
+    /// Committed.
+    Acked,
+    /// Not committed (or superseded by a failed batch of its tree).
+    Failed,
+}
+
+struct Entry {
+    state: State,
+    /// The tree whose state the outcome was decided on.
+    root: Option<Id>,
+    /// The root whose adapter emitted the input.
+    source: Option<Id>,
+    outcome: Result<Step, DriverError>,
+    reply: Option<ReplyTo>,
+    /// The input, when it was an `interactionRequested` (given back if not taken).
+    interaction: Option<NormalizedEvent>,
+    published: Vec<Published>,
+}
+
+/// Makes the adapter of a newly launched root from its [`LaunchSpec`] (`None`: the provider is
+/// unknown; the launch fails).
+pub type AdapterFactory = Box<dyn FnMut(&LaunchSpec) -> Option<Box<dyn Adapter>> + Send>;
+
+/// The engine, the adapters of the live roots, and one timer queue, driven by a host (see the
+/// module docs).
+pub struct Driver {
+    engine: Engine,
+    adapters: FxMap<Id, Box<dyn Adapter>>,
+    factory: Option<AdapterFactory>,
+    /// Roots whose launch was asked for and whose adapter is not attached yet: their requests.
+    launching: FxMap<Id, Vec<ProviderRequest>>,
+    timers: TimerQueue,
+    /// Decided inputs, in order; `front` is the number of the first.
+    entries: VecDeque<Entry>,
+    front: u64,
+    unsent: VecDeque<u64>,
+    outputs: VecDeque<Output>,
+    /// Trees loaded on demand since [`Driver::take_loaded`].
+    loaded: Vec<Id>,
+    now: Millis,
+    /// Whether [`Record`]s are kept (see [`Driver::set_recording`]).
+    recording: bool,
+    records: Vec<Record>,
+}
+
+impl Default for Driver {
+    fn default() -> Self {
+        Driver::new()
+    }
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("adapters", &self.adapters.len())
+            .field("timers", &self.timers.len())
+            .field("entries", &self.entries.len())
+            .field("outputs", &self.outputs.len())
+            .finish()
+    }
+}
+
+impl Driver {
+    /// A driver with a new engine and no factory (the host attaches adapters).
+    pub fn new() -> Driver {
+        Driver::with_engine(Engine::new())
+    }
+
+    /// A driver with an engine of these settings.
+    pub fn with_config(config: EngineConfig) -> Driver {
+        Driver::with_engine(Engine::with_config(config))
+    }
+
+    /// A driver around an engine (for example one with trees already restored).
+    pub fn with_engine(engine: Engine) -> Driver {
+        Driver {
+            engine,
+            adapters: FxMap::default(),
+            factory: None,
+            launching: FxMap::default(),
+            timers: TimerQueue::default(),
+            entries: VecDeque::new(),
+            front: 0,
+            unsent: VecDeque::new(),
+            outputs: VecDeque::new(),
+            loaded: Vec::new(),
+            now: 0,
+            recording: false,
+            records: Vec::new(),
+        }
+    }
+
+    /// Makes adapters for launched roots by provider (the driver then attaches them itself; the
+    /// host still gets [`Output::Launch`] to start the process).
+    pub fn set_factory(&mut self, factory: AdapterFactory) {
+        self.factory = Some(factory);
+    }
+
+    /// The engine (read-only: every change goes through the driver).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The root of a session, loaded or not (no parsing of ids).
+    pub fn root_of(&self, session: &str, trees: &dyn Trees) -> Option<Id> {
+        self.engine
+            .root_of(session)
+            .cloned()
+            .or_else(|| trees.root_of(session))
+    }
+
+    /// Whether a root has a live adapter.
+    pub fn has_adapter(&self, root: &str) -> bool {
+        self.adapters.contains_key(root)
+    }
+
+    /// Roots with a live adapter.
+    pub fn adapter_roots(&self) -> Vec<Id> {
+        let mut v: Vec<Id> = self.adapters.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Attaches the adapter of a root (after [`Output::Launch`], or before the root's first
+    /// turn): opens it (its handshake becomes a [`Transmit`]) and hands it the requests that
+    /// waited for it.
+    pub fn attach(
+        &mut self,
+        now: Millis,
+        root: Id,
+        mut adapter: Box<dyn Adapter>,
+        trees: &dyn Trees,
+    ) {
+        self.tick(now);
+        let out = adapter.open(self.now);
+        self.adapters.insert(root.clone(), adapter);
+        self.absorb(&root, out, None, trees);
+        for req in self.launching.remove(&root).unwrap_or_default() {
+            self.request(&req, trees);
+        }
+        self.pump(trees);
+    }
+
+    /// Removes a root's adapter and its timers without telling the engine (the host stopped an
+    /// idle or deleted root's provider on purpose). A later `Start` launches a new one.
+    pub fn detach(&mut self, root: &str) -> Option<Box<dyn Adapter>> {
+        self.timers.drop_root(root);
+        self.launching.remove(root);
+        self.adapters.remove(root)
+    }
+
+    /// One native message from a root's provider. A message the adapter cannot use is a typed
+    /// error and changes nothing.
+    pub fn handle_native(
+        &mut self,
+        now: Millis,
+        root: &str,
+        message: &Value,
+        trees: &dyn Trees,
+    ) -> Result<(), DriverError> {
+        self.tick(now);
+        let Some(root) = self.adapters.get_key_value(root).map(|(k, _)| k.clone()) else {
+            return Err(DriverError::NoAdapter(root.into()));
+        };
+        let Some(adapter) = self.adapters.get_mut(&root) else {
+            return Err(DriverError::NoAdapter(root));
+        };
+        let out = adapter.on_native(self.now, message)?;
+        self.absorb(&root, out, None, trees);
+        self.pump(trees);
+        Ok(())
+    }
+
+    /// One line of a line-based provider ([`Driver::handle_native`] after [`parse_line`]).
+    pub fn handle_line(
+        &mut self,
+        now: Millis,
+        root: &str,
+        line: &str,
+        trees: &dyn Trees,
+    ) -> Result<(), DriverError> {
+        let message = parse_line(line)?;
+        self.handle_native(now, root, &message, trees)
+    }
+
+    /// A host command (or any input). Its [`Output::Reply`] comes once its batch is committed.
+    pub fn handle_input(
+        &mut self,
+        now: Millis,
+        input: Input,
+        reply: Option<ReplyTo>,
+        trees: &dyn Trees,
+    ) {
+        self.tick(now);
+        if let Input::Command(Command::CancelTurn {
+            agent_session_id, ..
+        }) = &input
+        {
+            // Issue 23: "Flush buffered text before the cancel settles the turn; it is the
+            // user's record of what happened."
+            if let Some(root) = self.root_of(agent_session_id, trees) {
+                if let Some(adapter) = self.adapters.get_mut(&root) {
+                    let out = adapter.flush_text(self.now);
+                    self.absorb(&root, out, None, trees);
+                }
+            }
+        }
+        self.feed(input, None, reply, trees);
+        self.pump(trees);
+    }
+
+    /// A root's provider process is gone (or could not be started): its adapter and timers are
+    /// dropped and the engine is told (`providerExited`).
+    pub fn handle_exit(&mut self, now: Millis, root: &str, error: &str, trees: &dyn Trees) {
+        self.tick(now);
+        self.detach(root);
+        let input = Input::Runtime(RuntimeAnswer::ProviderExited {
+            root_agent_session_id: root.into(),
+            error: error.into(),
+        });
+        self.feed(input, None, None, trees);
+        self.pump(trees);
+    }
+
+    /// Writing a [`Transmit`] that carried `failure` failed.
+    pub fn handle_write_failed(
+        &mut self,
+        now: Millis,
+        failure: WriteFailure,
+        error: &str,
+        trees: &dyn Trees,
+    ) {
+        self.tick(now);
+        let answer = match failure {
+            WriteFailure::Cancel { operation_id } => RuntimeAnswer::CancelFailed {
+                operation_id,
+                error: format!("cancel write failed: {error}"),
+            },
+            WriteFailure::Guide {
+                agent_session_id,
+                turn_id,
+            } => RuntimeAnswer::GuideFailed {
+                agent_session_id,
+                turn_id,
+                error: error.into(),
+            },
+        };
+        self.feed(Input::Runtime(answer), None, None, trees);
+        self.pump(trees);
+    }
+
+    /// The clock reached `now`: every engine and adapter timer due fires, earliest first.
+    pub fn handle_timeout(&mut self, now: Millis, trees: &dyn Trees) {
+        self.tick(now);
+        while let Some(t) = self.timers.pop_due(self.now) {
+            match t {
+                Timer::Engine(timer) => self.feed(
+                    Input::Runtime(RuntimeAnswer::TimerFired { timer }),
+                    None,
+                    None,
+                    trees,
+                ),
+                Timer::Adapter { root, id } => {
+                    if let Some(adapter) = self.adapters.get_mut(&root) {
+                        let out = adapter.on_timer(self.now, &id);
+                        self.absorb(&root, out, None, trees);
+                    }
+                }
+            }
+        }
+        self.pump(trees);
+    }
+
+    /// The next deadline of an engine or adapter timer.
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.timers.next_deadline()
+    }
+
+    /// The next batch to make durable, in decision order.
+    pub fn poll_batch(&mut self) -> Option<BatchId> {
+        while let Some(n) = self.unsent.pop_front() {
+            if let Some(e) = self.entry_mut(n) {
+                if e.state == State::Decided {
+                    e.state = State::Sent;
+                    return Some(BatchId(n));
+                }
+            }
+        }
+        None
+    }
+
+    /// The rows of a batch handed out and not yet acknowledged; `None` once it is not to be
+    /// committed (acknowledged, or superseded by a failed batch of its tree: skip it).
+    pub fn batch(&self, id: BatchId) -> Option<&PersistBatch> {
+        let e = self.entry(id.0)?;
+        match (&e.state, &e.outcome) {
+            (State::Sent | State::Decided, Ok(step)) => Some(&step.persist),
+            _ => None,
+        }
+    }
+
+    /// The batch is durable; `published` are the outbox rows the store wrote for it.
+    pub fn ack_commit(&mut self, id: BatchId, published: Vec<Published>, trees: &dyn Trees) {
+        if let Some(e) = self.entry_mut(id.0) {
+            if matches!(e.state, State::Sent | State::Decided) {
+                e.state = State::Acked;
+                e.published = published;
+            }
+        }
+        self.pump(trees);
+    }
+
+    /// The batch was not committed: its tree is dropped from memory and reloaded from the store,
+    /// and the later batches of that tree (decided on the lost state) are not to be committed.
+    pub fn commit_failed(&mut self, id: BatchId, error: &str, trees: &dyn Trees) {
+        let Some(e) = self.entry_mut(id.0) else {
+            return;
+        };
+        if !matches!(e.state, State::Sent | State::Decided) {
+            return;
+        }
+        e.state = State::Failed;
+        e.outcome = Err(DriverError::Storage(error.into()));
+        let root = e.root.clone();
+        if let Some(root) = root {
+            let later = (id.0 - self.front + 1) as usize;
+            for e in self.entries.iter_mut().skip(later) {
+                if e.root.as_ref() == Some(&root)
+                    && e.outcome.is_ok()
+                    && matches!(e.state, State::Ready | State::Decided | State::Sent)
+                {
+                    e.state = State::Failed;
+                    e.outcome = Err(DriverError::Storage(
+                        "an earlier batch of this tree was not committed".into(),
+                    ));
+                }
+            }
+            self.engine.evict(&root);
+            if let Some(t) = trees.load_tree(&root) {
+                if self.engine.restore(t).is_ok() {
+                    self.loaded.push(root);
+                }
+            }
+        }
+        self.pump(trees);
+    }
+
+    /// The next output to carry out.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// Whether inputs still wait for a commit or outputs for the host.
+    pub fn is_busy(&self) -> bool {
+        !self.entries.is_empty() || !self.outputs.is_empty()
+    }
+
+    /// Drops a quiescent tree from memory (loaded again on demand). Refused (`false`) while the
+    /// tree is not quiescent or has inputs waiting for a commit.
+    pub fn evict(&mut self, root: &str) -> bool {
+        let waiting = self.entries.iter().any(|e| e.root.as_deref() == Some(root));
+        if waiting || !self.engine.is_quiescent(root) {
+            return false;
+        }
+        self.engine.evict(root);
+        true
+    }
+
+    /// Replaces a tree by the store's copy (crash-only recovery; a replay's reload check).
+    pub fn reload(&mut self, root: &str, trees: &dyn Trees) -> bool {
+        self.engine.evict(root);
+        match trees.load_tree(root) {
+            Some(t) => self.engine.restore(t).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Keeps a [`Record`] of every adapter output, engine decision and dropped interaction from
+    /// now on (`true`), or stops (`false`). Hosts that report or assert on what passed between
+    /// the adapters and the engine (replays, test rigs) turn it on; a daemon leaves it off.
+    pub fn set_recording(&mut self, on: bool) {
+        self.recording = on;
+    }
+
+    /// The records kept since the last call, in the order things happened.
+    pub fn take_records(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// The adapter of a live root (downcast it with `as &dyn Any` for adapter-specific reads).
+    pub fn adapter(&self, root: &str) -> Option<&dyn Adapter> {
+        self.adapters.get(root).map(|a| &**a as &dyn Adapter)
+    }
+
+    /// The adapter of a live root, mutably, for adapter unit checks that look at an adapter's
+    /// answer to one call in isolation. Whatever such a call returns is NOT carried out (no
+    /// native message, event or timer leaves the driver): a host drives adapters only through
+    /// the `handle_*` calls and [`Driver::call_adapter`].
+    pub fn adapter_mut(&mut self, root: &str) -> Option<&mut dyn Adapter> {
+        self.adapters
+            .get_mut(root)
+            .map(|a| &mut **a as &mut dyn Adapter)
+    }
+
+    /// Calls the adapter of a live root with something outside the [`Adapter`] trait (for
+    /// example the Codex adapter's `attach_root_thread`) and carries out the output it returns
+    /// like any other adapter output. `Err(NoAdapter)` when the root has no live adapter.
+    pub fn call_adapter(
+        &mut self,
+        now: Millis,
+        root: &str,
+        f: impl FnOnce(&mut dyn Adapter, Millis) -> AdapterOutput,
+        trees: &dyn Trees,
+    ) -> Result<(), DriverError> {
+        self.tick(now);
+        let Some(root) = self.adapters.get_key_value(root).map(|(k, _)| k.clone()) else {
+            return Err(DriverError::NoAdapter(root.into()));
+        };
+        let Some(adapter) = self.adapters.get_mut(&root) else {
+            return Err(DriverError::NoAdapter(root));
+        };
+        let out = f(&mut **adapter, self.now);
+        self.absorb(&root, out, None, trees);
+        self.pump(trees);
+        Ok(())
+    }
+
+    /// The host loop of a host whose only I/O is the store (a replay, a test, a simulation):
+    /// commits every decided batch to `store` one at a time (a failed one is reported with
+    /// [`Driver::commit_failed`]), acknowledges it, and returns every output released, in order,
+    /// until no batch is left. Native messages, launches and publications are the caller's to
+    /// look at (or ignore).
+    pub fn commit_pending<S: HostStore>(&mut self, store: &mut S) -> Vec<Output> {
+        let mut outputs: Vec<Output> = std::iter::from_fn(|| self.poll_output()).collect();
+        while let Some(id) = self.poll_batch() {
+            let result = match self.batch(id) {
+                Some(batch) => store
+                    .apply_group(&[batch], true)
+                    .map(|mut published| published.pop().unwrap_or_default()),
+                None => continue,
+            };
+            match result {
+                Ok(published) => self.ack_commit(id, published, &*store),
+                Err(e) => self.commit_failed(id, &e.to_string(), &*store),
+            }
+            outputs.extend(std::iter::from_fn(|| self.poll_output()));
+        }
+        outputs
+    }
+
+    fn record(&mut self, r: impl FnOnce() -> Record) {
+        if self.recording {
+            self.records.push(r());
+        }
+    }
+
+    /// Trees loaded on demand (or reloaded after a failed commit) since the last call.
+    pub fn take_loaded(&mut self) -> Vec<Id> {
+        std::mem::take(&mut self.loaded)
+    }
+
+    fn tick(&mut self, now: Millis) {
+        self.now = self.now.max(now);
+    }
+
+    fn entry(&self, n: u64) -> Option<&Entry> {
+        self.entries.get(n.checked_sub(self.front)? as usize)
+    }
+
+    fn entry_mut(&mut self, n: u64) -> Option<&mut Entry> {
+        self.entries.get_mut(n.checked_sub(self.front)? as usize)
+    }
+
+    /// Decides one input; its effects wait in order behind the batches decided before it.
+    fn feed(
+        &mut self,
+        input: Input,
+        source: Option<Id>,
+        reply: Option<ReplyTo>,
+        trees: &dyn Trees,
+    ) {
+        let outcome = self.decide(&input, trees).map_err(DriverError::from);
+        self.record(|| Record::Decided {
+            input: input.clone(),
+            outcome: match &outcome {
+                Ok(step) => Ok(step.ignored),
+                Err(DriverError::Rejected(r)) => Err(r.clone()),
+                Err(_) => Ok(None),
+            },
+        });
+        let root = match &outcome {
+            Ok(step) => step.persist.root_agent_session_id.clone(),
+            Err(_) => None,
+        }
+        .or_else(|| source.clone());
+        let state = match &outcome {
+            Ok(step) if !step.persist.is_empty() => State::Decided,
+            _ => State::Ready,
+        };
+        let interaction = match input {
+            Input::Event(e @ NormalizedEvent::InteractionRequested { .. }) => Some(e),
+            _ => None,
+        };
+        if state == State::Decided {
+            self.unsent
+                .push_back(self.front + self.entries.len() as u64);
+        }
+        self.entries.push_back(Entry {
+            state,
+            root,
+            source,
+            outcome,
+            reply,
+            interaction,
+            published: Vec::new(),
+        });
+    }
+
+    /// `engine.handle`, loading an evicted tree on demand.
+    fn decide(&mut self, input: &Input, trees: &dyn Trees) -> Result<Step, Rejected> {
+        match self.engine.handle(self.now, input) {
+            Err(Rejected::UnknownSession(id)) => {
+                if self.load(trees.root_of(&id), trees) {
+                    self.engine.handle(self.now, input)
+                } else {
+                    Err(Rejected::UnknownSession(id))
+                }
+            }
+            Err(Rejected::UnknownOperation(id)) => {
+                if self.load(trees.root_of_operation(&id), trees) {
+                    self.engine.handle(self.now, input)
+                } else {
+                    Err(Rejected::UnknownOperation(id))
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn load(&mut self, root: Option<Id>, trees: &dyn Trees) -> bool {
+        let Some(root) = root else { return false };
+        if self.engine.root_of(&root).is_some() {
+            return false;
+        }
+        let restored = trees
+            .load_tree(&root)
+            .is_some_and(|t| self.engine.restore(t).is_ok());
+        if restored {
+            self.loaded.push(root);
+        }
+        restored
+    }
+
+    /// Carries out one adapter output: native messages out, timers armed, then its events and
+    /// after them its answers into the engine.
+    fn absorb(
+        &mut self,
+        root: &Id,
+        out: AdapterOutput,
+        failure: Option<WriteFailure>,
+        trees: &dyn Trees,
+    ) {
+        self.record(|| Record::Adapter {
+            root: root.clone(),
+            output: out.clone(),
+        });
+        if !out.native.is_empty() {
+            self.outputs.push_back(Output::Transmit(Transmit {
+                root: root.clone(),
+                messages: out.native,
+                on_failure: failure,
+            }));
+        }
+        for t in out.timers {
+            self.timers.arm(
+                t.at,
+                Timer::Adapter {
+                    root: root.clone(),
+                    id: t.id,
+                },
+            );
+        }
+        for e in out.events {
+            self.feed(Input::Event(e), Some(root.clone()), None, trees);
+        }
+        for a in out.answers {
+            self.feed(Input::Runtime(a), Some(root.clone()), None, trees);
+        }
+    }
+
+    /// Releases, in order, every decided input whose batch (and every batch before it) is
+    /// acknowledged or failed.
+    fn pump(&mut self, trees: &dyn Trees) {
+        while self
+            .entries
+            .front()
+            .is_some_and(|e| matches!(e.state, State::Ready | State::Acked | State::Failed))
+        {
+            let Some(e) = self.entries.pop_front() else {
+                break;
+            };
+            self.front += 1;
+            self.release(e, trees);
+        }
+    }
+
+    fn release(&mut self, e: Entry, trees: &dyn Trees) {
+        let Entry {
+            outcome,
+            reply,
+            interaction,
+            published,
+            source,
+            ..
+        } = e;
+        if !published.is_empty() {
+            if let Ok(step) = &outcome {
+                let p = &step.persist;
+                let rows = published
+                    .into_iter()
+                    .filter_map(|x| {
+                        p.rows.get(x.row as usize).map(|r| PublishedRow {
+                            seq: x.seq,
+                            kind: r.kind(),
+                            payload: x.payload,
+                        })
+                    })
+                    .collect();
+                self.outputs.push_back(Output::Publish(Publication {
+                    root_agent_session_id: p.root_agent_session_id.clone(),
+                    workspace_id: p.workspace_id.clone(),
+                    rows,
+                }));
+            }
+        }
+        if let Some(event) = interaction {
+            let taken = outcome.as_ref().is_ok_and(|s| s.ignored.is_none());
+            if !taken {
+                // The provider still waits for an answer: its adapter answers it natively.
+                if let Some(root) = source {
+                    if self.adapters.contains_key(&root) {
+                        self.record(|| Record::Dropped {
+                            root: root.clone(),
+                            event: event.clone(),
+                        });
+                    }
+                    if let Some(adapter) = self.adapters.get_mut(&root) {
+                        let out = adapter.on_dropped(self.now, &event);
+                        self.absorb(&root, out, None, trees);
+                    }
+                }
+            }
+        }
+        if let Ok(step) = &outcome {
+            for t in &step.timers {
+                self.timers.arm(t.at, Timer::Engine(t.timer.clone()));
+            }
+            for req in &step.provider {
+                self.request(req, trees);
+            }
+        }
+        if let Some(to) = reply {
+            self.outputs.push_back(Output::Reply {
+                to,
+                result: outcome,
+            });
+        }
+    }
+
+    /// Routes one engine request to its tree's adapter.
+    fn request(&mut self, req: &ProviderRequest, trees: &dyn Trees) {
+        let root = req.root_agent_session_id().clone();
+        if let Some(held) = self.launching.get_mut(&root) {
+            held.push(req.clone());
+            return;
+        }
+        if let Some(adapter) = self.adapters.get_mut(&root) {
+            let failure = match req {
+                ProviderRequest::Cancel { operation_id, .. } => Some(WriteFailure::Cancel {
+                    operation_id: operation_id.clone(),
+                }),
+                ProviderRequest::Guide {
+                    agent_session_id,
+                    turn_id,
+                    ..
+                } => Some(WriteFailure::Guide {
+                    agent_session_id: agent_session_id.clone(),
+                    turn_id: turn_id.clone(),
+                }),
+                _ => None,
+            };
+            let out = adapter.on_request(self.now, req);
+            self.absorb(&root, out, failure, trees);
+            return;
+        }
+        // No live provider runtime: nothing can confirm anything.
+        let answer = match req {
+            ProviderRequest::Start { .. } => return self.launch(root, req, trees),
+            ProviderRequest::Cancel { operation_id, .. } => RuntimeAnswer::CancelFailed {
+                operation_id: operation_id.clone(),
+                error: "no live provider runtime".into(),
+            },
+            ProviderRequest::Guide {
+                agent_session_id,
+                turn_id,
+                ..
+            } => RuntimeAnswer::GuideFailed {
+                agent_session_id: agent_session_id.clone(),
+                turn_id: turn_id.clone(),
+                error: "no live provider runtime".into(),
+            },
+            // The pending interaction's provider is gone; its exit settles the turn.
+            ProviderRequest::RespondInteraction { .. } => return,
+        };
+        self.feed(Input::Runtime(answer), None, None, trees);
+    }
+
+    fn launch(&mut self, root: Id, req: &ProviderRequest, trees: &dyn Trees) {
+        let Some(session) = self.engine.session(&root) else {
+            return;
+        };
+        let spec = LaunchSpec {
+            root: root.clone(),
+            provider: session.provider.clone(),
+            provider_session_id: session.provider_session_id.clone(),
+        };
+        self.outputs.push_back(Output::Launch(spec.clone()));
+        let made = self.factory.as_mut().map(|f| f(&spec));
+        match made {
+            // The host attaches the adapter.
+            None => {
+                self.launching.insert(root, vec![req.clone()]);
+            }
+            Some(Some(mut adapter)) => {
+                let out = adapter.open(self.now);
+                self.adapters.insert(root.clone(), adapter);
+                self.absorb(&root, out, None, trees);
+                self.request(req, trees);
+            }
+            Some(None) => {
+                let input = Input::Runtime(RuntimeAnswer::ProviderExited {
+                    root_agent_session_id: root,
+                    error: format!("no adapter for provider {}", spec.provider),
+                });
+                self.feed(input, None, None, trees);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

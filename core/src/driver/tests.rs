@@ -1,0 +1,579 @@
+//! The driver's invariants, each with a test that fails when the invariant breaks.
+//!
+//! `Probe` is a minimal adapter: its native messages spell out the adapter output to produce,
+//! and it records every call the driver makes.
+
+use super::*;
+use crate::adapters::{Adapter, AdapterError, AdapterOutput, AdapterTimer};
+use crate::model::CancelState;
+use crate::store::{MemoryStore, Store};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+struct Probe {
+    log: Log,
+    /// Text events `flush_text` emits.
+    buffered: Vec<NormalizedEvent>,
+}
+
+impl Probe {
+    fn boxed() -> (Box<dyn Adapter>, Log) {
+        let log = Log::default();
+        (
+            Box::new(Probe {
+                log: log.clone(),
+                buffered: Vec::new(),
+            }),
+            log,
+        )
+    }
+    fn note(&self, s: String) {
+        self.log.lock().unwrap().push(s);
+    }
+}
+
+impl Adapter for Probe {
+    fn open(&mut self, _: Millis) -> AdapterOutput {
+        self.note("open".into());
+        AdapterOutput {
+            native: vec![json!({"hello": true})],
+            ..AdapterOutput::default()
+        }
+    }
+    fn on_request(&mut self, _: Millis, request: &ProviderRequest) -> AdapterOutput {
+        let kind = match request {
+            ProviderRequest::Start { .. } => "start",
+            ProviderRequest::Guide { .. } => "guide",
+            ProviderRequest::Cancel { .. } => "cancel",
+            ProviderRequest::RespondInteraction { .. } => "respond",
+        };
+        self.note(format!("request {kind}"));
+        AdapterOutput {
+            native: vec![json!({ "request": kind })],
+            ..AdapterOutput::default()
+        }
+    }
+    fn on_native(&mut self, _: Millis, m: &Value) -> Result<AdapterOutput, AdapterError> {
+        if m.get("bad").is_some() {
+            return Err(AdapterError::Malformed("probe".into()));
+        }
+        let list = |k: &str| m.get(k).cloned().unwrap_or(json!([]));
+        let timers: Vec<(String, Millis)> = serde_json::from_value(list("timers")).unwrap();
+        if let Some(b) = m.get("buffer") {
+            self.buffered
+                .push(serde_json::from_value(b.clone()).unwrap());
+        }
+        Ok(AdapterOutput {
+            events: serde_json::from_value(list("events")).unwrap(),
+            answers: serde_json::from_value(list("answers")).unwrap(),
+            native: serde_json::from_value(list("native")).unwrap(),
+            timers: timers
+                .into_iter()
+                .map(|(id, at)| AdapterTimer { id, at })
+                .collect(),
+            diagnostics: Vec::new(),
+        })
+    }
+    fn on_timer(&mut self, now: Millis, id: &str) -> AdapterOutput {
+        self.note(format!("timer {id} at {now}"));
+        AdapterOutput::default()
+    }
+    fn on_dropped(&mut self, _: Millis, event: &NormalizedEvent) -> AdapterOutput {
+        let NormalizedEvent::InteractionRequested { request_id, .. } = event else {
+            return AdapterOutput::default();
+        };
+        self.note(format!("dropped {request_id}"));
+        AdapterOutput {
+            native: vec![json!({ "refuse": &**request_id })],
+            ..AdapterOutput::default()
+        }
+    }
+    fn flush_text(&mut self, _: Millis) -> AdapterOutput {
+        self.note("flush".into());
+        AdapterOutput {
+            events: std::mem::take(&mut self.buffered),
+            ..AdapterOutput::default()
+        }
+    }
+}
+
+/// A host over a [`MemoryStore`] that commits only when told.
+struct Host {
+    d: Driver,
+    store: MemoryStore,
+    now: Millis,
+    transmits: Vec<Transmit>,
+    launches: Vec<LaunchSpec>,
+    replies: Vec<(ReplyTo, Result<Step, DriverError>)>,
+    published: Vec<PublishedRow>,
+}
+
+impl Host {
+    fn new() -> Host {
+        Host {
+            d: Driver::new(),
+            store: MemoryStore::new(),
+            now: 1_000,
+            transmits: Vec::new(),
+            launches: Vec::new(),
+            replies: Vec::new(),
+            published: Vec::new(),
+        }
+    }
+
+    fn input(&mut self, input: impl Into<Input>, reply: Option<ReplyTo>) {
+        self.now += 1;
+        self.d
+            .handle_input(self.now, input.into(), reply, &self.store);
+    }
+
+    fn native(&mut self, root: &str, m: Value) {
+        self.now += 1;
+        self.d
+            .handle_native(self.now, root, &m, &self.store)
+            .unwrap();
+    }
+
+    /// Commits every handed-out batch, one by one.
+    fn commit(&mut self) {
+        while let Some(id) = self.d.poll_batch() {
+            let Some(b) = self.d.batch(id) else { continue };
+            match self.store.apply_group(&[b], true) {
+                Ok(mut p) => {
+                    let rows = p.pop().unwrap_or_default();
+                    self.d.ack_commit(id, rows, &self.store)
+                }
+                Err(e) => self.d.commit_failed(id, &e.to_string(), &self.store),
+            }
+        }
+    }
+
+    /// Collects every released output.
+    fn drain(&mut self) {
+        while let Some(o) = self.d.poll_output() {
+            match o {
+                Output::Launch(s) => self.launches.push(s),
+                Output::Transmit(t) => self.transmits.push(t),
+                Output::Publish(p) => self.published.extend(p.rows),
+                Output::Reply { to, result } => self.replies.push((to, result)),
+            }
+        }
+    }
+
+    fn settle(&mut self) {
+        for _ in 0..8 {
+            self.commit();
+            self.drain();
+        }
+    }
+
+    fn sent(&self) -> Vec<Value> {
+        self.transmits
+            .iter()
+            .flat_map(|t| t.messages.iter().cloned())
+            .collect()
+    }
+
+    /// A root session `root` with `adapter` attached and turn `t1` started.
+    fn started(adapter: Box<dyn Adapter>) -> Host {
+        let mut h = Host::new();
+        h.d.attach(h.now, "root".into(), adapter, &h.store);
+        h.input(create("root"), None);
+        h.input(submit("root", "t1"), Some(1));
+        h.settle();
+        h
+    }
+}
+
+fn create(id: &str) -> Command {
+    Command::CreateSession {
+        agent_session_id: id.into(),
+        workspace_id: "W".into(),
+        provider: "probe".into(),
+        title: None,
+        capabilities: None,
+    }
+}
+
+fn submit(id: &str, turn: &str) -> Command {
+    Command::Submit {
+        agent_session_id: id.into(),
+        turn_id: turn.into(),
+        text: "hi".into(),
+    }
+}
+
+fn child_created(child: &str, turn: &str) -> Value {
+    json!({"type":"childSessionCreated","agentSessionId":child,"turnId":turn,
+        "parentAgentSessionId":"root","parentTurnId":"t1","rootAgentSessionId":"root","rootTurnId":"t1"})
+}
+
+#[test]
+fn a_provider_write_a_timer_and_a_reply_wait_for_their_batch_ack() {
+    let (adapter, log) = Probe::boxed();
+    let mut h = Host::new();
+    h.d.attach(h.now, "root".into(), adapter, &h.store);
+    h.drain();
+    assert_eq!(
+        h.sent(),
+        [json!({"hello": true})],
+        "the handshake needs no commit"
+    );
+    h.input(create("root"), None);
+    h.settle();
+    h.input(submit("root", "t1"), Some(7));
+    let id = h.d.poll_batch().expect("the submit's batch");
+    h.drain();
+    assert_eq!(
+        h.sent().len(),
+        1,
+        "start written before its batch was acked"
+    );
+    assert!(
+        h.replies.is_empty(),
+        "reply released before its batch was acked"
+    );
+    assert!(!log.lock().unwrap().iter().any(|l| l == "request start"));
+    let b = h.d.batch(id).unwrap();
+    let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
+    h.d.ack_commit(id, p, &h.store);
+    h.drain();
+    assert_eq!(h.sent()[1], json!({"request": "start"}));
+    assert_eq!(h.replies.len(), 1);
+    assert_eq!(h.replies[0].0, 7);
+    assert!(h.published.iter().any(|r| r.kind == "turn"));
+
+    // A cancel's deadline timer is armed only once its batch is acked.
+    h.input(
+        Command::CancelTurn {
+            operation_id: "op1".into(),
+            agent_session_id: "root".into(),
+            turn_id: "t1".into(),
+        },
+        Some(8),
+    );
+    assert_eq!(h.d.poll_timeout(), None, "timer armed before the ack");
+    h.drain();
+    assert!(!h.sent().contains(&json!({"request": "cancel"})));
+    h.settle();
+    assert!(h.d.poll_timeout().is_some());
+    assert!(h.sent().contains(&json!({"request": "cancel"})));
+}
+
+#[test]
+fn a_step_without_rows_waits_behind_an_unacked_batch() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.input(submit("root", "t2"), Some(2)); // appended to t1: rows
+    h.input(submit("nobody", "t3"), Some(3)); // rejected: no rows
+    let id = h.d.poll_batch().unwrap();
+    h.drain();
+    assert!(
+        h.replies.iter().all(|(to, _)| *to == 1),
+        "a later reply overtook an unacked batch"
+    );
+    let b = h.d.batch(id).unwrap();
+    let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
+    h.d.ack_commit(id, p, &h.store);
+    h.drain();
+    let order: Vec<ReplyTo> = h.replies.iter().map(|(to, _)| *to).collect();
+    assert_eq!(order, [1, 2, 3]);
+    assert!(matches!(
+        h.replies[2].1,
+        Err(DriverError::Rejected(Rejected::UnknownSession(_)))
+    ));
+}
+
+#[test]
+fn an_interaction_the_engine_did_not_take_goes_back_to_its_adapter() {
+    let (adapter, log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    // For a turn that does not exist: rejected.
+    h.native(
+        "root",
+        json!({"events":[{"type":"interactionRequested","agentSessionId":"root","turnId":"nope","requestId":"r1"}]}),
+    );
+    h.settle();
+    assert!(log.lock().unwrap().contains(&"dropped r1".to_string()));
+    assert!(h.sent().contains(&json!({"refuse": "r1"})));
+    // On the active turn: taken, not given back.
+    h.native(
+        "root",
+        json!({"events":[{"type":"interactionRequested","agentSessionId":"root","turnId":"t1","requestId":"r2"}]}),
+    );
+    h.settle();
+    assert!(!log.lock().unwrap().contains(&"dropped r2".to_string()));
+    assert_eq!(h.d.engine().pending_interactions("root").len(), 1);
+}
+
+#[test]
+fn an_interaction_whose_batch_failed_goes_back_to_its_adapter() {
+    let (adapter, log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native(
+        "root",
+        json!({"events":[{"type":"interactionRequested","agentSessionId":"root","turnId":"t1","requestId":"r1"}]}),
+    );
+    let id = h.d.poll_batch().unwrap();
+    h.d.commit_failed(id, "disk full", &h.store);
+    h.drain();
+    assert!(log.lock().unwrap().contains(&"dropped r1".to_string()));
+    assert!(
+        h.d.engine().pending_interactions("root").is_empty(),
+        "the tree was not reloaded from the store"
+    );
+}
+
+#[test]
+fn a_failed_commit_reloads_the_tree_and_supersedes_its_later_batches() {
+    let (adapter, log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    h.input(submit("root", "t9"), Some(9)); // appended: decided on the state with c1
+    let first = h.d.poll_batch().unwrap();
+    let second = h.d.poll_batch().unwrap();
+    h.d.commit_failed(first, "disk full", &h.store);
+    assert!(
+        h.d.batch(second).is_none(),
+        "a superseded batch is still offered"
+    );
+    assert!(h.d.engine().session("c1").is_none(), "tree not reloaded");
+    assert!(h.d.engine().session("root").is_some());
+    h.drain();
+    assert!(matches!(&h.replies[1], (9, Err(DriverError::Storage(_)))));
+    assert_eq!(
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("request"))
+            .count(),
+        1,
+        "a superseded step reached the adapter"
+    );
+    // The tree works on: the same child again.
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    h.settle();
+    assert!(h.store.session("c1").unwrap().is_some());
+}
+
+#[test]
+fn adapter_events_reach_the_engine_before_its_answers() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    h.settle();
+    h.input(
+        Command::CancelTurn {
+            operation_id: "op1".into(),
+            agent_session_id: "c1".into(),
+            turn_id: "c1t".into(),
+        },
+        None,
+    );
+    h.settle();
+    let before = h.store.outbox().len();
+    // In one output: an answer, and an event. The event's rows are decided (and published)
+    // first, whichever order the output lists them in.
+    h.native(
+        "root",
+        json!({
+            "answers":[{"type":"cancelResult","operationId":"op1","acked":[{"agentSessionId":"c1","turnId":"c1t"}]}],
+            "events":[{"type":"messageAppended","agentSessionId":"root","turnId":"t1","messageId":"m1","role":"assistant","text":"x"}]
+        }),
+    );
+    h.settle();
+    let kinds: Vec<&str> = h.store.outbox()[before..]
+        .iter()
+        .map(|r| r.kind.as_str())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"message"), "{kinds:?}");
+    assert!(kinds.contains(&"cancelOperation"), "{kinds:?}");
+}
+
+#[test]
+fn a_start_without_an_adapter_launches_and_waits_for_attach() {
+    let mut h = Host::new();
+    h.input(create("root"), None);
+    h.input(submit("root", "t1"), Some(1));
+    h.settle();
+    assert_eq!(h.launches.len(), 1);
+    assert_eq!(&*h.launches[0].provider, "probe");
+    assert!(h.sent().is_empty());
+    let (adapter, log) = Probe::boxed();
+    h.d.attach(h.now, "root".into(), adapter, &h.store);
+    h.drain();
+    assert_eq!(
+        h.sent(),
+        [json!({"hello": true}), json!({"request": "start"})]
+    );
+    assert_eq!(*log.lock().unwrap(), ["open", "request start"]);
+}
+
+#[test]
+fn a_factory_makes_the_adapter_of_a_launched_root() {
+    let mut h = Host::new();
+    let made = Arc::new(Mutex::new(Vec::new()));
+    let m = made.clone();
+    h.d.set_factory(Box::new(move |spec: &LaunchSpec| {
+        m.lock().unwrap().push(spec.root.clone());
+        Some(Probe::boxed().0)
+    }));
+    h.input(create("root"), None);
+    h.input(submit("root", "t1"), Some(1));
+    h.settle();
+    assert_eq!(made.lock().unwrap().len(), 1);
+    assert_eq!(
+        h.sent(),
+        [json!({"hello": true}), json!({"request": "start"})]
+    );
+}
+
+#[test]
+fn a_cancel_without_a_live_adapter_fails_its_operation() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.d.handle_exit(h.now, "root", "gone", &h.store);
+    h.settle();
+    assert!(!h.d.has_adapter("root"));
+    h.input(submit("root", "t2"), Some(2));
+    h.settle();
+    assert_eq!(h.launches.len(), 1, "a start after the exit launches again");
+    // The launch is not attached: requests wait for it.
+    h.d.handle_exit(h.now, "root", "could not start", &h.store);
+    h.settle();
+    h.native_err();
+    h.input(
+        Command::CancelTurn {
+            operation_id: "op1".into(),
+            agent_session_id: "root".into(),
+            turn_id: "t2".into(),
+        },
+        None,
+    );
+    h.settle();
+    // t2 settled interrupted at the second exit: nothing to cancel. A cancel of a settled
+    // turn is rejected, so check the exit settled it.
+    assert!(h
+        .d
+        .engine()
+        .session("root")
+        .unwrap()
+        .active_turn_id
+        .is_none());
+}
+
+impl Host {
+    fn native_err(&mut self) {
+        let e = self
+            .d
+            .handle_native(self.now, "root", &json!({}), &self.store);
+        assert!(matches!(e, Err(DriverError::NoAdapter(_))));
+    }
+}
+
+#[test]
+fn a_cancel_request_with_no_adapter_is_answered_cancel_failed() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    h.settle();
+    // The host stops the provider on purpose: the engine is not told.
+    assert!(h.d.detach("root").is_some());
+    h.input(
+        Command::CancelTurn {
+            operation_id: "op1".into(),
+            agent_session_id: "c1".into(),
+            turn_id: "c1t".into(),
+        },
+        None,
+    );
+    h.settle();
+    let op = h.d.engine().cancel_operation("op1").unwrap();
+    assert_eq!(op.state, CancelState::Failed, "{op:?}");
+}
+
+#[test]
+fn buffered_text_is_flushed_before_a_cancel() {
+    let (adapter, log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native(
+        "root",
+        json!({"buffer":{"type":"messageAppended","agentSessionId":"root","turnId":"t1","messageId":"m1","role":"assistant","text":"partial"}}),
+    );
+    h.settle();
+    h.input(
+        Command::CancelTurn {
+            operation_id: "op1".into(),
+            agent_session_id: "root".into(),
+            turn_id: "t1".into(),
+        },
+        None,
+    );
+    h.settle();
+    assert!(log.lock().unwrap().contains(&"flush".to_string()));
+    let msgs = h.store.messages("root", None, 100).unwrap();
+    assert_eq!(
+        msgs.len(),
+        2,
+        "the buffered text was not recorded: {msgs:?}"
+    );
+}
+
+#[test]
+fn engine_and_adapter_timers_share_one_queue() {
+    let (adapter, log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native(
+        "root",
+        json!({"timers":[["late", 90_000], ["soon", 5_000]]}),
+    );
+    h.settle();
+    assert_eq!(h.d.poll_timeout(), Some(5_000));
+    h.d.handle_timeout(5_000, &h.store);
+    assert_eq!(h.d.poll_timeout(), Some(90_000));
+    h.d.handle_timeout(100_000, &h.store);
+    assert_eq!(h.d.poll_timeout(), None);
+    let fired: Vec<String> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("timer"))
+        .cloned()
+        .collect();
+    assert_eq!(fired, ["timer soon at 5000", "timer late at 100000"]);
+}
+
+#[test]
+fn an_evicted_tree_is_loaded_on_demand_by_a_child_id() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    h.native(
+        "root",
+        json!({"events":[{"type":"turnTerminal","agentSessionId":"c1","turnId":"c1t","outcome":"completed"},
+            {"type":"rootProviderTurnCompleted","agentSessionId":"root","outcome":"completed"}]}),
+    );
+    h.settle();
+    assert!(h.d.engine().is_quiescent("root"));
+    assert!(h.d.evict("root"));
+    assert!(h.d.engine().session("root").is_none());
+    assert_eq!(h.d.root_of("c1", &h.store).as_deref(), Some("root"));
+    h.input(submit("root", "t2"), Some(2));
+    h.settle();
+    assert!(h.replies.iter().any(|(to, r)| *to == 2 && r.is_ok()));
+    assert_eq!(h.d.take_loaded(), [Id::from("root")]);
+}
+
+#[test]
+fn a_native_message_the_adapter_cannot_use_is_a_typed_error() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    let e =
+        h.d.handle_native(h.now, "root", &json!({"bad": 1}), &h.store);
+    assert!(matches!(e, Err(DriverError::Adapter(_))));
+    let e = h.d.handle_line(h.now, "root", "not json", &h.store);
+    assert!(matches!(e, Err(DriverError::Adapter(_))));
+    assert!(!h.d.is_busy());
+}

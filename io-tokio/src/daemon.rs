@@ -422,7 +422,12 @@ impl Core {
                             decided.push((step, reply))
                         }
                         Err(e) => {
-                            debug!(kind = input.kind(), error = %e, "input rejected");
+                            // An API caller's inconsistency is logged where it is answered.
+                            if e.is_internal() && reply.is_none() {
+                                error!(kind = input.kind(), error = %e, "engine inconsistency");
+                            } else {
+                                debug!(kind = input.kind(), error = %e, "input rejected");
+                            }
                             self.tell_dropped(&input);
                             if let Some(r) = reply {
                                 let _ = r.send(Err(e.into()));

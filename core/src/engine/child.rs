@@ -82,13 +82,15 @@ pub(crate) fn create(
     if expected_root_turn != c.root_turn_id {
         return Err(inconsistent("rootTurnId is not the parent's root turn"));
     }
+    // The root turn is the parent turn (checked above) or the parent's own root turn: missing,
+    // it is the tree that is inconsistent, not the event.
+    let missing_root_turn = || Rejected::Internal {
+        what: "a child's root turn is not in its tree",
+        id: c.root_turn_id.clone(),
+    };
     // The root turn is found once: its position serves every later use in this step.
-    let root =
-        RootTurn::find(tree, c.root_turn_id).ok_or_else(|| inconsistent("root turn unknown"))?;
-    let (_, root_turn) = tree
-        .turns
-        .at(root.pos)
-        .ok_or_else(|| inconsistent("root turn unknown"))?;
+    let root = RootTurn::find(tree, c.root_turn_id).ok_or_else(missing_root_turn)?;
+    let (_, root_turn) = tree.turns.at(root.pos).ok_or_else(missing_root_turn)?;
     if !root_turn.is_active() {
         return Err(Rejected::RootTurnSettled(c.root_turn_id.clone()));
     }
@@ -326,7 +328,10 @@ pub(crate) fn turn_started(
             let rt = tree
                 .turns
                 .get(&root_turn)
-                .ok_or(Rejected::Invalid("root turn missing"))?;
+                .ok_or_else(|| Rejected::Internal {
+                    what: "a child's root turn is not in its tree",
+                    id: root_turn.clone(),
+                })?;
             if !rt.is_active() {
                 return Err(Rejected::RootTurnSettled(root_turn));
             }

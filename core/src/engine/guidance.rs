@@ -117,10 +117,17 @@ pub(crate) fn submit(
     if tree.inflight.contains_key(&active) {
         return Err(Rejected::CancelInProgress(active));
     }
+    // The session's active turn is in its tree (restore and every handler keep it so); a tree
+    // where it is not would get the user's message recorded on no turn.
     let rpt = tree
         .turns
         .get(&active)
-        .and_then(|t| t.root_provider_turn.clone())
+        .ok_or_else(|| Rejected::Internal {
+            what: "a session's activeTurnId names no turn of its tree",
+            id: active.clone(),
+        })?
+        .root_provider_turn
+        .clone()
         .unwrap_or_default();
     let mode = match rpt.phase {
         ProviderPhase::Idle | ProviderPhase::Running => GuideMode::Steer,

@@ -174,7 +174,13 @@ impl Engine {
     fn command(&mut self, now: Millis, c: &Command) -> Result<Step, Rejected> {
         let timeout = self.config.cancel_timeout_ms;
         match c {
-            Command::CreateSession { .. } => Err(Rejected::Invalid("createSession routed twice")),
+            // `handle` creates roots itself; reaching here is the engine's own routing error.
+            Command::CreateSession {
+                agent_session_id, ..
+            } => Err(Rejected::Internal {
+                what: "createSession routed past Engine::handle",
+                id: agent_session_id.clone(),
+            }),
             Command::Submit {
                 agent_session_id,
                 turn_id,

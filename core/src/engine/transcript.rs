@@ -129,7 +129,10 @@ pub(crate) fn tool_call(
             version: 0,
         })
     }) else {
-        return Err(Rejected::Invalid("tool call table out of step"));
+        return Err(Rejected::Internal {
+            what: "tool call index and tool calls out of step",
+            id: call.clone(),
+        });
     };
     // What changes, found before the tool call is written to, so that an unchanged one is
     // not copied (it is copied on write only while a step still holds it).

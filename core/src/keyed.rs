@@ -269,22 +269,31 @@ impl IdSet {
             IdSet::Large(set) => set.contains(&Probe { hash, key: id }),
         }
     }
-    /// Adds `id`, whose [`hash_id`] the caller already computed; false if it was there.
+    /// Whether the set holds `id`.
     #[inline]
-    pub fn insert_hashed(&mut self, hash: u64, id: Id) -> bool {
-        debug_assert_eq!(hash, hash_id(&id));
-        if self.contains_hashed(hash, &id) {
-            return false;
-        }
-        self.insert_absent_hashed(hash, id);
-        true
+    pub fn contains(&self, id: &str) -> bool {
+        self.contains_hashed(hash_id(id), id)
     }
-    /// Adds `id`, whose [`hash_id`] is `hash` and which the caller found absent
-    /// ([`IdSet::contains_hashed`]), without searching for it again.
+    /// Adds `id` if it is absent and returns its number: how many ids the set held before it.
+    /// A session's messages are numbered this way (their dense `seq`), so the number is taken
+    /// from the same search that proves the id new (one hash, one search): an id already
+    /// present gets `None` and never a second number.
     #[inline]
-    pub fn insert_absent_hashed(&mut self, hash: u64, id: Id) {
-        debug_assert_eq!(hash, hash_id(&id));
-        debug_assert!(!self.contains_hashed(hash, &id), "id already present");
+    pub fn insert_numbered(&mut self, id: &Id) -> Option<u64> {
+        let hash = hash_id(id);
+        if self.contains_hashed(hash, id) {
+            return None;
+        }
+        let number = self.len() as u64;
+        self.push_absent(hash, id.clone());
+        Some(number)
+    }
+    /// Adds `id`; false if it was there already.
+    pub fn insert(&mut self, id: Id) -> bool {
+        self.insert_numbered(&id).is_some()
+    }
+    /// Adds `id`, whose [`hash_id`] is `hash`, found absent by the caller in this same call.
+    fn push_absent(&mut self, hash: u64, id: Id) {
         let key = Keyed { hash, key: id };
         match self {
             IdSet::Small(v) if v.len() < Self::SMALL => v.push(key),
@@ -301,10 +310,6 @@ impl IdSet {
                 set.insert(key);
             }
         }
-    }
-    /// Adds `id`; false if it was there already.
-    pub fn insert(&mut self, id: Id) -> bool {
-        self.insert_hashed(hash_id(&id), id)
     }
     /// Number of ids.
     pub fn len(&self) -> usize {
@@ -670,10 +675,10 @@ mod tests {
             let m = format!("m{i}");
             assert!(s.contains_hashed(hash_id(&m), &m));
             assert!(!s.insert(id(&m)), "repeat {i}");
-            assert!(!s.insert_hashed(hash_id(&m), id(&m)), "hashed repeat {i}");
+            assert_eq!(s.insert_numbered(&id(&m)), None, "numbered repeat {i}");
         }
         assert!(!s.contains_hashed(hash_id("m5000"), "m5000"));
-        assert!(s.insert_hashed(hash_id("m5000"), id("m5000")));
+        assert_eq!(s.insert_numbered(&id("m5000")), Some(5000));
         assert_eq!(s.len(), 5001);
         let mut all: Vec<&Id> = s.iter().collect();
         all.sort();
@@ -695,8 +700,12 @@ mod tests {
                 assert!(!s.insert(id(&m)), "size {n}: {m} added twice");
             }
             let fresh = format!("message-{n}");
-            assert!(!s.contains_hashed(hash_id(&fresh), &fresh));
-            s.insert_absent_hashed(hash_id(&fresh), id(&fresh));
+            assert!(!s.contains(&fresh));
+            assert_eq!(
+                s.insert_numbered(&id(&fresh)),
+                Some(n as u64),
+                "numbered by size"
+            );
         }
         let mut all: Vec<&Id> = s.iter().collect();
         all.sort();

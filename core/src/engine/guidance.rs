@@ -45,9 +45,19 @@ fn record_user_message(tree: &mut Tree, tx: &mut Tx, session: &Id, turn: &Id, te
     let Some(ids) = tree.hot(session, Hint::NONE).map(|h| &mut h.message_ids) else {
         return;
     };
-    let seq = ids.len() as u64;
-    let message_id: Id = format!("user-{turn}-{seq}").into();
-    ids.insert(message_id.clone());
+    // The id names the turn and the message's number; a provider message that took that id
+    // already (ids are the provider's) gets a suffix, so the user's text is never lost and no
+    // number is given twice.
+    let number = ids.len();
+    let mut message_id: Id = format!("user-{turn}-{number}").into();
+    let mut again = 0;
+    while ids.contains(&message_id) {
+        again += 1;
+        message_id = format!("user-{turn}-{number}.{again}").into();
+    }
+    let Some(seq) = ids.insert_numbered(&message_id) else {
+        return;
+    };
     tx.message(Message {
         agent_session_id: session.clone(),
         turn_id: turn.clone(),

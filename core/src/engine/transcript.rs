@@ -7,7 +7,7 @@
 use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::keyed::{hash_id, same, Hint};
+use crate::keyed::{same, Hint};
 use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
 use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
@@ -70,22 +70,24 @@ pub(crate) fn message(
     let session = at.0;
     let (_, t) = turn_of(tree, at, turn)?;
     let dropped = drop_reason(t);
-    // The session's message ids are found by its (checked) position, and the message id is
-    // hashed once for the duplicate check and the insert.
+    // The session's message ids are found by its (checked) position.
     let Some(hot) = tree.hot(session, at.1) else {
         return Err(Rejected::UnknownSession(session.clone()));
     };
     let ids = &mut hot.message_ids;
-    let hash = hash_id(message_id);
-    if ids.contains_hashed(hash, message_id) {
-        return Ok(ignored(Ignored::Duplicate));
-    }
     if let Some(why) = dropped {
+        let why = if ids.contains(message_id) {
+            Ignored::Duplicate
+        } else {
+            why
+        };
         return Ok(ignored(why));
     }
-    // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
-    let seq = ids.len() as u64;
-    ids.insert_absent_hashed(hash, message_id.clone());
+    // The session's messages are numbered densely from 0, in the same search that proves the
+    // message id new.
+    let Some(seq) = ids.insert_numbered(message_id) else {
+        return Ok(ignored(Ignored::Duplicate));
+    };
     Ok(publish(
         tree,
         Row::Message(Message {
@@ -306,5 +308,50 @@ mod tests {
         }
         assert_eq!(r_messages(&tree), 1, "R's message ids are untouched");
         assert!(tree.message_ids().any(|(s, m)| &**s == "C" && &**m == "m1"));
+    }
+    /// A user message's id is synthetic (`user-{turn}-{n}`); a provider message that already
+    /// took that id does not make the user's message reuse a `seq` (before, the id insert
+    /// failed silently and the next message got the same `seq`).
+    #[test]
+    fn a_user_message_id_taken_by_the_provider_never_reuses_a_seq() {
+        let mut e = Engine::new();
+        let mut seqs = Vec::new();
+        for (now, v) in [
+            (
+                1,
+                json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"}),
+            ),
+            (
+                2,
+                json!({"type": "submit", "agentSessionId": "R", "turnId": "T", "text": "go"}),
+            ),
+            (
+                3,
+                json!({"type": "rootProviderTurnStarted", "agentSessionId": "R", "providerTurnId": "p1"}),
+            ),
+            (
+                4,
+                json!({"type": "messageAppended", "agentSessionId": "R", "turnId": "T", "messageId": "user-T-2", "role": "assistant", "text": "a"}),
+            ),
+            (
+                5,
+                json!({"type": "submit", "agentSessionId": "R", "turnId": "T2", "text": "more"}),
+            ),
+            (
+                6,
+                json!({"type": "messageAppended", "agentSessionId": "R", "turnId": "T", "messageId": "m3", "role": "assistant", "text": "b"}),
+            ),
+        ] {
+            let input: Input = serde_json::from_value(v).expect("input");
+            let step = e.handle(now, &input).expect("accepted");
+            for row in &step.persist.rows {
+                if let Row::Message(m) = row {
+                    seqs.push((m.seq, m.message_id.to_string()));
+                }
+            }
+        }
+        let numbers: Vec<u64> = seqs.iter().map(|(n, _)| *n).collect();
+        assert_eq!(numbers, [0, 1, 2, 3], "dense and distinct: {seqs:?}");
+        assert_eq!(seqs[2].1, "user-T-2.1", "the user's message got a free id");
     }
 }

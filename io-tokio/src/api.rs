@@ -100,6 +100,12 @@ impl IntoResponse for ApiError {
 impl From<DaemonError> for ApiError {
     fn from(e: DaemonError) -> ApiError {
         match e {
+            DaemonError::Rejected(r) if r.is_internal() => {
+                // The engine's own inconsistency, not the caller's fault: logged (ids only, as
+                // the error's text is) and answered 500.
+                tracing::error!(error = %r, "engine internal inconsistency");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, r.code(), r.to_string())
+            }
             DaemonError::Rejected(r) => {
                 let status = match r.code() {
                     "not_found" => StatusCode::NOT_FOUND,

@@ -240,9 +240,6 @@ pub enum ServeError {
     /// The demo failed.
     #[error(transparent)]
     Demo(#[from] crate::demo::DemoError),
-    /// The web view's one-time login code could not be made (no randomness).
-    #[error("cannot make a login code: {0}")]
-    LoginCode(std::io::Error),
 }
 
 async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {

@@ -318,7 +318,7 @@ impl Daemon {
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
         let positions = Arc::new(LivePositions::default());
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::new(&opts.db.display().to_string()));
         if opts.retention.prune_interval_ms > 0 {
             let tx = tx.clone();
             let every = std::time::Duration::from_millis(opts.retention.prune_interval_ms);

@@ -41,5 +41,6 @@ pub mod reads;
 pub mod render;
 pub mod retention;
 pub mod runtime;
+pub mod status;
 pub mod tuttid;
 pub mod web;

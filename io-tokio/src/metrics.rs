@@ -187,15 +187,10 @@ fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 4.0, 11))
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics::new()
-    }
-}
-
 impl Metrics {
-    /// A registry with every metric registered at zero.
-    pub fn new() -> Metrics {
+    /// A registry with every metric registered at zero; `database` (the database file) is a
+    /// label of `tutti_info`, with the version (one series, a constant).
+    pub fn new(database: &str) -> Metrics {
         let mut r = Registry::default();
         let m = Metrics {
             registry: Registry::default(),
@@ -227,12 +222,16 @@ impl Metrics {
             pending: Mutex::new(Pending::default()),
         };
         let info = Family::<Vec<(String, String)>, Gauge>::default();
-        info.get_or_create(&vec![(
-            "version".to_string(),
-            env!("CARGO_PKG_VERSION").to_string(),
-        )])
+        info.get_or_create(&vec![
+            ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+            ("database".to_string(), database.to_string()),
+        ])
         .set(1);
-        r.register("tutti_info", "Build information (label version)", info);
+        r.register(
+            "tutti_info",
+            "Daemon information (labels version and database)",
+            info,
+        );
         r.register_with_unit(
             "tutti_uptime",
             "Seconds since the daemon started",

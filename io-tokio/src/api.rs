@@ -589,11 +589,7 @@ async fn detail(
             .filter_map(|s| s.last_turn_id.as_ref())
             .filter_map(|t| r.turn(t).ok().flatten())
             .collect();
-        let root = d
-            .session
-            .root_agent_session_id
-            .clone()
-            .unwrap_or_else(|| d.session.id.clone());
+        let root = d.session.tree_root_id().clone();
         let members: std::collections::BTreeSet<&Id> = std::iter::once(&d.session)
             .chain(d.child_sessions.iter())
             .map(|s| &s.id)

@@ -176,6 +176,7 @@ impl From<DriverError> for DaemonError {
     fn from(e: DriverError) -> DaemonError {
         match e {
             DriverError::Rejected(r) => DaemonError::Rejected(r),
+            DriverError::Storage(m) => DaemonError::Storage(m),
             other => DaemonError::Storage(other.to_string()),
         }
     }

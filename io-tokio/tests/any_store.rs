@@ -4,6 +4,7 @@
 //! its rows are in that store, the outbox is gap-free, and a follower streams every row.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tutti_core::model::{CancelOperation, Id, Interaction, Message, Session, Turn};
@@ -23,9 +24,11 @@ use tutti_tokio::retention::Retention;
 const DEMO: &str = env!("CARGO_BIN_EXE_tutti-demo-agent");
 
 /// One `MemoryStore` behind a lock: the engine thread's writer and the API's reader are two
-/// handles on it (as two SQLite connections are on one file). Every call locks once.
+/// handles on it (as two SQLite connections are on one file). Every call locks once. `fail`
+/// makes that many next group commits fail as a whole (a store that is briefly unavailable),
+/// writing nothing.
 #[derive(Clone, Default)]
-struct Shared(Arc<Mutex<MemoryStore>>);
+struct Shared(Arc<Mutex<MemoryStore>>, Arc<AtomicUsize>);
 
 impl Shared {
     fn get(&self) -> MutexGuard<'_, MemoryStore> {
@@ -78,6 +81,15 @@ impl HostStore for Shared {
         batches: &[&PersistBatch],
         payloads: bool,
     ) -> Result<Vec<Vec<Published>>, GroupError<StoreError>> {
+        let fail = self
+            .1
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(GroupError::Commit(StoreError::GuardFailed(
+                "unavailable".into(),
+            )));
+        }
         self.get().apply_group(batches, payloads)
     }
     fn is_guard_failure(error: &StoreError) -> bool {
@@ -127,11 +139,8 @@ fn registry() -> Arc<Registry> {
     Arc::new(Registry::with_builtins(config).expect("registry"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_daemon_runs_a_real_provider_turn_on_the_memory_store() {
-    let store = Shared::default();
-    let providers = registry();
-    let d = Daemon::start_on(
+fn start(store: &Shared, providers: Arc<Registry>) -> Daemon {
+    Daemon::start_on(
         store.clone(),
         Box::new(store.clone()),
         Box::new(StoreCheckpoint::default()),
@@ -146,7 +155,14 @@ async fn the_daemon_runs_a_real_provider_turn_on_the_memory_store() {
             },
         },
     )
-    .expect("start on the memory store");
+    .expect("start on the memory store")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_runs_a_real_provider_turn_on_the_memory_store() {
+    let store = Shared::default();
+    let providers = registry();
+    let d = start(&store, providers.clone());
     let mut follower = Follower::new(&d, 0);
     d.call(Input::Command(Command::CreateSession {
         agent_session_id: "R".into(),
@@ -208,5 +224,48 @@ async fn the_daemon_runs_a_real_provider_turn_on_the_memory_store() {
         streamed.extend(rows.into_iter().map(|r| r.seq));
     }
     assert_eq!(streamed[..outbox.len()], seqs[..]);
+    d.shutdown().await;
+}
+
+fn create(id: &str) -> Input {
+    Input::Command(Command::CreateSession {
+        agent_session_id: id.into(),
+        workspace_id: "w".into(),
+        provider: "agent".into(),
+        title: None,
+        capabilities: None,
+    })
+}
+
+/// "Group commit + one-by-one retry on failure": a group that fails as a whole is retried batch
+/// by batch; a batch that fails again answers a storage error, its tree is reloaded from the
+/// store (so the engine holds nothing the store does not), and the tree goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_group_is_retried_one_by_one_and_a_lost_batch_reloads_its_tree() {
+    let store = Shared::default();
+    let d = start(&store, registry());
+    // The group fails, its retry passes.
+    store.1.store(1, SeqCst);
+    d.call(create("A")).await.expect("committed on the retry");
+    assert!(store.get().session("A").expect("read").is_some());
+    // The group and the retry fail: the caller learns it and nothing was kept.
+    store.1.store(2, SeqCst);
+    let submit = |turn: &str| {
+        Input::Command(Command::Submit {
+            agent_session_id: "A".into(),
+            turn_id: turn.into(),
+            text: "children=0 permission=0 fail=0 late=0".into(),
+        })
+    };
+    let lost = d.call(submit("t1")).await;
+    assert!(
+        matches!(lost, Err(tutti_tokio::daemon::DaemonError::Storage(_))),
+        "{lost:?}"
+    );
+    assert!(store.get().turn("t1").expect("read").is_none());
+    // The engine reloaded the tree: the next submit starts a new root turn (it would be
+    // appended to the lost turn had the engine kept it).
+    let step = d.call(submit("t2")).await.expect("submit after the reload");
+    assert_eq!(step.reply.map(|r| r.name()), Some("started"));
     d.shutdown().await;
 }

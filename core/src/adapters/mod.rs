@@ -7,21 +7,12 @@
 //! the adapters, never in the engine; the engine knows nothing of Codex, Claude or ACP.
 //!
 //! An adapter serves exactly one root session (one live provider runtime per root tree). The
-//! runtime driver (in `tutti-tokio`) loops:
-//!
-//! ```text
-//! out = adapter.open(now)                      // handshake
-//! loop {
-//!     select! {
-//!         line from the process   => out = adapter.on_native(now, &json)?   // typed error on garbage
-//!         request from the engine => out = adapter.on_request(now, &request)
-//!         timer fired             => out = adapter.on_timer(now, &id)
-//!     }
-//!     write out.native to the process, in order;
-//!     send out.events and out.answers to the engine, in order;
-//!     arm out.timers;
-//! }
-//! ```
+//! [`crate::Driver`] owns the adapters of the live roots and makes every call: `open` when the
+//! adapter is attached, `on_native` for each provider message, `on_request` for each engine
+//! request once its batch is committed, `on_timer` from its one timer queue, `on_dropped` for an
+//! `interactionRequested` the engine did not take, `flush_text` before a `cancelTurn`. Per call,
+//! the output's native messages go to the provider in order, its timers are armed, and its
+//! events and then its answers go to the engine.
 //!
 //! Canonical ids for children are derived deterministically from the root session id and the
 //! provider's own ids (see [`child_ids`]), so a replayed transcript yields the same ids.

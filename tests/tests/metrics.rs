@@ -317,17 +317,38 @@ fn metrics_listen_serves_without_auth_on_loopback_only() {
             .map(|a| a.port())
             .expect("port")
     };
-    let refused = Command::new(EXE)
+    let mut refused = Command::new(EXE)
         .args(["serve", "--listen", &format!("127.0.0.1:{}", port(()))])
         .args(["--metrics-listen", &format!("0.0.0.0:{}", port(()))])
         .arg("--db")
         .arg(dir.path().join("a.db"))
         .arg("--token-file")
         .arg(dir.path().join("token"))
-        .output()
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("tuttid");
-    assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("not a loopback address"));
+    // A daemon that does not refuse keeps serving: it is ended and the test fails.
+    let mut exited = None;
+    for _ in 0..400 {
+        if let Ok(Some(st)) = refused.try_wait() {
+            exited = Some(st);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    if exited.is_none() {
+        let _ = refused.kill();
+        let _ = refused.wait();
+    }
+    let mut err = String::new();
+    if let Some(mut e) = refused.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(
+        exited.is_some_and(|s| !s.success()),
+        "a non-loopback metrics address is refused: {err}"
+    );
+    assert!(err.contains("not a loopback address"), "{err}");
 
     let maddr = format!("127.0.0.1:{}", port(()));
     let mut child = Command::new(EXE)

@@ -501,6 +501,9 @@ fn log_checkpoint(e: CheckpointEvent) {
     }
 }
 
+/// Where the reply of an input goes.
+type ReplyTo = oneshot::Sender<Result<Step, DaemonError>>;
+
 struct Core<S> {
     /// What the store needs besides commits.
     housekeeping: Box<dyn Housekeeping<S>>,
@@ -520,7 +523,7 @@ struct Core<S> {
     /// that its exit still counts).
     current: HashMap<Id, u64>,
     /// Callers waiting for the reply to their input, by the driver's reply token.
-    replies: HashMap<u64, (oneshot::Sender<Result<Step, DaemonError>>, &'static str)>,
+    replies: HashMap<u64, (ReplyTo, &'static str)>,
     next_reply: u64,
     /// The deadline a tick is armed for.
     deadline: Option<i64>,

@@ -234,9 +234,6 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
-    /// The web view's login code could not be made.
-    #[error("cannot make a login code: {0}")]
-    LoginCode(std::io::Error),
     /// The HTTP server failed.
     #[error("server: {0}")]
     Server(std::io::Error),

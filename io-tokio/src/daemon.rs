@@ -11,6 +11,7 @@
 
 use crate::clock::now_ms;
 use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::metrics::{phase_name, Metrics, StateGauges};
 use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, FromRuntime, RuntimeHandle, ToDaemon, Transport};
@@ -196,6 +197,8 @@ enum Msg {
     Prune,
     /// The root ids of the trees loaded in the engine.
     Resident(oneshot::Sender<Vec<Id>>),
+    /// The state gauges of a metrics scrape.
+    Gauges(oneshot::Sender<StateGauges>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -209,6 +212,7 @@ pub struct Daemon {
     providers: Arc<dyn ProviderFactory>,
     db: PathBuf,
     positions: Arc<LivePositions>,
+    metrics: Arc<Metrics>,
 }
 
 /// Options of the daemon core.
@@ -315,6 +319,7 @@ impl Daemon {
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
         let positions = Arc::new(LivePositions::default());
+        let metrics = Arc::new(Metrics::new(&opts.db.display().to_string()));
         if opts.retention.prune_interval_ms > 0 {
             let tx = tx.clone();
             let every = std::time::Duration::from_millis(opts.retention.prune_interval_ms);
@@ -351,6 +356,9 @@ impl Daemon {
             retention: opts.retention,
             quiescent,
             positions: positions.clone(),
+            metrics: metrics.clone(),
+            ever_launched: std::collections::HashSet::new(),
+            line_round: None,
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -366,6 +374,7 @@ impl Daemon {
             providers: opts.providers,
             db: opts.db,
             positions,
+            metrics,
         })
     }
 
@@ -443,6 +452,27 @@ impl Daemon {
         &self.positions
     }
 
+    /// The daemon's metrics (see [`crate::metrics`]).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The Prometheus exposition text: the engine thread computes the state gauges now.
+    pub async fn metrics_text(&self) -> Result<String, DaemonError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Gauges(tx))
+            .map_err(|_| DaemonError::Stopped)?;
+        let state = rx.await.map_err(|_| DaemonError::Stopped)?;
+        let head = *self.outbox.borrow();
+        Ok(self.metrics.render(
+            &state,
+            self.positions.count() as u64,
+            head,
+            self.positions.lowest(),
+        ))
+    }
+
     /// Stops the engine thread (after the inputs already queued).
     pub async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
@@ -471,6 +501,9 @@ fn log_checkpoint(e: CheckpointEvent) {
     }
 }
 
+/// Where the reply of an input goes.
+type ReplyTo = oneshot::Sender<Result<Step, DaemonError>>;
+
 struct Core<S> {
     /// What the store needs besides commits.
     housekeeping: Box<dyn Housekeeping<S>>,
@@ -490,7 +523,7 @@ struct Core<S> {
     /// that its exit still counts).
     current: HashMap<Id, u64>,
     /// Callers waiting for the reply to their input, by the driver's reply token.
-    replies: HashMap<u64, oneshot::Sender<Result<Step, DaemonError>>>,
+    replies: HashMap<u64, (ReplyTo, &'static str)>,
     next_reply: u64,
     /// The deadline a tick is armed for.
     deadline: Option<i64>,
@@ -500,6 +533,11 @@ struct Core<S> {
     /// Loaded quiescent trees, least recently touched first (see [`crate::retention`]).
     quiescent: QuiescentTrees,
     positions: Arc<LivePositions>,
+    metrics: Arc<Metrics>,
+    /// Roots that had a provider process (a later launch is a restart).
+    ever_launched: std::collections::HashSet<Id>,
+    /// When the engine took the current round, if it holds provider messages.
+    line_round: Option<std::time::Instant>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -530,6 +568,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 }
             }
             let now = now_ms();
+            let round = std::time::Instant::now();
+            self.line_round = None;
             let mut shutdown = None;
             let mut prune = false;
             let mut resident = Vec::new();
@@ -543,6 +583,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
                     Msg::Prune => prune = true,
                     Msg::Resident(r) => resident.push(r),
+                    Msg::Gauges(r) => {
+                        let _ = r.send(self.gauges());
+                    }
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Tick => {
                         self.deadline = None;
@@ -551,13 +594,16 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     Msg::Input(input, reply) => {
                         let token = reply.map(|r| {
                             self.next_reply += 1;
-                            self.replies.insert(self.next_reply, r);
+                            self.replies.insert(self.next_reply, (r, input.kind()));
                             self.next_reply
                         });
                         debug!(kind = input.kind(), "input");
                         self.driver.handle_input(now, input, token, &self.store);
                     }
                     Msg::Runtime(root, generation, m) => {
+                        if matches!(m, FromRuntime::Native(_)) {
+                            self.line_round = Some(round);
+                        }
                         self.runtime_said(now, root, generation, m)
                     }
                 }
@@ -583,6 +629,54 @@ impl<S: HostStore + Send + 'static> Core<S> {
         }
     }
 
+    /// The provider name of a root session (`unknown` when its tree is not loaded).
+    fn provider_of(&self, root: &Id) -> String {
+        self.driver
+            .engine()
+            .session(root)
+            .map_or_else(|| "unknown".to_string(), |s| s.provider.to_string())
+    }
+
+    /// The state gauges of a metrics scrape, from the engine's loaded trees and the runtimes.
+    /// Trees that are not loaded are quiescent (only quiescent trees are evicted), so they add
+    /// nothing but to none of the gauges.
+    fn gauges(&self) -> StateGauges {
+        let engine = self.driver.engine();
+        let mut g = StateGauges::default();
+        for root in engine.roots() {
+            g.resident_trees += 1;
+            let pending = engine.pending_interactions(&root).len() as u64;
+            g.pending_interactions += pending;
+            if !engine.is_quiescent(&root) || pending > 0 {
+                g.live_trees += 1;
+            }
+            let Some(turn) = engine
+                .session(&root)
+                .and_then(|s| s.active_turn_id.as_ref())
+                .and_then(|t| engine.turn(&root, t))
+            else {
+                continue;
+            };
+            if !turn.phase.is_active() {
+                continue;
+            }
+            *g.root_turns_by_phase
+                .entry(phase_name(turn.phase))
+                .or_default() += 1;
+            let children = engine.active_child_turns(&root, &turn.id) as u64;
+            g.active_child_turns += children;
+            if turn.phase == tutti_core::model::Phase::Waiting && children > 0 {
+                g.roots_waiting_on_children += 1;
+            }
+        }
+        for (root, r) in &self.runtimes {
+            if r.is_alive() {
+                *g.processes.entry(self.provider_of(root)).or_default() += 1;
+            }
+        }
+        g
+    }
+
     /// A message of a root's runtime; one of an earlier (stopped) runtime of the root is stale.
     fn runtime_said(&mut self, now: i64, root: Id, generation: u64, m: FromRuntime) {
         if self.current.get(&root) != Some(&generation) {
@@ -600,6 +694,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     .handle_write_failed(now, failure, &error, &self.store)
             }
             FromRuntime::Exited(why) => {
+                self.metrics.process_exited(&self.provider_of(&root));
                 self.current.remove(&root);
                 self.runtimes.remove(&root);
                 self.idle.armed.remove(&root);
@@ -644,8 +739,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 }
             }
         }
+        let t = std::time::Instant::now();
         match self.store.apply_group(&batches, true) {
             Ok(published) => {
+                self.metrics
+                    .committed(&batches, t.elapsed(), self.line_round);
                 self.housekeeping.committed();
                 for (id, p) in ids.iter().zip(published) {
                     self.driver.ack_commit(*id, p, &self.store);
@@ -661,11 +759,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     };
                     match self.store.apply_group(&[batch], true) {
                         Ok(mut p) => {
+                            self.metrics
+                                .committed(&[batch], t.elapsed(), self.line_round);
                             self.housekeeping.committed();
                             let p = p.pop().unwrap_or_default();
                             self.driver.ack_commit(*id, p, &self.store);
                         }
                         Err(e) => {
+                            self.metrics
+                                .commit_failed(S::is_guard_failure(e.source_error()));
                             error!(error = %e, "step not committed; reloading its tree");
                             self.driver.commit_failed(*id, &e.to_string(), &self.store);
                         }
@@ -694,7 +796,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
             },
             Output::Publish(p) => self.publish(p),
             Output::Reply { to, result } => {
-                if let Some(r) = self.replies.remove(&to) {
+                if let Some((r, kind)) = self.replies.remove(&to) {
+                    self.metrics.input_decided(kind, &result);
                     if let Err(e) = &result {
                         debug!(error = %e, "input not applied");
                     }
@@ -919,6 +1022,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 let to_daemon =
                     ToDaemon::new(move |m| tx.send(Msg::Runtime(r.clone(), generation, m)).is_ok());
                 info!(root = %root, provider = %spec.provider, "provider runtime started");
+                let restart = !self.ever_launched.insert(root.clone());
+                self.metrics.process_started(&spec.provider, restart);
                 let handle = start_runtime(root.clone(), generation, transport, to_daemon);
                 self.runtimes.insert(root.clone(), handle);
                 self.current.insert(root.clone(), generation);

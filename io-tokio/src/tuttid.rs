@@ -234,6 +234,9 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
+    /// The web view's one-time login code could not be made (no randomness).
+    #[error("cannot make a login code: {0}")]
+    LoginCode(std::io::Error),
     /// The HTTP server failed.
     #[error("server: {0}")]
     Server(std::io::Error),

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 use tutti_core::adapters::Adapter;
-use tutti_core::driver::{BatchId, Driver, DriverError, LaunchSpec, Output, Publication};
+use tutti_core::driver::{
+    BatchId, Diagnostic, Driver, DriverError, LaunchSpec, Output, Publication,
+};
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::step::PersistBatch;
 use tutti_core::store::HostStore;
@@ -802,6 +804,14 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         debug!(error = %e, "input not applied");
                     }
                     let _ = r.send(result.map_err(DaemonError::from));
+                }
+            }
+            Output::Diagnostic(Diagnostic::Internal { input_kind, error }) => {
+                error!(kind = input_kind, error = %error, "engine inconsistency");
+            }
+            Output::Diagnostic(Diagnostic::Adapter { root, lines }) => {
+                for line in &lines {
+                    debug!(root = %root, diagnostic = %line, "adapter diagnostic");
                 }
             }
         }

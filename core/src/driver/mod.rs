@@ -266,6 +266,31 @@ pub enum Output {
         /// The step (committed) or the error.
         result: Result<Step, DriverError>,
     },
+    /// Something the host should log; nothing for it to do.
+    Diagnostic(Diagnostic),
+}
+
+/// What a host logs ([`Output::Diagnostic`]). Ids, kinds and counts only: adapters never put
+/// prompt, message or tool content into their diagnostics.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Diagnostic {
+    /// An input without a caller (a provider event, a timer, a runtime answer) met an internal
+    /// inconsistency of the engine ([`Rejected::Internal`]): nothing changed. Issue 19: an
+    /// internal inconsistency is "a distinct internal error, logged"; an input with a caller gets
+    /// it in its [`Output::Reply`] instead.
+    Internal {
+        /// The input's wire kind.
+        input_kind: &'static str,
+        /// The inconsistency.
+        error: Rejected,
+    },
+    /// An adapter's diagnostics (unknown native methods, malformed or unexpected messages).
+    Adapter {
+        /// The tree whose adapter reported them.
+        root: Id,
+        /// One line each.
+        lines: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -758,6 +783,15 @@ impl Driver {
         trees: &dyn Trees,
     ) {
         let outcome = self.decide(&input, trees).map_err(DriverError::from);
+        if let (None, Err(DriverError::Rejected(r))) = (reply, &outcome) {
+            if r.is_internal() {
+                self.outputs
+                    .push_back(Output::Diagnostic(Diagnostic::Internal {
+                        input_kind: input.kind(),
+                        error: r.clone(),
+                    }));
+            }
+        }
         self.record(|| Record::Decided {
             input: input.clone(),
             outcome: match &outcome {
@@ -842,6 +876,13 @@ impl Driver {
             root: root.clone(),
             output: out.clone(),
         });
+        if !out.diagnostics.is_empty() {
+            self.outputs
+                .push_back(Output::Diagnostic(Diagnostic::Adapter {
+                    root: root.clone(),
+                    lines: out.diagnostics.clone(),
+                }));
+        }
         if !out.native.is_empty() {
             self.outputs.push_back(Output::Transmit(Transmit {
                 root: root.clone(),

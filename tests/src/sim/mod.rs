@@ -491,7 +491,7 @@ impl World {
                         l.down.extend(tx.messages);
                     }
                 }
-                Output::Publish(_) | Output::Reply { .. } => {}
+                Output::Publish(_) | Output::Reply { .. } | Output::Diagnostic(_) => {}
             }
         }
         for r in self.driver.take_records() {

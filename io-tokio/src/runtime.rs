@@ -89,6 +89,13 @@ pub struct ProcessSpec {
 /// whatever it starts (the Claude CLI under the sidecar, a shell's children) is ended with it by
 /// [`end_process_group`], and a Ctrl-C in the daemon's terminal reaches only the daemon, which
 /// stops its runtimes itself.
+///
+/// On Linux the process also gets SIGTERM when the daemon dies without stopping it (a
+/// `kill -9` of `tuttid`): an agent that does not exit when its stdin closes (codex-acp) would
+/// otherwise run on. Only the process itself gets the signal; its own children are its to end.
+/// The signal is tied to the thread that spawns the process: `tuttid` spawns providers on its
+/// engine thread, which lives until the daemon stops; a host calling this from a thread that
+/// ends early (a blocking-pool thread) would see its provider end with it.
 pub fn spawn_piped(spec: &ProcessSpec) -> std::io::Result<(Child, ChildStdin, ChildStdout)> {
     let (program, args) = spec
         .command
@@ -104,6 +111,24 @@ pub fn spawn_piped(spec: &ProcessSpec) -> std::io::Result<(Child, ChildStdin, Ch
         .kill_on_drop(true);
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        // SAFETY: between fork and exec the closure makes only async-signal-safe calls
+        // (prctl, getppid, _exit) and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The daemon died between fork and prctl: the signal will never come.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
     }
     let mut child = cmd.spawn()?;
     let stdin = child

@@ -235,3 +235,30 @@ fn five_hundred_sessions_leave_bounded_processes_and_descriptors() {
         "descriptors return to the baseline: {fds} (baseline {baseline_fds})"
     );
 }
+
+/// A `kill -9` of `tuttid` leaves no provider that would outlive it: the provider gets SIGTERM
+/// when the daemon dies (on Linux), also one that does not exit when its stdin closes (as
+/// codex-acp does not). The provider here is `sh` running the demo agent and then, once the
+/// agent has ended on stdin EOF, `exec sleep 600` in the same process: without the signal, that
+/// process would still run ten minutes after the daemon died.
+#[test]
+fn a_provider_that_ignores_stdin_eof_does_not_outlive_a_killed_daemon() {
+    let config = format!(
+        "[providers.stubborn]\nkind = \"acp\"\ncommand = [\"sh\", \"-c\", \"\\\"$0\\\" demo-agent; exec sleep 600\", \"{EXE}\"]\n"
+    );
+    let mut d = TestDaemon::start(EXE, Some(&config), &[("TUTTI_DEMO_SPEED", "20")]);
+    let id = d.create(WS, "stubborn");
+    d.submit(WS, &id, QUICK);
+    settled(&d, &id);
+    let provider = the_provider(&d);
+    d.kill9();
+    let ended = poll(10, || (!alive(provider)).then_some(()));
+    if ended.is_none() {
+        // Leave nothing behind, then fail.
+        unsafe { libc::kill(provider as i32, libc::SIGKILL) };
+    }
+    assert!(
+        ended.is_some(),
+        "provider {provider} still runs after the daemon was killed"
+    );
+}

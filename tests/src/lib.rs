@@ -3,6 +3,7 @@
 pub mod claude_client;
 pub mod claude_install;
 pub mod codex_client;
+pub mod conformance;
 pub mod daemon;
 pub mod mock_messages;
 pub mod mock_responses;

@@ -7,6 +7,7 @@ pub mod conformance;
 pub mod daemon;
 pub mod mock_messages;
 pub mod mock_responses;
+pub mod postgres;
 pub mod procs;
 pub mod providers;
 pub mod sim;

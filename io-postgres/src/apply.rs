@@ -78,6 +78,9 @@ const OP_GUARD: &str = "SELECT version, json FROM cancel_operations WHERE id = $
 const SESSION_EXISTS: &str = "SELECT 1 FROM sessions WHERE id = $1";
 const TURN_CLOSED: &str = "SELECT child_creation_closed FROM turns WHERE id = $1 FOR SHARE";
 
+const LEASE_EPOCH: &str =
+    "SELECT epoch FROM tree_leases WHERE root_agent_session_id = $1 FOR SHARE";
+
 /// Locks the outbox counter row until the transaction ends and reads the next seq.
 pub(crate) const NEXT_SEQ_LOCK: &str =
     "SELECT value FROM meta WHERE key = 'outbox_next_seq' FOR UPDATE";
@@ -188,6 +191,24 @@ impl<'a, 't> Writer<'a, 't> {
             }
         }
         Ok(())
+    }
+
+    /// The fencing check of a tree fenced at `epoch` on this handle (see [`crate::lease`]): the
+    /// lease row, read `FOR SHARE` so that no claim changes it before this transaction ends,
+    /// must still hold `epoch`.
+    pub(crate) fn check_fence(&mut self, root: &str, epoch: u64) -> Result<(), PgError> {
+        let s = self.stmt(LEASE_EPOCH)?;
+        let stored: Option<i64> = self.tx.query_opt(&s, &[&root])?.map(|r| r.get(0));
+        let current = stored.map(|v| to_u64("lease epoch", v)).transpose()?;
+        if current == Some(epoch) {
+            Ok(())
+        } else {
+            Err(PgError::Fenced {
+                root: root.to_string(),
+                epoch,
+                current,
+            })
+        }
     }
 
     /// Applies one batch. On an error the caller rolls the transaction back.

@@ -12,6 +12,19 @@ pub enum PgError {
     /// tree and reloads it.
     #[error("guard failed: {0:?}")]
     GuardFailed(Guard),
+    /// The batch is for a tree this handle fenced at `epoch`, and the stored lease epoch is now
+    /// `current` (another daemon took the tree over, or the lease was removed): this handle no
+    /// longer owns the tree and must never commit for it again (see [`crate::lease`]). Nothing
+    /// was written. Not a guard failure: reloading the tree does not help.
+    #[error("fenced: tree {root} is no longer owned at lease epoch {epoch} (now {current:?})")]
+    Fenced {
+        /// The tree.
+        root: String,
+        /// The epoch this handle holds.
+        epoch: u64,
+        /// The stored epoch.
+        current: Option<u64>,
+    },
     /// The server, the connection or a statement failed.
     #[error("postgres: {0}")]
     Postgres(#[from] postgres::Error),

@@ -49,15 +49,17 @@ mod apply;
 mod codec;
 mod error;
 mod host;
+pub mod lease;
 mod read;
 pub mod schema;
 
 pub use error::PgError;
+pub use lease::{Claim, Lease};
 
 use postgres::{Client, NoTls, Statement};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use tutti_core::model::{CancelOperation, Interaction, Message, Session, Turn};
+use tutti_core::model::{CancelOperation, Id, Interaction, Message, Session, Turn};
 use tutti_core::projection::SessionDetail;
 use tutti_core::step::PersistBatch;
 use tutti_core::store::{OutboxRow, Published, Store};
@@ -73,6 +75,8 @@ pub struct PostgresStore {
     cache: RefCell<Cache>,
     /// Whether a read transaction opened by [`PostgresStore::read_consistent`] is open.
     in_read: Cell<bool>,
+    /// Trees fenced on this handle, with the lease epoch their batches must find.
+    fences: HashMap<Id, u64>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -91,6 +95,7 @@ impl PostgresStore {
             client: RefCell::new(client),
             cache: RefCell::new(Cache::new()),
             in_read: Cell::new(false),
+            fences: HashMap::new(),
         })
     }
 
@@ -128,6 +133,13 @@ impl PostgresStore {
         {
             let mut w = apply::Writer::new(&mut tx, cache, capture);
             for (index, b) in batches.iter().enumerate() {
+                let fence = b
+                    .root_agent_session_id
+                    .as_ref()
+                    .and_then(|r| self.fences.get(r).map(|&e| (r, e)));
+                if let Some((root, epoch)) = fence {
+                    w.check_fence(root, epoch).map_err(|e| (Some(index), e))?;
+                }
                 out.push(w.apply(b).map_err(|e| (Some(index), e))?);
             }
             w.finish().map_err(|e| (None, e))?;

@@ -15,14 +15,16 @@
 //!   the other in seq order, so a reader never sees seq `n + 1` before `n`.
 //! - An outbox row copies its payload (SQLite version 2 references the message instead).
 //!
+//! Version 2 adds `tree_leases` (tree ownership and fencing, [`crate::lease`]).
+//!
 //! Migrations run in one transaction under an advisory lock, so daemons starting together on a
 //! new database migrate it once.
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `MIGRATIONS[n]` takes a database from version n to n + 1.
-pub(crate) const MIGRATIONS: &[&str] = &[V1];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The advisory lock key migrations hold (ASCII "tuti").
 pub(crate) const MIGRATION_LOCK: i64 = 0x7475_7469;
@@ -115,6 +117,18 @@ CREATE TABLE session_cwd (
 CREATE TABLE outbox_marks (
     seq   BIGINT PRIMARY KEY,
     at_ms BIGINT NOT NULL
+);
+"#;
+
+/// Version 2: tree ownership leases (issue 21: "a lease row per live root (owner, epoch,
+/// expiry)"), see [`crate::lease`].
+const V2: &str = r#"
+CREATE TABLE tree_leases (
+    root_agent_session_id TEXT COLLATE "C" PRIMARY KEY,
+    owner                 TEXT NOT NULL,
+    owner_address         TEXT NOT NULL,
+    epoch                 BIGINT NOT NULL,
+    expires_at_ms         BIGINT NOT NULL
 );
 "#;
 

@@ -193,6 +193,35 @@ pub struct Fingerprint {
     messages: Vec<Vec<Message>>,
 }
 
+impl Fingerprint {
+    /// Panics naming the part that differs (and not the whole store).
+    fn assert_same(&self, other: &Fingerprint, check: &str, what: &str) {
+        if self == other {
+            return;
+        }
+        let part = if self.trees != other.trees {
+            let roots: Vec<&str> = ROOTS
+                .iter()
+                .zip(self.trees.iter().zip(&other.trees))
+                .filter(|(_, (a, b))| a != b)
+                .map(|(r, _)| *r)
+                .collect();
+            format!("the trees of {roots:?}")
+        } else if self.outbox != other.outbox {
+            format!(
+                "the outbox ({} rows before, {} after)",
+                self.outbox.len(),
+                other.outbox.len()
+            )
+        } else if self.last != other.last {
+            format!("the last seq ({} before, {} after)", self.last, other.last)
+        } else {
+            "the messages".to_string()
+        };
+        panic!("conformance `{check}`: {what}: {part} changed");
+    }
+}
+
 /// Every root and session id of the workload (and a few that never exist).
 const ROOTS: [&str; 6] = [R1, R2, R3, R4, R5, "RX"];
 const SESSIONS: [&str; 12] = [
@@ -227,11 +256,7 @@ where
             "conformance `{check}`: {what}: refused, but not as a guard failure: {e:?}"
         ),
     }
-    assert_eq!(
-        before,
-        fingerprint(check, s),
-        "conformance `{check}`: {what}: a refused batch changed the store"
-    );
+    before.assert_same(&fingerprint(check, s), check, what);
 }
 
 /// A message row no store holds yet, published: proof that a refused batch wrote nothing.
@@ -467,11 +492,7 @@ where
             again.is_empty(),
             "conformance `{C}`: replay of {i} published again: {again:?} (first {first:?})"
         );
-        assert_eq!(
-            after_first,
-            fingerprint(C, &s),
-            "conformance `{C}`: replay of {i} changed the store"
-        );
+        after_first.assert_same(&fingerprint(C, &s), C, &format!("replay of {i}"));
         // Also as a group of one.
         let again = match s.apply_group(&[&b], true) {
             Ok(p) => p,
@@ -482,7 +503,7 @@ where
             again[0].is_empty(),
             "conformance `{C}`: group replay published"
         );
-        assert_eq!(after_first, fingerprint(C, &s));
+        after_first.assert_same(&fingerprint(C, &s), C, &format!("group replay of {i}"));
         replayed += 1;
     }
     assert!(
@@ -543,11 +564,7 @@ where
             }
             Err(e) => panic!("conformance `{C}`: not a batch error: {e:?}"),
         }
-        assert_eq!(
-            before,
-            fingerprint(C, &s),
-            "conformance `{C}`: a failed group wrote something"
-        );
+        before.assert_same(&fingerprint(C, &s), C, "a failed group wrote something");
     }
     let last = before.last;
     let published = match s.apply_group(&[&b0, &b1, &b2], true) {
@@ -672,11 +689,7 @@ where
 
     let before = fingerprint(C, &s);
     let mut s = reopen(s);
-    assert_eq!(
-        before,
-        fingerprint(C, &s),
-        "conformance `{C}`: reopen kept everything"
-    );
+    before.assert_same(&fingerprint(C, &s), C, "reopen");
     let seqs = w.feed(&mut s, json!({"type": "messageAppended", "agentSessionId": "C1", "turnId": "CT1", "messageId": "after-reopen", "role": "assistant", "text": "x"}));
     assert_eq!(
         seqs,
@@ -977,7 +990,7 @@ where
     assert_eq!(b, Some(ok(C, s.last_outbox_seq())));
     let before = fingerprint(C, &s);
     ok(C, s.checkpoint());
-    assert_eq!(before, fingerprint(C, &s));
+    before.assert_same(&fingerprint(C, &s), C, "checkpoint");
 }
 
 /// The provider's working directory per root.

@@ -65,6 +65,12 @@ use tutti_core::step::PersistBatch;
 use tutti_core::store::{OutboxRow, Published, Store};
 use tutti_core::TreeSnapshot;
 
+// The daemon runs on any `S: HostStore + Send + 'static` (its engine thread owns the store).
+const _: fn() = || {
+    fn send<T: Send + 'static>() {}
+    send::<PostgresStore>();
+};
+
 /// Prepared statements of one connection, by their text.
 pub(crate) type Cache = HashMap<&'static str, Statement>;
 

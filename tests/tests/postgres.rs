@@ -55,7 +55,7 @@ fn every_scenario_gives_identical_snapshots_through_postgres_and_sqlite() {
     for (i, file) in files.iter().enumerate() {
         let sqlite = dir.path().join(format!("s{i}.db"));
         let sqlite = replay(sqlite.to_str().expect("utf-8"), file);
-        let pg = replay(&server.create_database().expect("db"), file);
+        let pg = replay(&server.create_schema().expect("schema"), file);
         assert!(
             sqlite.as_array().is_some_and(|a| !a.is_empty()),
             "{}: some tree",

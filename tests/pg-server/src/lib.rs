@@ -244,6 +244,24 @@ impl Server {
         self.create_database_named(&format!("tutti_{n}"))
     }
 
+    /// Creates a new, empty schema in the database `postgres` and returns a URL whose
+    /// connections use it (`search_path`): a private namespace for one store, much cheaper than
+    /// a database (`CREATE DATABASE` copies a template).
+    pub fn create_schema(&self) -> Result<String, ServerError> {
+        let n = self
+            .next_db
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("tutti_s{n}");
+        let mut c = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
+            .map_err(|e| ServerError(format!("connect: {e}")))?;
+        c.batch_execute(&format!("CREATE SCHEMA {name}"))
+            .map_err(|e| ServerError(format!("create schema: {e}")))?;
+        Ok(format!(
+            "{}?options=-c%20search_path%3D{name}",
+            self.url("postgres")
+        ))
+    }
+
     /// Creates a new, empty database named `name` (letters, digits and `_`) and returns its URL.
     pub fn create_database_named(&self, name: &str) -> Result<String, ServerError> {
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {

@@ -23,6 +23,13 @@
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = 2;
 
+/// The DDL that takes a database from version `from` to `from + 1` (for tests and tools that
+/// need a database of an older version; the caller records the version in
+/// `tutti_schema_version`).
+pub fn migration(from: usize) -> Option<&'static str> {
+    MIGRATIONS.get(from).copied()
+}
+
 /// `MIGRATIONS[n]` takes a database from version n to n + 1.
 pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
 

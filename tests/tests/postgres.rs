@@ -349,3 +349,90 @@ fn a_stale_owner_is_fenced_after_a_takeover() {
         Some("daemon-b".into())
     );
 }
+
+/// "Schema migrations with a version table": a database of version 1 (with data) is migrated to
+/// the current version in place, several daemons connecting to a new database at once migrate it
+/// once, and a database of a newer version is refused with a typed error and left unchanged.
+#[test]
+fn migrations_are_versioned_and_a_newer_schema_is_refused() {
+    let server = Server::fast().expect("postgres server");
+    let version = |url: &str| -> i64 {
+        let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+        c.query_one("SELECT max(version) FROM tutti_schema_version", &[])
+            .expect("version")
+            .get(0)
+    };
+    // Version 1 with a session in it.
+    let url = server.create_database().expect("db");
+    {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        c.batch_execute("CREATE TABLE tutti_schema_version (version BIGINT NOT NULL)")
+            .expect("version table");
+        c.batch_execute(tutti_postgres::schema::migration(0).expect("v1"))
+            .expect("v1 ddl");
+        c.batch_execute("INSERT INTO tutti_schema_version VALUES (1)")
+            .expect("v1");
+    }
+    let mut engine = Engine::new();
+    {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let b = decide(
+            &mut engine,
+            1,
+            json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"}),
+        );
+        let tutti_core::step::Row::Session(s) = &b.rows[0] else {
+            panic!("a session row");
+        };
+        c.execute(
+            "INSERT INTO sessions (id, workspace_id, kind, created_at, version, json) \
+             VALUES ($1, $2, 'root', $3, $4, $5)",
+            &[
+                &&*s.id,
+                &&*s.workspace_id,
+                &s.created_at,
+                &(s.version as i64),
+                &serde_json::to_string(&**s).expect("json"),
+            ],
+        )
+        .expect("v1 row");
+    }
+    let mut store = PostgresStore::connect(&url).expect("migrates");
+    assert_eq!(version(&url), tutti_postgres::schema::SCHEMA_VERSION);
+    assert!(store.session("R").expect("read").is_some(), "data kept");
+    assert!(matches!(
+        store.claim_lease("R", "d", "a", 0, 10).expect("v2 table"),
+        Claim::Owned(_)
+    ));
+    drop(store);
+    // Concurrent first connections.
+    let fresh = server.create_database().expect("db");
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let url = fresh.clone();
+            std::thread::spawn(move || PostgresStore::connect(&url).map(|_| ()))
+        })
+        .collect();
+    for h in handles {
+        h.join()
+            .expect("thread")
+            .expect("every connection migrates or finds it migrated");
+    }
+    assert_eq!(version(&fresh), tutti_postgres::schema::SCHEMA_VERSION);
+    // Newer than this build.
+    {
+        let mut c = postgres::Client::connect(&fresh, postgres::NoTls).expect("connect");
+        c.batch_execute("UPDATE tutti_schema_version SET version = 99")
+            .expect("bump");
+    }
+    match PostgresStore::connect(&fresh) {
+        Err(PgError::TooNew {
+            found: 99,
+            supported,
+        }) => {
+            assert_eq!(supported, tutti_postgres::schema::SCHEMA_VERSION)
+        }
+        other => panic!("a newer schema is refused: {other:?}"),
+    }
+    assert_eq!(version(&fresh), 99, "left unchanged");
+}

@@ -124,7 +124,7 @@ fn raw_run(url: &str, batches: &[PersistBatch], group: usize) -> f64 {
                 let j = match row {
                     Row::Session(s) => {
                         let j = serde_json::to_string(&**s).expect("encode");
-                        let kind = if s.kind == SessionKind::Root {
+                        let kind = if s.kind() == SessionKind::Root {
                             "root"
                         } else {
                             "child"
@@ -135,7 +135,7 @@ fn raw_run(url: &str, batches: &[PersistBatch], group: usize) -> f64 {
                                 &&*s.id,
                                 &&*s.workspace_id,
                                 &kind,
-                                &s.root_agent_session_id.as_deref(),
+                                &s.root_agent_session_id().map(|r| &**r),
                                 &s.active_turn_id.as_deref(),
                                 &s.created_at,
                                 &s.deleted_at,

@@ -289,8 +289,8 @@ impl<'a, 't> Writer<'a, 't> {
                         &[
                             &&*s.id,
                             &&*s.workspace_id,
-                            &kind_str(s.kind),
-                            &s.root_agent_session_id.as_deref(),
+                            &kind_str(s.kind()),
+                            &s.root_agent_session_id().map(|r| &**r),
                             &s.active_turn_id.as_deref(),
                             &s.created_at,
                             &s.deleted_at,

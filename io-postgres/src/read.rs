@@ -112,7 +112,7 @@ impl PostgresStore {
         let Some(r) = self.one_json::<Session>("sessions", ANY_SESSION, &[&root])? else {
             return Ok(None);
         };
-        if r.kind != SessionKind::Root {
+        if r.kind() != SessionKind::Root {
             return Ok(None);
         }
         let sessions: Vec<Session> = self.query_json("sessions", TREE_SESSIONS, &[&root])?;
@@ -162,8 +162,8 @@ impl PostgresStore {
             return Ok(None);
         };
         let root = session
-            .root_agent_session_id
-            .clone()
+            .root_agent_session_id()
+            .cloned()
             .unwrap_or_else(|| session.id.clone());
         let tree: Vec<Session> = self.query_json("sessions", TREE_CHILDREN, &[&&*root])?;
         Ok(Some(SessionDetail::build(session, tree)))

@@ -26,8 +26,9 @@ pub fn cli_example(addr: &str, token_file: &std::path::Path) -> String {
     )
 }
 
-/// Runs the demo until the root turn settles.
-pub async fn run(d: &Daemon) -> Result<(), String> {
+/// Runs the demo until the root turn settles. `login`, the web view's one-time login link, is
+/// printed under the tree at every redraw (a terminal redraw clears what was printed before).
+pub async fn run(d: &Daemon, login: Option<&str>) -> Result<(), String> {
     let root: Id = new_id("s").into();
     d.call(Input::Command(Command::CreateSession {
         agent_session_id: root.clone(),
@@ -76,6 +77,9 @@ pub async fn run(d: &Daemon) -> Result<(), String> {
                 println!("----");
             }
             println!("{text}");
+            if let Some(link) = login {
+                println!("web view: {link}");
+            }
             last = text;
         }
         for (session, turn, request) in pending {

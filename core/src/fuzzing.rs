@@ -127,9 +127,7 @@ impl History {
             let children: BTreeSet<Id> = t
                 .sessions
                 .iter()
-                .filter(|s| {
-                    s.kind == SessionKind::Child && s.root_turn_id.as_ref() == Some(&op.turn_id)
-                })
+                .filter(|s| s.kind() == SessionKind::Child && s.root_turn_id() == Some(&op.turn_id))
                 .map(|s| s.id.clone())
                 .collect();
             match self.frozen.get(&op.turn_id) {
@@ -634,11 +632,11 @@ pub fn meaning(snap: &TreeSnapshot) -> BTreeMap<String, Value> {
         m.insert(
             format!("session {}", s.id),
             json!([
-                s.kind,
-                s.parent_agent_session_id,
-                s.parent_turn_id,
-                s.parent_tool_call_id,
-                s.root_turn_id,
+                s.kind(),
+                s.parent_agent_session_id(),
+                s.parent_turn_id(),
+                s.parent_tool_call_id(),
+                s.root_turn_id(),
                 s.active_turn_id,
                 s.title,
                 s.provider_aliases,
@@ -1089,7 +1087,7 @@ impl<A: Adapter> LineDriver<A> {
         let v: Vec<(Id, Id)> = snap
             .sessions
             .iter()
-            .filter(|s| s.kind == SessionKind::Child)
+            .filter(|s| s.kind() == SessionKind::Child)
             .filter_map(|s| s.active_turn_id.clone().map(|t| (s.id.clone(), t)))
             .collect();
         v.get(n % v.len().max(1)).cloned()

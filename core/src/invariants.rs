@@ -40,27 +40,18 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
         .collect();
 
     for s in &t.sessions {
-        if s.is_child() {
-            match s
-                .parent_agent_session_id
-                .as_ref()
-                .and_then(|p| sessions.get(p))
-            {
+        if let Some(links) = s.child_of() {
+            match sessions.get(&links.parent_agent_session_id) {
                 None => bad("child without its parent session", &s.id),
                 Some(p) => {
                     if s.deleted_at.is_none() && p.deleted_at.is_some() {
                         bad("no orphan after delete", &s.id);
                     }
-                    let expected_root = p.root_agent_session_id.clone().unwrap_or(p.id.clone());
-                    if s.root_agent_session_id.as_ref() != Some(&expected_root) {
+                    if links.root_agent_session_id != *p.tree_root_id() {
                         bad("child root session is its parent's root", &s.id);
                     }
-                    let expected_turn = if p.is_child() {
-                        p.root_turn_id.clone()
-                    } else {
-                        s.parent_turn_id.clone()
-                    };
-                    if s.root_turn_id != expected_turn {
+                    let expected_turn = p.root_turn_id().unwrap_or(&links.parent_turn_id);
+                    if links.root_turn_id != *expected_turn {
                         bad("child root turn is its parent's root turn", &s.id);
                     }
                 }
@@ -79,10 +70,8 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
 
     let mut active_children: FxMap<Id, usize> = FxMap::default();
     let mut child_sessions: FxMap<Id, u32> = FxMap::default();
-    for s in t.sessions.iter().filter(|s| s.is_child()) {
-        if let Some(rt) = &s.root_turn_id {
-            *child_sessions.entry(rt.clone()).or_default() += 1;
-        }
+    for rt in t.sessions.iter().filter_map(Session::root_turn_id) {
+        *child_sessions.entry(rt.clone()).or_default() += 1;
     }
     for turn in &t.turns {
         let Some(s) = sessions.get(&turn.agent_session_id) else {
@@ -108,12 +97,10 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
         if turn.phase == Phase::Settling && !inflight.contains(&turn.id) {
             bad("settling only while a cancel is in flight", &turn.id);
         }
-        if s.is_child() && turn.is_active() {
-            if let Some(rt) = &s.root_turn_id {
-                *active_children.entry(rt.clone()).or_default() += 1;
-                if !turns.get(rt).is_some_and(|r| r.is_active()) {
-                    bad("no root settles while a nested child is active", &turn.id);
-                }
+        if let Some(rt) = s.root_turn_id().filter(|_| turn.is_active()) {
+            *active_children.entry(rt.clone()).or_default() += 1;
+            if !turns.get(rt).is_some_and(|r| r.is_active()) {
+                bad("no root settles while a nested child is active", &turn.id);
             }
         }
     }

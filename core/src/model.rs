@@ -5,6 +5,7 @@
 //! phase and outcome vocabulary as root turns: "do not duplicate child lifecycle into a second
 //! child-agent status field".
 
+pub use crate::relation::{ChildOf, Relation, RootOnly};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -90,55 +91,35 @@ impl Default for Capabilities {
 }
 
 /// `WorkspaceAgentSession`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+///
+/// Its [`Relation`] (root or child, with the fields of that kind only) is set when the session is
+/// built and cannot change afterwards; read it through [`Session::relation`] and the accessors
+/// below. The wire form (camelCase JSON) is the flat one of the spec: `kind`, then the child's
+/// link fields when it is a child, and `capabilities` (a child's are written as the default and
+/// ignored when read: only a root's capabilities are consulted).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Session {
     /// Canonical session id.
     pub id: Id,
     /// Owning workspace.
     pub workspace_id: Id,
-    /// Root or child.
-    pub kind: SessionKind,
-    /// Child only: the session whose turn delegated this child (immutable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_agent_session_id: Option<Id>,
-    /// Child only: the turn that delegated this child (immutable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_turn_id: Option<Id>,
-    /// Child only: the delegation tool call, when known (immutable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_tool_call_id: Option<Id>,
-    /// Child only: the root session of the tree (immutable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub root_agent_session_id: Option<Id>,
-    /// Child only: the root turn that owns this child (immutable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub root_turn_id: Option<Id>,
+    /// Root or child, with the fields of that kind only (immutable).
+    relation: Relation,
     /// Provider name (`codex`, `claude`, `acp`, `demo`, ...).
     pub provider: Id,
     /// The provider's own id of this session (Codex thread id, ACP session id, ...).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_session_id: Option<String>,
     /// Provider aliases.
-    #[serde(default)]
     pub provider_aliases: ProviderAliases,
     /// Display title.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     /// The session's active turn, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_turn_id: Option<Id>,
     /// The session's most recent turn (active or settled).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_turn_id: Option<Id>,
     /// Tombstone time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleted_at: Option<Millis>,
-    /// Root only: provider capabilities.
-    #[serde(default)]
-    pub capabilities: Capabilities,
     /// Provider-native workflow metadata (for example a Claude goal). Opaque; never gates anything.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goal: Option<serde_json::Value>,
     /// Creation time.
     pub created_at: Millis,
@@ -149,9 +130,88 @@ pub struct Session {
 }
 
 impl Session {
+    /// A new session created at `now` (version 0, no turns, no provider handles yet).
+    pub fn new(id: Id, workspace_id: Id, relation: Relation, provider: Id, now: Millis) -> Session {
+        Session {
+            id,
+            workspace_id,
+            relation,
+            provider,
+            provider_session_id: None,
+            provider_aliases: ProviderAliases::default(),
+            title: None,
+            active_turn_id: None,
+            last_turn_id: None,
+            deleted_at: None,
+            goal: None,
+            created_at: now,
+            updated_at: now,
+            version: 0,
+        }
+    }
+
+    /// Root or child, with the fields of that kind only.
+    pub fn relation(&self) -> &Relation {
+        &self.relation
+    }
+
+    /// `root` or `child`.
+    pub fn kind(&self) -> SessionKind {
+        self.relation.kind()
+    }
+
     /// Whether this is a child session.
     pub fn is_child(&self) -> bool {
-        self.kind == SessionKind::Child
+        matches!(self.relation, Relation::Child(_))
+    }
+
+    /// Whether this is a root session.
+    pub fn is_root(&self) -> bool {
+        matches!(self.relation, Relation::Root(_))
+    }
+
+    /// A child's links to its parent and root; `None` for a root.
+    pub fn child_of(&self) -> Option<&ChildOf> {
+        self.relation.child()
+    }
+
+    /// Child only: the session whose turn delegated this child.
+    pub fn parent_agent_session_id(&self) -> Option<&Id> {
+        self.child_of().map(|c| &c.parent_agent_session_id)
+    }
+
+    /// Child only: the turn that delegated this child.
+    pub fn parent_turn_id(&self) -> Option<&Id> {
+        self.child_of().map(|c| &c.parent_turn_id)
+    }
+
+    /// Child only: the delegation tool call, when known.
+    pub fn parent_tool_call_id(&self) -> Option<&Id> {
+        self.child_of().and_then(|c| c.parent_tool_call_id.as_ref())
+    }
+
+    /// Child only: the root session of the tree (the wire field `rootAgentSessionId`, absent on
+    /// a root; see [`Session::tree_root_id`] for the root of any session).
+    pub fn root_agent_session_id(&self) -> Option<&Id> {
+        self.child_of().map(|c| &c.root_agent_session_id)
+    }
+
+    /// Child only: the root turn that owns this child.
+    pub fn root_turn_id(&self) -> Option<&Id> {
+        self.child_of().map(|c| &c.root_turn_id)
+    }
+
+    /// The root session of this session's tree: its own id for a root.
+    pub fn tree_root_id(&self) -> &Id {
+        match &self.relation {
+            Relation::Root(_) => &self.id,
+            Relation::Child(c) => &c.root_agent_session_id,
+        }
+    }
+
+    /// Root only: the provider's capabilities.
+    pub fn capabilities(&self) -> Option<&Capabilities> {
+        self.relation.root_only().map(|r| &r.capabilities)
     }
 }
 

@@ -23,7 +23,7 @@ impl SessionDetail {
             if s.deleted_at.is_some() {
                 continue;
             }
-            if let Some(p) = s.parent_agent_session_id.clone() {
+            if let Some(p) = s.parent_agent_session_id().cloned() {
                 by_parent.entry(p).or_default().push(s);
             }
         }

@@ -347,7 +347,7 @@ fn tool_call_of<S: Store>(
     let Some(s) = store.session(session).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
-    let root = s.root_agent_session_id.clone().unwrap_or(s.id.clone());
+    let root = s.tree_root_id().clone();
     let tree = store.load_tree(&root).map_err(|e| e.to_string())?;
     Ok(tree.and_then(|t| {
         t.tool_calls

@@ -3,8 +3,8 @@
 use crate::engine::Tree;
 use crate::error::RestoreError;
 use crate::model::{
-    CancelOperation, CancelState, Id, Interaction, InteractionStatus, Session, SessionKind,
-    ToolCall, Trigger, Turn,
+    CancelOperation, CancelState, ChildOf, Id, Interaction, InteractionStatus, Session, ToolCall,
+    Trigger, Turn,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -44,7 +44,7 @@ impl TreeSnapshot {
 
     /// The root session.
     pub fn root(&self) -> Option<&Session> {
-        self.sessions.iter().find(|s| s.kind == SessionKind::Root)
+        self.sessions.iter().find(|s| s.is_root())
     }
 
     pub(crate) fn from_tree(tree: &Tree) -> TreeSnapshot {
@@ -67,7 +67,7 @@ impl TreeSnapshot {
 
     pub(crate) fn into_tree(mut self) -> Result<Tree, RestoreError> {
         self.canonicalize();
-        let mut roots = self.sessions.iter().filter(|s| s.kind == SessionKind::Root);
+        let mut roots = self.sessions.iter().filter(|s| s.is_root());
         let root = roots.next().ok_or(RestoreError::NoRoot)?.clone();
         if roots.next().is_some() {
             return Err(RestoreError::SeveralRoots);
@@ -78,18 +78,18 @@ impl TreeSnapshot {
             ..Tree::default()
         };
         // Children in creation order (then id), so traversal order is deterministic.
-        let mut kids: Vec<&Session> = self.sessions.iter().filter(|s| s.is_child()).collect();
-        kids.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        for c in kids {
-            if c.root_agent_session_id.as_ref() != Some(&root.id) {
+        let mut kids: Vec<(&Session, &ChildOf)> = self
+            .sessions
+            .iter()
+            .filter_map(|s| Some((s, s.child_of()?)))
+            .collect();
+        kids.sort_by(|(a, _), (b, _)| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        for (c, links) in kids {
+            if links.root_agent_session_id != root.id {
                 return Err(RestoreError::Inconsistent("child of another root"));
             }
-            let parent = c
-                .parent_agent_session_id
-                .clone()
-                .ok_or(RestoreError::Inconsistent("child without parent"))?;
             tree.children
-                .get_or_insert_with(&parent, Default::default)
+                .get_or_insert_with(&links.parent_agent_session_id, Default::default)
                 .push(c.id.clone());
         }
         for s in self.sessions {
@@ -107,13 +107,9 @@ impl TreeSnapshot {
                     "turn trigger does not match its session kind",
                 ));
             }
-            if session.is_child() && t.is_active() {
-                let rt = session
-                    .root_turn_id
-                    .clone()
-                    .ok_or(RestoreError::Inconsistent("child without root turn"))?;
+            if let Some(rt) = session.root_turn_id().filter(|_| t.is_active()) {
                 tree.active_children
-                    .get_or_insert_with(&rt, Default::default)
+                    .get_or_insert_with(rt, Default::default)
                     .insert(t.id.clone(), t.agent_session_id.clone());
             }
             tree.turns.insert(t.id.clone(), Arc::new(t));

@@ -5,7 +5,7 @@
 //! numbers. Tests compare the SQLite driver against it.
 
 use crate::model::{
-    CancelOperation, CancelState, Id, Interaction, Message, Session, SessionKind, ToolCall, Turn,
+    CancelOperation, CancelState, Id, Interaction, Message, Session, ToolCall, Turn,
 };
 use crate::projection::SessionDetail;
 use crate::snapshot::TreeSnapshot;
@@ -251,11 +251,7 @@ impl MemoryStore {
         let mut v: Vec<Session> = self
             .sessions
             .values()
-            .filter(|s| {
-                s.kind == SessionKind::Root
-                    && s.deleted_at.is_none()
-                    && &*s.workspace_id == workspace
-            })
+            .filter(|s| s.is_root() && s.deleted_at.is_none() && &*s.workspace_id == workspace)
             .cloned()
             .collect();
         v.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
@@ -266,18 +262,17 @@ impl MemoryStore {
     pub fn root_ids(&self) -> Vec<Id> {
         self.sessions
             .values()
-            .filter(|s| s.kind == SessionKind::Root)
+            .filter(|s| s.is_root())
             .map(|s| s.id.clone())
             .collect()
     }
 
     fn tree(&self, root: &str) -> Option<TreeSnapshot> {
         let r = self.sessions.get(root)?;
-        if r.kind != SessionKind::Root {
+        if !r.is_root() {
             return None;
         }
-        let in_tree =
-            |s: &Session| &*s.id == root || s.root_agent_session_id.as_deref() == Some(root);
+        let in_tree = |s: &Session| &**s.tree_root_id() == root;
         let sessions: Vec<Session> = self
             .sessions
             .values()
@@ -342,7 +337,7 @@ impl Store for MemoryStore {
         let mut live: std::collections::BTreeSet<Id> = self
             .sessions
             .values()
-            .filter(|s| s.kind == SessionKind::Root && s.active_turn_id.is_some())
+            .filter(|s| s.is_root() && s.active_turn_id.is_some())
             .map(|s| s.id.clone())
             .collect();
         live.extend(
@@ -370,14 +365,11 @@ impl Store for MemoryStore {
         let Some(session) = self.sessions.get(id).filter(|s| s.deleted_at.is_none()) else {
             return Ok(None);
         };
-        let root = session
-            .root_agent_session_id
-            .clone()
-            .unwrap_or_else(|| session.id.clone());
+        let root = session.tree_root_id();
         let tree: Vec<Session> = self
             .sessions
             .values()
-            .filter(|s| s.root_agent_session_id.as_ref() == Some(&root))
+            .filter(|s| s.root_agent_session_id() == Some(root))
             .cloned()
             .collect();
         Ok(Some(SessionDetail::build(session.clone(), tree)))
@@ -460,13 +452,7 @@ impl HostStore for MemoryStore {
     }
 
     fn root_of(&self, session: &str) -> Result<Option<Id>, StoreError> {
-        Ok(self.sessions.get(session).map(|s| match s.kind {
-            SessionKind::Root => s.id.clone(),
-            _ => s
-                .root_agent_session_id
-                .clone()
-                .unwrap_or_else(|| s.id.clone()),
-        }))
+        Ok(self.sessions.get(session).map(|s| s.tree_root_id().clone()))
     }
 
     fn root_of_cancel_operation(&self, operation: &str) -> Result<Option<Id>, StoreError> {

@@ -405,10 +405,10 @@ fn agent_tool_use_creates_child_and_submitted_turn_before_task_started_or_root_r
         .expect("child session exists")
         .clone();
     assert!(s.is_child());
-    assert_eq!(s.parent_agent_session_id.as_deref(), Some(R));
-    assert_eq!(s.parent_turn_id.as_deref(), Some(T1));
-    assert_eq!(s.parent_tool_call_id.as_deref(), Some("tu-1"));
-    assert_eq!(s.root_turn_id.as_deref(), Some(T1));
+    assert_eq!(s.parent_agent_session_id().map(|x| &**x), Some(R));
+    assert_eq!(s.parent_turn_id().map(|x| &**x), Some(T1));
+    assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some("tu-1"));
+    assert_eq!(s.root_turn_id().map(|x| &**x), Some(T1));
     assert_eq!(
         s.provider_aliases.parent_tool_use_id.as_deref(),
         Some("tu-1")
@@ -536,10 +536,10 @@ fn nested_task_creates_a_grandchild_whose_direct_parent_is_the_launching_child()
     let (gs, gt) = child("tu-2");
     assert_eq!(count(&out.events, "childSessionCreated"), 1);
     let g = rig.engine.session(&gs).expect("grandchild").clone();
-    assert_eq!(g.parent_agent_session_id.as_deref(), Some(cs.as_str()));
-    assert_eq!(g.parent_turn_id.as_deref(), Some(ct.as_str()));
-    assert_eq!(g.root_agent_session_id.as_deref(), Some(R));
-    assert_eq!(g.root_turn_id.as_deref(), Some(T1));
+    assert_eq!(g.parent_agent_session_id().map(|x| &**x), Some(cs.as_str()));
+    assert_eq!(g.parent_turn_id().map(|x| &**x), Some(ct.as_str()));
+    assert_eq!(g.root_agent_session_id().map(|x| &**x), Some(R));
+    assert_eq!(g.root_turn_id().map(|x| &**x), Some(T1));
     // The nested launch tool call stays on the launching child's turn.
     assert_eq!(
         rig.engine.tool_call(&cs, "tu-2").unwrap().turn_id.as_ref(),
@@ -1870,8 +1870,8 @@ fn assert_foreground_tree(rig: &Rig, tool_use: &str, task: &str) {
     assert_eq!(count(&rig.events, "childSessionCreated"), 1);
     let s = rig.engine.session(&cs).expect("child").clone();
     assert_eq!(s.title.as_deref(), Some("Mock child task"));
-    assert_eq!(s.parent_agent_session_id.as_deref(), Some(R));
-    assert_eq!(s.parent_tool_call_id.as_deref(), Some(tool_use));
+    assert_eq!(s.parent_agent_session_id().map(|x| &**x), Some(R));
+    assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some(tool_use));
     assert_eq!(s.provider_aliases.task_id.as_deref(), Some(task));
     assert_eq!(s.provider_aliases.agent_id.as_deref(), Some(task));
     assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Completed));

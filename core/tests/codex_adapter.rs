@@ -438,11 +438,11 @@ fn spawn_edge_collab_agent_tool_call_creates_completed_delegation_call_child_ses
         r.engine.turn("R~thread-c1", "R~thread-c1~turn-1").is_some(),
         "its first turn"
     );
-    assert_eq!(s.parent_agent_session_id.as_deref(), Some(ROOT));
-    assert_eq!(s.parent_turn_id.as_deref(), Some(T1));
-    assert_eq!(s.parent_tool_call_id.as_deref(), Some("call-1"));
-    assert_eq!(s.root_agent_session_id.as_deref(), Some(ROOT));
-    assert_eq!(s.root_turn_id.as_deref(), Some(T1));
+    assert_eq!(s.parent_agent_session_id().map(|x| &**x), Some(ROOT));
+    assert_eq!(s.parent_turn_id().map(|x| &**x), Some(T1));
+    assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some("call-1"));
+    assert_eq!(s.root_agent_session_id().map(|x| &**x), Some(ROOT));
+    assert_eq!(s.root_turn_id().map(|x| &**x), Some(T1));
     assert_eq!(s.provider_session_id.as_deref(), Some("c1"));
     assert_eq!(s.provider_aliases.thread_id.as_deref(), Some("c1"));
     assert_eq!(
@@ -480,7 +480,7 @@ fn spawn_edge_sub_agent_activity_started_creates_completed_delegation_call_and_c
     assert_eq!(&*call.status, "completed");
     assert_eq!(call.name.as_deref(), Some("spawnAgent"));
     let s = r.engine.session(&child("c1")).unwrap();
-    assert_eq!(s.parent_tool_call_id.as_deref(), Some("call-1"));
+    assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some("call-1"));
     assert_eq!(s.title.as_deref(), Some("helper_one"));
     // The same item completing, and the v1 shape naming the same edge: idempotent.
     let out = r.feed(subagent(ROOT_THREAD, N1, "call-1", "started", "c1", true));
@@ -520,18 +520,24 @@ fn nested_spawn_from_child_thread_creates_grandchild_with_root_relation_kept() {
         "delegation call on the child turn"
     );
     let g = r.engine.session(&child("g1")).unwrap();
-    assert_eq!(g.parent_agent_session_id.as_deref(), Some(&*child("c1")));
-    assert_eq!(g.parent_turn_id.as_deref(), Some(&*child_turn("c1", 1)));
-    assert_eq!(g.root_agent_session_id.as_deref(), Some(ROOT));
-    assert_eq!(g.root_turn_id.as_deref(), Some(T1));
+    assert_eq!(
+        g.parent_agent_session_id().map(|x| &**x),
+        Some(&*child("c1"))
+    );
+    assert_eq!(
+        g.parent_turn_id().map(|x| &**x),
+        Some(&*child_turn("c1", 1))
+    );
+    assert_eq!(g.root_agent_session_id().map(|x| &**x), Some(ROOT));
+    assert_eq!(g.root_turn_id().map(|x| &**x), Some(T1));
     // v2 shape from a child too.
     r.feed(subagent("c1", "ct1", "call-g2", "started", "g2", false));
     assert_eq!(
         r.engine
             .session(&child("g2"))
             .unwrap()
-            .root_turn_id
-            .as_deref(),
+            .root_turn_id()
+            .map(|x| &**x),
         Some(T1)
     );
     // The grandchild gates the root: root provider and child done, grandchildren still active.
@@ -1355,8 +1361,8 @@ fn a_new_explicit_root_turn_clears_the_cancellation_boundary() {
         r.engine
             .session(&child("n1"))
             .unwrap()
-            .root_turn_id
-            .as_deref(),
+            .root_turn_id()
+            .map(|x| &**x),
         Some("T2")
     );
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
@@ -1841,11 +1847,11 @@ fn golden_spawn1_v1_child_has_parent_and_root_relation_and_root_settles_after_pr
         Some(root_thread.as_str())
     );
     let s = e.session(&c).expect("child session");
-    assert_eq!(s.parent_agent_session_id.as_deref(), Some("root"));
-    assert_eq!(s.parent_turn_id.as_deref(), Some("turn-1"));
-    assert_eq!(s.parent_tool_call_id.as_deref(), Some("call-1"));
-    assert_eq!(s.root_agent_session_id.as_deref(), Some("root"));
-    assert_eq!(s.root_turn_id.as_deref(), Some("turn-1"));
+    assert_eq!(s.parent_agent_session_id().map(|x| &**x), Some("root"));
+    assert_eq!(s.parent_turn_id().map(|x| &**x), Some("turn-1"));
+    assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some("call-1"));
+    assert_eq!(s.root_agent_session_id().map(|x| &**x), Some("root"));
+    assert_eq!(s.root_turn_id().map(|x| &**x), Some("turn-1"));
     let child_turn = e.turn(&c, &ct).unwrap();
     assert_eq!(child_turn.outcome, Some(Outcome::Completed));
     assert!(child_turn.provider_turn_id.is_some());
@@ -1883,8 +1889,8 @@ fn golden_v2spawn_sub_agent_activity_creates_the_child_and_the_root_settles_comp
     let (c, ct) = replay_child(&children[0]);
     let e = r.engine();
     let s = e.session(&c).expect("child session");
-    assert_eq!(s.parent_tool_call_id.as_deref(), Some("call-1"));
-    assert_eq!(s.root_turn_id.as_deref(), Some("turn-1"));
+    assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some("call-1"));
+    assert_eq!(s.root_turn_id().map(|x| &**x), Some("turn-1"));
     assert_eq!(s.title.as_deref(), Some("helper_one"));
     let call = e.tool_call("root", "call-1").unwrap();
     assert_eq!(&*call.status, "completed");

@@ -228,10 +228,10 @@ fn meaning(h: &H) -> BTreeMap<String, Value> {
         m.insert(
             format!("session {}", s.id),
             json!([
-                s.kind,
-                s.parent_agent_session_id,
-                s.parent_turn_id,
-                s.root_turn_id,
+                s.kind(),
+                s.parent_agent_session_id(),
+                s.parent_turn_id(),
+                s.root_turn_id(),
                 s.active_turn_id,
                 s.last_turn_id,
                 h.store.messages(&s.id, None, 1000).unwrap().len()

@@ -17,7 +17,7 @@ fn rule_1_child_relation_is_immutable_and_creation_is_atomic_and_idempotent() {
     let step = h.child("C1", "CT1", "R", "T", "R", "T");
     let rows = &step.persist.rows;
     let session_row = rows.iter().any(|r| {
-        matches!(r, tutti_core::step::Row::Session(s) if &*s.id == "C1" && s.parent_agent_session_id.as_deref() == Some("R"))
+        matches!(r, tutti_core::step::Row::Session(s) if &*s.id == "C1" && s.parent_agent_session_id().map(|x| &**x) == Some("R"))
     });
     let child_turn_row = rows
         .iter()

@@ -128,7 +128,7 @@ fn raw_ops(batch: &PersistBatch, seq: &mut i64) -> Vec<RawOp> {
                 id: s.id.to_string(),
                 ws: s.workspace_id.to_string(),
                 kind: if s.is_child() { "child" } else { "root" },
-                root: s.root_agent_session_id.as_deref().map(String::from),
+                root: s.root_agent_session_id().map(|r| r.to_string()),
                 active: s.active_turn_id.as_deref().map(String::from),
                 created: s.created_at,
                 deleted: s.deleted_at,

@@ -413,8 +413,8 @@ impl<'c> Writer<'c> {
                     params![
                         &*s.id,
                         &*s.workspace_id,
-                        kind_str(s.kind),
-                        s.root_agent_session_id.as_deref(),
+                        kind_str(s.kind()),
+                        s.root_agent_session_id().map(|r| &**r),
                         s.active_turn_id.as_deref(),
                         s.created_at,
                         s.deleted_at,

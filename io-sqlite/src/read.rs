@@ -310,11 +310,8 @@ impl SqliteStore {
         let Some(session) = self.read_session(id)? else {
             return Ok(None);
         };
-        let root = session
-            .root_agent_session_id
-            .clone()
-            .unwrap_or_else(|| session.id.clone());
-        let tree: Vec<Session> = self.query_json("sessions", TREE_CHILDREN, [&*root])?;
+        let root = session.tree_root_id();
+        let tree: Vec<Session> = self.query_json("sessions", TREE_CHILDREN, [&**root])?;
         if let Some(tx) = tx {
             tx.commit()?;
         }

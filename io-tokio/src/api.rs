@@ -18,6 +18,7 @@
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
 use crate::follow::{Followed, Follower};
+use crate::web::WebAuth;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -52,6 +53,8 @@ pub const MAX_ID: usize = 200;
 struct AppState {
     daemon: Daemon,
     token: Arc<String>,
+    /// The web view's login state (one-time codes, the cookie).
+    web: Arc<WebAuth>,
     /// Becomes `true` when the daemon stops: open event streams end.
     stop: watch::Receiver<bool>,
 }
@@ -147,6 +150,7 @@ fn code_of(status: StatusCode) -> &'static str {
         401 => "unauthorized",
         404 => "not_found",
         405 => "method_not_allowed",
+        403 => "forbidden",
         409 => "conflict",
         413 => "too_large",
         414 => "uri_too_long",
@@ -234,9 +238,22 @@ pub fn router(daemon: Daemon, token: String) -> Router {
 /// Builds the router; when `stop` becomes `true` every open event stream ends (so a graceful
 /// shutdown does not wait for SSE clients to disconnect).
 pub fn router_with_shutdown(daemon: Daemon, token: String, stop: watch::Receiver<bool>) -> Router {
+    let web = WebAuth::new(token.clone());
+    router_with_web(daemon, token, stop, web)
+}
+
+/// Builds the router with the web view ([`crate::web`]) at `/`, whose one-time login codes
+/// `web` issues.
+pub fn router_with_web(
+    daemon: Daemon,
+    token: String,
+    stop: watch::Receiver<bool>,
+    web: Arc<WebAuth>,
+) -> Router {
     let state = AppState {
         daemon,
         token: Arc::new(token),
+        web: web.clone(),
         stop,
     };
     let v1 = Router::new()
@@ -260,10 +277,13 @@ pub fn router_with_shutdown(daemon: Daemon, token: String, stop: watch::Receiver
             post(respond),
         )
         .route("/v1/events", get(events))
+        .route("/v1/providers", get(providers))
+        .route("/v1/login-links", post(login_link))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
         .merge(v1)
+        .merge(crate::web::router(web))
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(head_limits))
@@ -271,13 +291,25 @@ pub fn router_with_shutdown(daemon: Daemon, token: String, stop: watch::Receiver
         .with_state(state)
 }
 
+/// The bearer header, or (for the web view) the login cookie; a state-changing request
+/// authenticated by the cookie alone must come from the same origin (issue 20: "state-changing
+/// requests with the cookie are protected against cross-site requests (check `Origin`)").
 async fn auth(State(s): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    let ok = headers
+    let by_bearer = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .is_some_and(|t| constant_time_eq(t.as_bytes(), s.token.as_bytes()));
-    if !ok {
+    let by_cookie = !by_bearer && s.web.cookie_ok(&headers);
+    if by_cookie && crate::web::changes_state(req.method()) && !crate::web::same_origin(&headers) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "a state-changing request with the login cookie needs an Origin of this daemon",
+        )
+        .into_response();
+    }
+    if !(by_bearer || by_cookie) {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -297,7 +329,8 @@ fn bearer(value: &str) -> Option<&str> {
         .then(|| token.trim_start())
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Compares two secrets without stopping at the first difference.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -436,11 +469,17 @@ async fn list(
     let Query(q) = q?;
     check_id("workspace id", &ws)?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
-    let page = read(&s.daemon, move |r| r.roots(&ws, limit, q.cursor.as_deref()))
-        .await?
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    // `eventSeq` is read first: every change after it comes on `/v1/events?after=eventSeq`.
+    let (seq, page) = read(&s.daemon, move |r| {
+        (
+            r.last_outbox_seq().ok(),
+            r.roots(&ws, limit, q.cursor.as_deref()),
+        )
+    })
+    .await?;
+    let page = page.map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(Json(
-        json!({"sessions": page.sessions, "nextCursor": page.next}),
+        json!({"sessions": page.sessions, "nextCursor": page.next, "eventSeq": seq}),
     ))
 }
 
@@ -453,6 +492,8 @@ async fn detail(
     // One read transaction: the session, its nested children, their turns and interactions are
     // one durable snapshot (never half of a step).
     let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
+        // Read first: every change after it comes on `/v1/events?after=eventSeq`.
+        let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
         let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
             return Ok(None);
         };
@@ -464,34 +505,50 @@ async fn detail(
             .filter_map(|s| s.last_turn_id.as_ref())
             .filter_map(|t| r.turn(t).ok().flatten())
             .collect();
-        let root = d
-            .session
-            .root_agent_session_id
-            .clone()
-            .unwrap_or_else(|| d.session.id.clone());
+        let root = d.session.tree_root_id().clone();
         let members: std::collections::BTreeSet<&Id> = std::iter::once(&d.session)
             .chain(d.child_sessions.iter())
             .map(|s| &s.id)
             .collect();
-        let interactions: Vec<_> = r
-            .load_tree(&root)
-            .map_err(|e| e.to_string())?
-            .map(|t| t.interactions)
-            .unwrap_or_default()
+        let tree = r.load_tree(&root).map_err(|e| e.to_string())?;
+        let (interactions, tool_calls) = tree
+            .map(|t| (t.interactions, t.tool_calls))
+            .unwrap_or_default();
+        let interactions: Vec<_> = interactions
             .into_iter()
             .filter(|i| members.contains(&i.agent_session_id))
+            .collect();
+        let tool_calls: Vec<_> = tool_calls
+            .into_iter()
+            .filter(|c| members.contains(&c.agent_session_id))
             .collect();
         Ok(Some(json!({
             "session": d.session,
             "childSessions": d.child_sessions,
             "turns": turns,
             "interactions": interactions,
+            "toolCalls": tool_calls,
+            "eventSeq": seq,
         })))
     })
     .await?
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
     .ok_or_else(|| ApiError::not_found("session"))?;
     Ok(Json(out))
+}
+
+/// `GET /v1/providers`: the configured provider names (the web view's create form offers them).
+async fn providers(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({"providers": s.daemon.providers().names()}))
+}
+
+/// `POST /v1/login-links`: a new one-time login link path for the web view.
+async fn login_link(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let code = s
+        .web
+        .issue_code()
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(Json(json!({"path": crate::web::login_path(&code, None)})))
 }
 
 #[derive(Deserialize)]

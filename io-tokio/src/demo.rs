@@ -39,8 +39,9 @@ pub enum DemoError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// Runs the demo until the root turn settles.
-pub async fn run(d: &Daemon) -> Result<(), DemoError> {
+/// Runs the demo until the root turn settles. `login`, the web view's one-time login link, is
+/// printed under the tree at every redraw (a terminal redraw clears what was printed before).
+pub async fn run(d: &Daemon, login: Option<&str>) -> Result<(), DemoError> {
     let root: Id = new_id("s").into();
     d.call(Input::Command(Command::CreateSession {
         agent_session_id: root.clone(),
@@ -85,6 +86,9 @@ pub async fn run(d: &Daemon) -> Result<(), DemoError> {
                 println!("----");
             }
             println!("{text}");
+            if let Some(link) = login {
+                println!("web view: {link}");
+            }
             last = text;
         }
         for (session, turn, request) in pending {

@@ -21,6 +21,7 @@
 //!   commit's rows once caught up.
 //! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).
 //! - [`config`]: the TOML config.
+//! - [`web`]: the web view of agent trees at `/` (assets in the binary, cookie login).
 
 #![warn(missing_docs)]
 
@@ -40,3 +41,4 @@ pub mod render;
 pub mod retention;
 pub mod runtime;
 pub mod tuttid;
+pub mod web;

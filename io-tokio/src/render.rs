@@ -39,7 +39,7 @@ pub fn render(root: &Session, children: &[Session], turns: &[Turn]) -> String {
     line(&mut out, 0, root, turn_of(root));
     let mut stack: Vec<(usize, &Session)> = children
         .iter()
-        .filter(|c| c.parent_agent_session_id.as_ref() == Some(&root.id))
+        .filter(|c| c.parent_agent_session_id() == Some(&root.id))
         .rev()
         .map(|c| (1, c))
         .collect();
@@ -48,7 +48,7 @@ pub fn render(root: &Session, children: &[Session], turns: &[Turn]) -> String {
         stack.extend(
             children
                 .iter()
-                .filter(|k| k.parent_agent_session_id.as_ref() == Some(&c.id))
+                .filter(|k| k.parent_agent_session_id() == Some(&c.id))
                 .rev()
                 .map(|k| (depth + 1, k)),
         );
@@ -74,8 +74,7 @@ fn line(out: &mut String, depth: usize, s: &Session, t: Option<&Turn>) {
     };
     let title = s.title.clone().unwrap_or_default();
     let via = s
-        .parent_tool_call_id
-        .as_ref()
+        .parent_tool_call_id()
         .map(|c| format!(" <- tool call {c}"))
         .unwrap_or_default();
     let provider = t

@@ -237,6 +237,9 @@ pub enum ServeError {
     /// The demo failed.
     #[error(transparent)]
     Demo(#[from] crate::demo::DemoError),
+    /// The web view's one-time login code could not be made (no randomness).
+    #[error("cannot make a login code: {0}")]
+    LoginCode(std::io::Error),
 }
 
 async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
@@ -293,7 +296,11 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         .map_err(listen)?;
     let addr = listener.local_addr().map_err(listen)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let app = crate::api::router_with_shutdown(daemon.clone(), token.clone(), stop_rx.clone());
+    let web = crate::web::WebAuth::new(token.clone());
+    let code = web.issue_code().map_err(ServeError::LoginCode)?;
+    let ws = demo.then_some(crate::demo::DEMO_WORKSPACE);
+    let login = format!("http://{addr}{}", crate::web::login_path(&code, ws));
+    let app = crate::api::router_with_web(daemon.clone(), token.clone(), stop_rx.clone(), web);
     let mut graceful = stop_rx.clone();
     let mut server = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -312,13 +319,15 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         db.display(),
         token_file.display()
     );
+    // Issue 20: "`tuttid` prints a one-time login link".
+    eprintln!("tuttid: web view (one-time login link): {login}");
     let mut stopping = stop_rx.clone();
     if demo {
         tokio::select! {
-            r = crate::demo::run(&daemon) => {
+            r = crate::demo::run(&daemon, Some(&login)) => {
                 r?;
                 eprintln!(
-                    "tuttid: the API stays up at http://{addr}; token file {}; Ctrl-C to stop.\n  e.g. {}",
+                    "tuttid: the API stays up at http://{addr}; token file {}; Ctrl-C to stop.\n  e.g. {}\n  web view (one-time login link): {login}",
                     token_file.display(),
                     crate::demo::cli_example(&addr.to_string(), &token_file)
                 );

@@ -60,6 +60,10 @@ impl TestDaemon {
 
     fn spawn(&mut self) {
         self.addr = format!("127.0.0.1:{}", free_port());
+        self.spawn_at();
+    }
+
+    fn spawn_at(&mut self) {
         let token_file = self.dir.path().join("token");
         let mut cmd = Command::new(&self.exe);
         cmd.arg("serve")
@@ -136,6 +140,13 @@ impl TestDaemon {
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
+    }
+
+    /// SIGKILLs the daemon and starts it again on the same files and the same address (a
+    /// browser page keeps its origin across the restart).
+    pub fn restart_same_port(&mut self) {
+        self.kill9();
+        self.spawn_at();
     }
 
     /// A request; returns (status, JSON body).

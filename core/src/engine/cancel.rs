@@ -52,14 +52,8 @@ pub(crate) fn cancel_turn(
         });
         return Ok(tx);
     }
-    let includes_root = !s.is_child();
-    let root_turn = if includes_root {
-        turn.clone()
-    } else {
-        s.root_turn_id
-            .clone()
-            .ok_or(Rejected::Invalid("child without root turn"))?
-    };
+    let includes_root = s.is_root();
+    let root_turn = s.root_turn_id().unwrap_or(turn).clone();
     let mut targets = vec![Target {
         agent_session_id: session.clone(),
         turn_id: turn.clone(),

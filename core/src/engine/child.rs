@@ -6,7 +6,7 @@ use super::tree::{at_hint, Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::same;
 use crate::model::{
-    Capabilities, Id, Outcome, Phase, ProviderAliases, Session, SessionKind, Trigger, Turn,
+    ChildOf, Id, Outcome, Phase, ProviderAliases, Relation, Session, Trigger, Turn,
 };
 use crate::step::{Guard, Ignored};
 use std::sync::Arc;
@@ -36,12 +36,12 @@ pub(crate) fn create(
 ) -> Result<(Tx, Option<u32>), Rejected> {
     if let Some(existing) = tree.sessions.get(c.agent_session_id) {
         let same = existing.is_child()
-            && existing.parent_agent_session_id.as_ref() == Some(c.parent_agent_session_id)
-            && existing.parent_turn_id.as_ref() == Some(c.parent_turn_id)
-            && existing.root_agent_session_id.as_ref() == Some(c.root_agent_session_id)
-            && existing.root_turn_id.as_ref() == Some(c.root_turn_id)
+            && existing.parent_agent_session_id() == Some(c.parent_agent_session_id)
+            && existing.parent_turn_id() == Some(c.parent_turn_id)
+            && existing.root_agent_session_id() == Some(c.root_agent_session_id)
+            && existing.root_turn_id() == Some(c.root_turn_id)
             && (c.parent_tool_call_id.is_none()
-                || existing.parent_tool_call_id.as_ref() == c.parent_tool_call_id)
+                || existing.parent_tool_call_id() == c.parent_tool_call_id)
             && tree
                 .turns
                 .get(c.turn_id)
@@ -78,12 +78,8 @@ pub(crate) fn create(
             })
         }
     }
-    let expected_root_turn = if parent.is_child() {
-        parent.root_turn_id.clone()
-    } else {
-        Some(c.parent_turn_id.clone())
-    };
-    if expected_root_turn.as_ref() != Some(c.root_turn_id) {
+    let expected_root_turn = parent.root_turn_id().unwrap_or(c.parent_turn_id);
+    if expected_root_turn != c.root_turn_id {
         return Err(inconsistent("rootTurnId is not the parent's root turn"));
     }
     // The root turn is found once: its position serves every later use in this step.
@@ -104,28 +100,19 @@ pub(crate) fn create(
 
     let mut tx = Tx::new(now);
     let id = c.agent_session_id.clone();
-    let session = Session {
-        id: id.clone(),
-        workspace_id,
-        kind: SessionKind::Child,
-        parent_agent_session_id: Some(c.parent_agent_session_id.clone()),
-        parent_turn_id: Some(c.parent_turn_id.clone()),
+    let relation = Relation::Child(ChildOf {
+        parent_agent_session_id: c.parent_agent_session_id.clone(),
+        parent_turn_id: c.parent_turn_id.clone(),
         parent_tool_call_id: c.parent_tool_call_id.cloned(),
-        root_agent_session_id: Some(c.root_agent_session_id.clone()),
-        root_turn_id: Some(c.root_turn_id.clone()),
-        provider,
-        provider_session_id: c.provider_session_id.cloned(),
-        provider_aliases: c.provider_aliases.cloned().unwrap_or_default(),
-        title: c.title.cloned(),
-        active_turn_id: Some(c.turn_id.clone()),
-        last_turn_id: Some(c.turn_id.clone()),
-        deleted_at: None,
-        capabilities: Capabilities::default(),
-        goal: None,
-        created_at: now,
-        updated_at: now,
-        version: 0,
-    };
+        root_agent_session_id: c.root_agent_session_id.clone(),
+        root_turn_id: c.root_turn_id.clone(),
+    });
+    let mut session = Session::new(id.clone(), workspace_id, relation, provider, now);
+    session.provider_session_id = c.provider_session_id.cloned();
+    session.provider_aliases = c.provider_aliases.cloned().unwrap_or_default();
+    session.title = c.title.cloned();
+    session.active_turn_id = Some(c.turn_id.clone());
+    session.last_turn_id = Some(c.turn_id.clone());
     let turn = new_turn(c.turn_id, &id, Trigger::Delegation, Phase::Submitted, now);
     let pos = tree.sessions.insert(id.clone(), Arc::new(session));
     let turn_pos = tree.insert_turn(pos, turn);
@@ -172,8 +159,11 @@ pub(crate) fn new_turn(id: &Id, session: &Id, trigger: Trigger, phase: Phase, no
     }
 }
 
+/// A live child session and its links to its parent and root.
+type LiveChild<'t> = (&'t Session, &'t ChildOf);
+
 /// Looks up a child session, rejecting root sessions with `what`.
-fn child<'t>(tree: &'t Tree, session: &Id, what: &'static str) -> Result<&'t Session, Rejected> {
+fn child<'t>(tree: &'t Tree, session: &Id, what: &'static str) -> Result<LiveChild<'t>, Rejected> {
     let s = tree
         .sessions
         .get(session)
@@ -188,7 +178,7 @@ fn child_at<'t>(
     pos: u32,
     session: &Id,
     what: &'static str,
-) -> Result<&'t Session, Rejected> {
+) -> Result<LiveChild<'t>, Rejected> {
     match tree.sessions.at(pos) {
         Some((id, s)) if same(id, session) => live_child(s, session, what),
         _ => child(tree, session, what),
@@ -200,18 +190,18 @@ fn live_child<'t>(
     s: &'t Session,
     session: &Id,
     what: &'static str,
-) -> Result<&'t Session, Rejected> {
+) -> Result<LiveChild<'t>, Rejected> {
     if s.deleted_at.is_some() {
         return Err(Rejected::SessionDeleted(session.clone()));
     }
-    if !s.is_child() {
-        return Err(Rejected::WrongKind {
+    match s.child_of() {
+        Some(links) => Ok((s, links)),
+        None => Err(Rejected::WrongKind {
             what,
             kind: "root",
             session: session.clone(),
-        });
+        }),
     }
-    Ok(s)
 }
 
 /// A turn of exactly the session at `pos` (canonical id `session`), and the turn's position in
@@ -292,16 +282,13 @@ pub(crate) fn turn_started(
     turn: &Id,
     provider_turn_id: Option<&String>,
 ) -> Result<Tx, Rejected> {
-    let s = child_at(
+    let (s, links) = child_at(
         tree,
         pos,
         session,
         "turnStarted (use rootProviderTurnStarted)",
     )?;
-    let root_turn = s
-        .root_turn_id
-        .clone()
-        .ok_or(Rejected::Invalid("child without root turn"))?;
+    let root_turn = links.root_turn_id.clone();
     let mut tx = Tx::new(now);
     let found = match tree.turn_position(pos, session, turn) {
         Some(p) => tree.turns.at(p).map(|(_, t)| (p, t)),
@@ -401,16 +388,13 @@ pub(crate) fn turn_terminal(
     outcome: Outcome,
     error: Option<String>,
 ) -> Result<Tx, Rejected> {
-    let s = child_at(
+    let (_, links) = child_at(
         tree,
         pos,
         session,
         "turnTerminal (only the root gate settles roots)",
     )?;
-    let root_turn = s
-        .root_turn_id
-        .clone()
-        .ok_or(Rejected::Invalid("child without root turn"))?;
+    let root_turn = links.root_turn_id.clone();
     let (p, t) = turn_at(tree, pos, session, turn)?;
     if !t.is_active() {
         return Ok(Tx::ignore(now, Ignored::LateAfterSettled));

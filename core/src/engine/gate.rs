@@ -54,11 +54,9 @@ pub(crate) fn settle_turn_at(
             Arc::make_mut(s).active_turn_id = None;
             tx.session_at(&session_id, session_pos, true);
         }
-        if s.is_child() {
-            if let Some(rt) = s.root_turn_id.clone() {
-                if let Some(m) = tree.active_children.get_mut(&rt) {
-                    m.remove(turn_id);
-                }
+        if let Some(rt) = s.root_turn_id().cloned() {
+            if let Some(m) = tree.active_children.get_mut(&rt) {
+                m.remove(turn_id);
             }
         }
     }

@@ -7,8 +7,7 @@ use super::gate::evaluate_root;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::model::{
-    Capabilities, Id, Message, Phase, ProviderAliases, ProviderPhase, RootProviderTurn, Session,
-    SessionKind, Trigger,
+    Capabilities, Id, Message, Phase, ProviderPhase, Relation, RootProviderTurn, Session, Trigger,
 };
 use crate::step::{GuideMode, Ignored, ProviderRequest, Reply};
 use std::sync::Arc;
@@ -27,31 +26,16 @@ pub(crate) fn create_root(
         workspace_id: workspace_id.clone(),
         ..Tree::default()
     };
-    tree.sessions.insert(
+    let relation = Relation::root(capabilities.unwrap_or_default());
+    let mut root = Session::new(
         id.clone(),
-        Arc::new(Session {
-            id: id.clone(),
-            workspace_id: workspace_id.clone(),
-            kind: SessionKind::Root,
-            parent_agent_session_id: None,
-            parent_turn_id: None,
-            parent_tool_call_id: None,
-            root_agent_session_id: None,
-            root_turn_id: None,
-            provider: provider.clone(),
-            provider_session_id: None,
-            provider_aliases: ProviderAliases::default(),
-            title: title.cloned(),
-            active_turn_id: None,
-            last_turn_id: None,
-            deleted_at: None,
-            capabilities: capabilities.unwrap_or_default(),
-            goal: None,
-            created_at: now,
-            updated_at: now,
-            version: 0,
-        }),
+        workspace_id.clone(),
+        relation,
+        provider.clone(),
+        now,
     );
+    root.title = title.cloned();
+    tree.sessions.insert(id.clone(), Arc::new(root));
     let mut tx = Tx::new(now);
     tx.session(id, true);
     tx.reply = Some(Reply::Created {
@@ -98,7 +82,9 @@ pub(crate) fn submit(
     if s.is_child() {
         return Err(Rejected::SubmitToChild(session.clone()));
     }
-    let can_guide_children_only = s.capabilities.guide_while_children_only;
+    let can_guide_children_only = s
+        .capabilities()
+        .is_some_and(|c| c.guide_while_children_only);
     let root = tree.root_id.clone();
     let mut tx = Tx::new(now);
     let Some(active) = s.active_turn_id.clone() else {

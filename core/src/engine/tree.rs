@@ -135,11 +135,7 @@ impl Tree {
     /// The root turn a turn belongs to (itself for a root turn).
     pub fn root_turn_of(&self, turn: &Turn) -> Option<Id> {
         let s = self.sessions.get(&turn.agent_session_id)?;
-        if s.is_child() {
-            s.root_turn_id.clone()
-        } else {
-            Some(turn.id.clone())
-        }
+        Some(s.root_turn_id().unwrap_or(&turn.id).clone())
     }
 }
 

@@ -130,7 +130,7 @@ pub fn compare_reads(mem: &MemoryStore, db: &SqliteStore) -> Result<(), String> 
             return Err(format!("paged messages of {id} differ from all"));
         }
         let (a, b) = (
-            mem.session(id).ok().flatten().map(|s| s.kind),
+            mem.session(id).ok().flatten().map(|s| s.kind()),
             db.root_of(id).map_err(e)?,
         );
         if a == Some(SessionKind::Root) && b.as_deref() != Some(id.as_str()) {

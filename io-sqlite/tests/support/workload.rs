@@ -411,8 +411,8 @@ impl Driver {
                 let ps = engine.session(&parent)?;
                 let (root, root_turn, parent_turn) = if ps.is_child() {
                     (
-                        ps.root_agent_session_id.clone()?,
-                        ps.root_turn_id.clone()?,
+                        ps.root_agent_session_id()?.clone(),
+                        ps.root_turn_id()?.clone(),
                         Self::last_turn(engine, &parent)?,
                     )
                 } else {

@@ -681,7 +681,7 @@ impl World {
                 let kids: Vec<(Id, Id)> = snap
                     .sessions
                     .iter()
-                    .filter(|s| s.kind == SessionKind::Child)
+                    .filter(|s| s.kind() == SessionKind::Child)
                     .filter_map(|s| s.active_turn_id.clone().map(|t| (s.id.clone(), t)))
                     .collect();
                 if kids.is_empty() {

@@ -85,6 +85,11 @@ const LEASE_EPOCH: &str =
 pub(crate) const NEXT_SEQ_LOCK: &str =
     "SELECT value FROM meta WHERE key = 'outbox_next_seq' FOR UPDATE";
 const SET_NEXT_SEQ: &str = "UPDATE meta SET value = $1 WHERE key = 'outbox_next_seq'";
+/// Tells every listener the last published seq (see [`crate::notify`]); PostgreSQL delivers it
+/// when, and only if, the transaction commits.
+/// The payload names the schema: the channel is per database, and stores in several schemas of
+/// one database must not wake each other's followers with foreign seqs.
+const NOTIFY_SEQ: &str = "SELECT pg_notify('tutti_outbox', current_schema() || ':' || $1)";
 
 /// Prepares a statement once per connection.
 pub(crate) fn prep(
@@ -188,6 +193,8 @@ impl<'a, 't> Writer<'a, 't> {
             if n != first {
                 let v = to_i64("outbox seq", n)?;
                 self.exec(SET_NEXT_SEQ, &[&v])?;
+                let last = (n - 1).to_string();
+                self.exec(NOTIFY_SEQ, &[&last])?;
             }
         }
         Ok(())

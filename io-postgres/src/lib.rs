@@ -50,11 +50,13 @@ mod codec;
 mod error;
 mod host;
 pub mod lease;
+pub mod notify;
 mod read;
 pub mod schema;
 
 pub use error::PgError;
 pub use lease::{Claim, Lease};
+pub use notify::{OutboxListener, Wake};
 
 use postgres::{Client, NoTls, Statement};
 use std::cell::{Cell, RefCell};

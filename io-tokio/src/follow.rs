@@ -68,6 +68,9 @@ pub struct Follower {
     behind: bool,
     /// This follower's key in the daemon's live positions.
     key: u64,
+    /// Commits of any writer of the database (see [`Daemon::with_commits_from`]); `None` once
+    /// its sender is gone.
+    commits: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Drop for Follower {
@@ -84,7 +87,10 @@ impl Follower {
         // Registered before the first read: rows above `after` are kept from now on (rows a
         // pass deleted just before are reported by a reset, see `next_event`).
         let key = daemon.live_positions().register(after);
+        let mut commits = daemon.commits_watch();
+        commits.mark_unchanged();
         Follower {
+            commits: Some(commits),
             daemon: daemon.clone(),
             cursor: after,
             live,
@@ -154,7 +160,25 @@ impl Follower {
                 }
                 self.behind = false;
             }
-            match self.live.recv().await {
+            let live = match &mut self.commits {
+                Some(commits) => tokio::select! {
+                    r = self.live.recv() => r,
+                    changed = commits.changed() => {
+                        match changed {
+                            // Another writer committed rows past this position: read them.
+                            Ok(()) => {
+                                if *commits.borrow_and_update() > self.cursor {
+                                    self.behind = true;
+                                }
+                            }
+                            Err(_) => self.commits = None,
+                        }
+                        continue;
+                    }
+                },
+                None => self.live.recv().await,
+            };
+            match live {
                 Ok(batch) => {
                     let Some(first) = batch.first() else { continue };
                     if first.seq > self.cursor + 1 {

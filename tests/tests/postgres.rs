@@ -436,3 +436,48 @@ fn migrations_are_versioned_and_a_newer_schema_is_refused() {
     }
     assert_eq!(version(&fresh), 99, "left unchanged");
 }
+
+/// Issue 21's event stream across daemons is woken by `LISTEN/NOTIFY`: a commit that publishes
+/// rows notifies every listener of its store with its last seq, sent inside the committing
+/// transaction (a batch that rolls back notifies nothing), and a store in another schema of the
+/// same database (the channel is per database) does not wake this store's listeners.
+#[test]
+fn a_commit_notifies_the_listeners_of_its_store_with_its_last_seq() {
+    use std::time::Duration;
+    use tutti_postgres::{OutboxListener, Wake};
+    let server = Server::fast().expect("postgres server");
+    let url_a = server.create_schema().expect("schema a");
+    let url_b = server.create_schema().expect("schema b");
+    let mut a = PostgresStore::connect(&url_a).expect("a");
+    let mut b = PostgresStore::connect(&url_b).expect("b");
+    let mut listen = OutboxListener::connect(&url_a).expect("listener");
+    let create = json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"});
+    // Another schema's commit: not this store's seq.
+    let on_b = b
+        .apply(&decide(&mut Engine::new(), 1, create.clone()))
+        .expect("apply b");
+    assert!(!on_b.is_empty());
+    assert_eq!(
+        listen.wait(Duration::from_millis(300)).expect("wait"),
+        Wake::Quiet(0)
+    );
+    // This store's commit: its last seq.
+    let mut engine = Engine::new();
+    let seqs = a
+        .apply(&decide(&mut engine, 1, create.clone()))
+        .expect("apply a");
+    let last = *seqs.last().expect("published");
+    assert_eq!(
+        listen.wait(Duration::from_secs(30)).expect("wait"),
+        Wake::Committed(last)
+    );
+    // A second engine creating the same session fails its guard: rolled back, no notification.
+    let err = a
+        .apply(&decide(&mut Engine::new(), 2, create))
+        .expect_err("guard");
+    assert!(err.is_guard_failure(), "{err}");
+    assert_eq!(
+        listen.wait(Duration::from_millis(300)).expect("wait"),
+        Wake::Quiet(last)
+    );
+}

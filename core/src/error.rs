@@ -108,12 +108,25 @@ pub enum Rejected {
     /// A duplicate id on a conflicting entity (a message id, a request id).
     #[error("{0}")]
     Invalid(&'static str),
+    /// The engine found its own state inconsistent: not a fault of the input but of the tree
+    /// it was applied to (a bug, or a stored tree that violates an invariant the engine relies
+    /// on). Nothing changed. Distinct from [`Rejected::Invalid`] so that a host logs it as its
+    /// own error and answers a caller 500 (`internal`), never 400 (issue 19: "an internal
+    /// inconsistency is not `Rejected::Invalid` answered to an API caller as 400").
+    #[error("internal inconsistency: {what} ({id})")]
+    Internal {
+        /// Which invariant does not hold.
+        what: &'static str,
+        /// The entity it was found on (an id, never content).
+        id: Id,
+    },
 }
 
 impl Rejected {
-    /// A short stable code for APIs (`not_found`, `conflict`, `invalid`).
+    /// A short stable code for APIs (`not_found`, `conflict`, `invalid`, `internal`).
     pub fn code(&self) -> &'static str {
         match self {
+            Rejected::Internal { .. } => "internal",
             Rejected::UnknownSession(_)
             | Rejected::SessionDeleted(_)
             | Rejected::UnknownTurn { .. }
@@ -125,6 +138,12 @@ impl Rejected {
             | Rejected::SubmitToChild(_) => "invalid",
             _ => "conflict",
         }
+    }
+
+    /// Whether this is the engine's own inconsistency ([`Rejected::Internal`]) rather than a
+    /// refusal of the input.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, Rejected::Internal { .. })
     }
 }
 

@@ -269,22 +269,31 @@ impl IdSet {
             IdSet::Large(set) => set.contains(&Probe { hash, key: id }),
         }
     }
-    /// Adds `id`, whose [`hash_id`] the caller already computed; false if it was there.
+    /// Whether the set holds `id`.
     #[inline]
-    pub fn insert_hashed(&mut self, hash: u64, id: Id) -> bool {
-        debug_assert_eq!(hash, hash_id(&id));
-        if self.contains_hashed(hash, &id) {
-            return false;
-        }
-        self.insert_absent_hashed(hash, id);
-        true
+    pub fn contains(&self, id: &str) -> bool {
+        self.contains_hashed(hash_id(id), id)
     }
-    /// Adds `id`, whose [`hash_id`] is `hash` and which the caller found absent
-    /// ([`IdSet::contains_hashed`]), without searching for it again.
+    /// Adds `id` if it is absent and returns its number: how many ids the set held before it.
+    /// A session's messages are numbered this way (their dense `seq`), so the number is taken
+    /// from the same search that proves the id new (one hash, one search): an id already
+    /// present gets `None` and never a second number.
     #[inline]
-    pub fn insert_absent_hashed(&mut self, hash: u64, id: Id) {
-        debug_assert_eq!(hash, hash_id(&id));
-        debug_assert!(!self.contains_hashed(hash, &id), "id already present");
+    pub fn insert_numbered(&mut self, id: &Id) -> Option<u64> {
+        let hash = hash_id(id);
+        if self.contains_hashed(hash, id) {
+            return None;
+        }
+        let number = self.len() as u64;
+        self.push_absent(hash, id.clone());
+        Some(number)
+    }
+    /// Adds `id`; false if it was there already.
+    pub fn insert(&mut self, id: Id) -> bool {
+        self.insert_numbered(&id).is_some()
+    }
+    /// Adds `id`, whose [`hash_id`] is `hash`, found absent by the caller in this same call.
+    fn push_absent(&mut self, hash: u64, id: Id) {
         let key = Keyed { hash, key: id };
         match self {
             IdSet::Small(v) if v.len() < Self::SMALL => v.push(key),
@@ -301,10 +310,6 @@ impl IdSet {
                 set.insert(key);
             }
         }
-    }
-    /// Adds `id`; false if it was there already.
-    pub fn insert(&mut self, id: Id) -> bool {
-        self.insert_hashed(hash_id(&id), id)
     }
     /// Number of ids.
     pub fn len(&self) -> usize {
@@ -387,6 +392,29 @@ impl<V> PairMap<V> {
     }
 }
 
+/// Where an entity of a [`Table`] was seen before: a position a caller kept to skip the
+/// index lookup next time (a session's position in its tree, a turn found earlier in the
+/// same step).
+///
+/// A hint is never trusted. Every [`Table`] method that takes one compares the id stored at
+/// that position with the id asked for (a pointer comparison when both are the canonical
+/// allocation) and looks the id up in the index when they differ, so a stale or wrong hint
+/// costs one lookup and never yields another entity. (A debug assertion would not do: a wrong
+/// session position would number a message with another session's `seq`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hint(u32);
+
+impl Hint {
+    /// No hint: the id is looked up.
+    pub const NONE: Hint = Hint(u32::MAX);
+
+    /// The entity was at `pos`.
+    #[inline]
+    pub fn at(pos: u32) -> Hint {
+        Hint(pos)
+    }
+}
+
 /// A table of entities by id: the entities in one dense vector, an [`IdMap`] from id to
 /// position. Growing the index moves 32-byte entries, never the entities themselves (sessions
 /// and turns are hundreds of bytes), and iteration walks contiguous memory.
@@ -426,28 +454,32 @@ impl<V> Table<V> {
     pub fn len(&self) -> u32 {
         u32::try_from(self.items.len()).unwrap_or(u32::MAX)
     }
-    /// The position of `k`, whose [`hash_id`] the caller already computed.
+    /// The position of `k`: the hinted one if the entity stored there is `k` (no hashing, no
+    /// probe), else the index's. Never the position of another entity (see [`Hint`]).
     #[inline]
-    pub fn position_hashed(&self, hash: u64, k: &str) -> Option<u32> {
-        self.index.get_hashed(hash, k).copied()
-    }
-    /// The entity at position `pos` if its id is `k`, to change.
-    #[inline]
-    pub fn at_id_mut(&mut self, pos: u32, k: &str) -> Option<&mut V> {
-        match self.items.get_mut(pos as usize) {
-            Some((id, v)) if same(id, k) => Some(v),
-            _ => None,
+    pub fn locate(&self, k: &str, hint: Hint) -> Option<u32> {
+        match self.items.get(hint.0 as usize) {
+            Some((id, _)) if same(id, k) => Some(hint.0),
+            _ => self.position(k),
         }
     }
-    /// The id and entity at position `pos` (see [`Table::position`]): no hashing, no probe.
+    /// The position and entity of `k`, found through `hint` when it is right.
+    #[inline]
+    pub fn get_hinted(&self, k: &str, hint: Hint) -> Option<(u32, &V)> {
+        let pos = self.locate(k, hint)?;
+        self.items.get(pos as usize).map(|(_, v)| (pos, v))
+    }
+    /// The position and entity of `k`, to change, found through `hint` when it is right.
+    #[inline]
+    pub fn get_mut_hinted(&mut self, k: &str, hint: Hint) -> Option<(u32, &mut V)> {
+        let pos = self.locate(k, hint)?;
+        self.items.get_mut(pos as usize).map(|(_, v)| (pos, v))
+    }
+    /// The id and entity at position `pos` (for a walk over every position; an entity looked
+    /// for by id is found with [`Table::get_hinted`]).
     #[inline]
     pub fn at(&self, pos: u32) -> Option<(&Id, &V)> {
         self.items.get(pos as usize).map(|(k, v)| (k, v))
-    }
-    /// The entity at position `pos`, to change.
-    #[inline]
-    pub fn at_mut(&mut self, pos: u32) -> Option<&mut V> {
-        self.items.get_mut(pos as usize).map(|(_, v)| v)
     }
     /// The position of `k`: its place in insertion order, stable until [`Table::retain`]
     /// removes something.
@@ -564,7 +596,7 @@ impl<V> PairTable<V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{hash_id, same, IdMap, IdSet, PairMap, PairTable, Table};
+    use super::{hash_id, same, Hint, IdMap, IdSet, PairMap, PairTable, Table};
     use crate::model::Id;
 
     fn id(s: &str) -> Id {
@@ -643,10 +675,10 @@ mod tests {
             let m = format!("m{i}");
             assert!(s.contains_hashed(hash_id(&m), &m));
             assert!(!s.insert(id(&m)), "repeat {i}");
-            assert!(!s.insert_hashed(hash_id(&m), id(&m)), "hashed repeat {i}");
+            assert_eq!(s.insert_numbered(&id(&m)), None, "numbered repeat {i}");
         }
         assert!(!s.contains_hashed(hash_id("m5000"), "m5000"));
-        assert!(s.insert_hashed(hash_id("m5000"), id("m5000")));
+        assert_eq!(s.insert_numbered(&id("m5000")), Some(5000));
         assert_eq!(s.len(), 5001);
         let mut all: Vec<&Id> = s.iter().collect();
         all.sort();
@@ -668,8 +700,12 @@ mod tests {
                 assert!(!s.insert(id(&m)), "size {n}: {m} added twice");
             }
             let fresh = format!("message-{n}");
-            assert!(!s.contains_hashed(hash_id(&fresh), &fresh));
-            s.insert_absent_hashed(hash_id(&fresh), id(&fresh));
+            assert!(!s.contains(&fresh));
+            assert_eq!(
+                s.insert_numbered(&id(&fresh)),
+                Some(n as u64),
+                "numbered by size"
+            );
         }
         let mut all: Vec<&Id> = s.iter().collect();
         all.sort();
@@ -711,15 +747,16 @@ mod tests {
         );
         assert_eq!(t.position("t5"), Some(5));
         assert_eq!(t.get("t5"), Some(&55));
-        assert_eq!(t.position_hashed(hash_id("t5"), "t5"), Some(5));
-        assert_eq!(t.position_hashed(hash_id("t1000"), "t1000"), None);
-        *t.at_id_mut(7, "t7").expect("present") = 77;
-        assert_eq!(t.get("t7"), Some(&77));
-        assert!(
-            t.at_id_mut(7, "t8").is_none(),
-            "another id at that position"
+        assert_eq!(t.locate("t5", Hint::at(5)), Some(5));
+        assert_eq!(t.locate("t5", Hint::NONE), Some(5));
+        assert_eq!(
+            t.locate("t1000", Hint::at(5)),
+            None,
+            "absent, whatever the hint"
         );
-        assert!(t.at_id_mut(1000, "t7").is_none(), "no such position");
+        *t.get_mut_hinted("t7", Hint::at(7)).expect("present").1 = 77;
+        assert_eq!(t.get("t7"), Some(&77));
+        assert_eq!(t.get_hinted("t7", Hint::at(7)), Some((7, &77)));
         *t.get_mut("t7").expect("present") = 7;
         *t.get_mut("t6").expect("present") = 66;
         t.retain(|_, v| *v % 2 == 0);
@@ -749,5 +786,35 @@ mod tests {
         p.insert(id("s"), id("c4"), 40);
         assert_eq!(p.get("s", "c4"), Some(&40));
         assert_eq!(p.values().count(), 99);
+    }
+    /// A wrong or stale hint is detected: the id stored at the hinted position is compared, and
+    /// the id is looked up instead. Trusting the position would have handed back (and let the
+    /// caller change) the entity of another id.
+    #[test]
+    fn a_wrong_hint_is_detected_and_falls_back_to_the_index() {
+        let mut t = Table::default();
+        for i in 0..10u32 {
+            t.insert(id(&format!("s{i}")), i);
+        }
+        for wrong in [
+            Hint::at(3),
+            Hint::at(9),
+            Hint::at(10),
+            Hint::at(u32::MAX - 1),
+            Hint::NONE,
+        ] {
+            assert_eq!(t.locate("s5", wrong), Some(5), "{wrong:?}");
+            assert_eq!(t.get_hinted("s5", wrong), Some((5, &5)), "{wrong:?}");
+        }
+        let (pos, v) = t.get_mut_hinted("s5", Hint::at(3)).expect("found by id");
+        assert_eq!(pos, 5);
+        *v = 50;
+        assert_eq!(t.get("s5"), Some(&50), "the entity of the id was changed");
+        assert_eq!(
+            t.get("s3"),
+            Some(&3),
+            "the entity at the wrong hint was not"
+        );
+        assert!(t.get_mut_hinted("nope", Hint::at(3)).is_none());
     }
 }

@@ -61,8 +61,6 @@ pub mod adapters;
 pub mod driver;
 mod engine;
 pub mod error;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
 mod hash;
 mod host_store;
 pub mod input;

@@ -2,6 +2,7 @@
 
 use crate::engine::Tree;
 use crate::error::RestoreError;
+use crate::keyed::Hint;
 use crate::model::{
     CancelOperation, CancelState, ChildOf, Id, Interaction, InteractionStatus, Session, ToolCall,
     Trigger, Turn,
@@ -55,10 +56,8 @@ impl TreeSnapshot {
             tool_calls: tree.tool_calls.values().map(|c| (**c).clone()).collect(),
             cancel_operations: tree.ops.values().map(|o| (**o).clone()).collect(),
             message_ids: tree
-                .sessions
-                .keys()
-                .zip(&tree.hot)
-                .flat_map(|(s, hot)| hot.message_ids.iter().map(move |m| (s.clone(), m.clone())))
+                .message_ids()
+                .map(|(s, m)| (s.clone(), m.clone()))
                 .collect(),
         };
         s.canonicalize();
@@ -72,11 +71,7 @@ impl TreeSnapshot {
         if roots.next().is_some() {
             return Err(RestoreError::SeveralRoots);
         }
-        let mut tree = Tree {
-            root_id: root.id.clone(),
-            workspace_id: root.workspace_id.clone(),
-            ..Tree::default()
-        };
+        let mut tree = Tree::new(root.id.clone(), root.workspace_id.clone());
         // Children in creation order (then id), so traversal order is deterministic.
         let mut kids: Vec<(&Session, &ChildOf)> = self
             .sessions
@@ -153,7 +148,7 @@ impl TreeSnapshot {
             );
         }
         for (s, m) in self.message_ids {
-            tree.hot_of(&s)
+            tree.hot(&s, Hint::NONE)
                 .ok_or(RestoreError::Inconsistent(
                     "message id of an unknown session",
                 ))?
@@ -163,13 +158,15 @@ impl TreeSnapshot {
         tree.rebuild_provider_turns();
         // Each session's latest turn, for the hot record.
         for pos in 0..tree.sessions.len() {
-            let latest = tree
-                .sessions
-                .at(pos)
-                .and_then(|(_, s)| s.last_turn_id.as_ref())
-                .and_then(|t| tree.turns.position(t));
+            let Some((id, s)) = tree.sessions.at(pos) else {
+                continue;
+            };
+            let latest = s.last_turn_id.as_ref().and_then(|t| tree.turns.position(t));
             if let Some(turn) = latest {
-                tree.hot_at(pos).turn = turn;
+                let id = id.clone();
+                if let Some(hot) = tree.hot(&id, Hint::at(pos)) {
+                    hot.turn = Hint::at(turn);
+                }
             }
         }
         Ok(tree)

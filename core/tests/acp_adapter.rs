@@ -273,3 +273,149 @@ fn acp_child_ending_normally_does_not_acknowledge_the_cancel() {
     let out = a.on_timer(10_000, &timer);
     assert_eq!(cancel_results(&out), [("op1".to_string(), vec![])]);
 }
+
+/// Issue 23 (claude-code-acp answers `session/new` with an internal error when its Claude CLI
+/// refuses to start): every request waiting for the session is answered instead of waiting
+/// forever. The queued start becomes a failed root provider turn carrying the agent's reason,
+/// queued guidance is `guideFailed`, a queued cancel is acknowledged (nothing runs natively);
+/// the next request sends `session/new` again, and once that succeeds the prompt goes out.
+#[test]
+fn acp_failed_session_new_answers_every_waiting_request_and_the_next_request_retries() {
+    let mut a = AcpAdapter::new(ROOT.into(), AcpConfig::default());
+    let out = a.open(0);
+    let init = out.native[0]["id"].clone();
+    let out = a
+        .on_native(
+            1,
+            &json!({"jsonrpc": "2.0", "id": init, "result": {"protocolVersion": 1, "agentCapabilities": {}}}),
+        )
+        .expect("initialize answer");
+    let new = request_id(&out, "session/new");
+    let start = |turn: &str| ProviderRequest::Start {
+        root_agent_session_id: ROOT.into(),
+        agent_session_id: ROOT.into(),
+        turn_id: turn.into(),
+        text: "go".into(),
+    };
+    assert!(a.on_request(2, &start("T")).native.is_empty(), "queued");
+    a.on_request(
+        2,
+        &ProviderRequest::Guide {
+            root_agent_session_id: ROOT.into(),
+            agent_session_id: ROOT.into(),
+            turn_id: "T".into(),
+            mode: tutti_core::step::GuideMode::Steer,
+            provider_turn_id: None,
+            text: "more".into(),
+        },
+    );
+    cancel(&mut a, 2, vec![target(ROOT, "T")]);
+    let out = a
+        .on_native(
+            3,
+            &json!({"jsonrpc": "2.0", "id": new, "error": {"code": -32603, "message": "Internal error"}}),
+        )
+        .expect("the error answer");
+    let failed: Vec<_> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::RootProviderTurnCompleted {
+                turn_id,
+                outcome,
+                error,
+                ..
+            } => Some((turn_id.clone(), *outcome, error.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 1, "{out:?}");
+    assert_eq!(failed[0].0.as_deref(), Some("T"));
+    assert_eq!(failed[0].1, Outcome::Failed);
+    assert!(failed[0]
+        .2
+        .as_deref()
+        .is_some_and(|e| e.contains("could not start a session") && e.contains("Internal error")));
+    assert!(
+        out.answers
+            .iter()
+            .any(|x| matches!(x, RuntimeAnswer::GuideFailed { turn_id, .. } if *turn_id == tutti_core::model::Id::from("T"))),
+        "{out:?}"
+    );
+    assert_eq!(
+        cancel_results(&out),
+        vec![("op1".to_string(), vec![target(ROOT, "T")])]
+    );
+    assert!(out.native.is_empty(), "nothing sent without a session");
+
+    // The next start tries session/new again.
+    let out = a.on_request(4, &start("T2"));
+    let retry = request_id(&out, "session/new");
+    let out = a
+        .on_native(
+            5,
+            &json!({"jsonrpc": "2.0", "id": retry, "result": {"sessionId": SESSION}}),
+        )
+        .expect("session/new answer");
+    let prompt = out
+        .native
+        .iter()
+        .find(|m| m["method"] == "session/prompt")
+        .expect("the queued start's prompt goes out");
+    assert_eq!(prompt["params"]["sessionId"], SESSION);
+}
+
+fn tool_updates(out: &AdapterOutput) -> Vec<(String, String)> {
+    out.events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::ToolCallUpdated {
+                tool_call_id,
+                status,
+                ..
+            } => Some((tool_call_id.to_string(), status.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 23 (codex-acp announces a command needing approval only inside
+/// `session/request_permission`): a tool call not reported before is recorded from the
+/// permission request's `toolCall`, as `pending`; one the agent already reported keeps the
+/// status the agent gave it.
+#[test]
+fn acp_permission_for_an_unreported_tool_call_records_the_call_once() {
+    let (mut a, _prompt) = running(false);
+    let permission = |id: &str, call: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "session/request_permission", "params": {
+            "sessionId": SESSION,
+            "toolCall": {"toolCallId": call, "title": "echo later", "kind": "execute"},
+            "options": [{"optionId": "approved", "name": "Yes", "kind": "allow_once"}]}})
+    };
+    let out = a.on_native(4, &permission("p1", "c1")).expect("permission");
+    assert_eq!(tool_updates(&out), vec![("c1".into(), "pending".into())]);
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, NormalizedEvent::InteractionRequested { .. })));
+
+    let out = a
+        .on_native(
+            5,
+            &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": SESSION,
+                "update": {"sessionUpdate": "tool_call", "toolCallId": "c2", "title": "Edit",
+                           "status": "in_progress"}}}),
+        )
+        .expect("tool call");
+    assert_eq!(
+        tool_updates(&out),
+        vec![("c2".into(), "in_progress".into())]
+    );
+    let out = a.on_native(6, &permission("p2", "c2")).expect("permission");
+    assert!(
+        tool_updates(&out).is_empty(),
+        "a reported call keeps its status: {out:?}"
+    );
+    let out = a.on_native(7, &permission("p3", "c1")).expect("permission");
+    assert!(tool_updates(&out).is_empty(), "recorded once: {out:?}");
+}

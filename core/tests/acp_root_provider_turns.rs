@@ -3,19 +3,22 @@
 //! provider turn (`prompt-<rpc id>`), so a prompt that answers `cancelled` after the user's next
 //! turn was submitted closes its own turn's provider lifecycle and never settles the next one.
 //!
-//! The rig wires a real `AcpAdapter` to a real `Engine` like the runtime driver: engine provider
-//! requests go to the adapter, adapter events and answers go to the engine, and the invariant
-//! checker runs after every engine step.
+//! The rig is a host of the real [`Driver`] (a `MemoryStore`, the clock) with a real
+//! `AcpAdapter`: the driver does the wiring the daemon relies on, and the invariant checker runs
+//! after every host call.
 
 use serde_json::{json, Value};
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
-use tutti_core::adapters::{Adapter, AdapterOutput, AdapterTimer};
+use tutti_core::adapters::{AdapterOutput, AdapterTimer};
+use tutti_core::driver::Record;
 use tutti_core::model::{Outcome, Phase, ProviderPhase, RootProviderTurn};
-use tutti_core::{Engine, Input, NormalizedEvent};
+use tutti_core::store::MemoryStore;
+use tutti_core::{Driver, Input, NormalizedEvent};
 
+/// A [`Driver`] host (a `MemoryStore`, the clock) and what passed between adapter and engine.
 struct Rig {
-    engine: Engine,
-    adapter: AcpAdapter,
+    d: Driver,
+    store: MemoryStore,
     now: i64,
     native: Vec<Value>,
     timers: Vec<AdapterTimer>,
@@ -28,9 +31,11 @@ struct Rig {
 impl Rig {
     /// Root session R, the agent initialized and its session created.
     fn new() -> Rig {
+        let mut d = Driver::new();
+        d.set_recording(true);
         let mut r = Rig {
-            engine: Engine::new(),
-            adapter: AcpAdapter::new("R".into(), AcpConfig::default()),
+            d,
+            store: MemoryStore::new(),
             now: 0,
             native: Vec::new(),
             timers: Vec::new(),
@@ -42,8 +47,9 @@ impl Rig {
             json!({"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"acp"}),
         );
         r.now += 1;
-        let out = r.adapter.open(r.now);
-        r.route(out);
+        let adapter = AcpAdapter::new("R".into(), AcpConfig::default());
+        r.d.attach(r.now, "R".into(), Box::new(adapter), &r.store);
+        r.settle();
         r.answer(
             "initialize",
             json!({"protocolVersion": 1, "agentCapabilities": {}}),
@@ -52,57 +58,53 @@ impl Rig {
         r
     }
 
+    /// A host command through the driver.
     fn input(&mut self, v: Value) {
         let input: Input = serde_json::from_value(v).expect("valid input");
-        self.engine_input(input);
+        self.now += 1;
+        self.d.handle_input(self.now, input, None, &self.store);
+        self.settle();
     }
 
-    fn engine_input(&mut self, input: Input) {
-        self.now += 1;
-        match self.engine.handle(self.now, &input) {
-            Ok(step) => {
-                if let (
-                    Input::Event(NormalizedEvent::MessageAppended {
-                        turn_id,
-                        role,
-                        text,
-                        ..
-                    }),
-                    None,
-                ) = (&input, &step.ignored)
-                {
-                    self.recorded
-                        .push((turn_id.to_string(), role.to_string(), text.to_string()));
+    /// Commits what the driver decided, checks the invariants, and notes what passed between
+    /// the adapter and the engine; returns the adapter outputs, in order.
+    fn settle(&mut self) -> Vec<AdapterOutput> {
+        self.d.commit_pending(&mut self.store);
+        let v = self.d.engine().check_invariants();
+        assert!(v.is_empty(), "invariants: {v:?}");
+        let mut outs = Vec::new();
+        for r in self.d.take_records() {
+            match r {
+                Record::Adapter { output, .. } => {
+                    self.native.extend(output.native.iter().cloned());
+                    self.timers.extend(output.timers.iter().cloned());
+                    self.events.extend(output.events.iter().cloned());
+                    outs.push(output);
                 }
-                let v = self.engine.check_invariants();
-                assert!(v.is_empty(), "invariants: {v:?}");
-                for req in &step.provider {
-                    let out = self.adapter.on_request(self.now, req);
-                    self.route(out);
-                }
+                Record::Decided {
+                    input:
+                        Input::Event(NormalizedEvent::MessageAppended {
+                            turn_id,
+                            role,
+                            text,
+                            ..
+                        }),
+                    outcome: Ok(None),
+                } => self
+                    .recorded
+                    .push((turn_id.to_string(), role.to_string(), text.to_string())),
+                Record::Decided {
+                    outcome: Err(e), ..
+                } => self.rejected.push(format!("{e}")),
+                _ => {}
             }
-            Err(e) => self.rejected.push(format!("{e}")),
         }
+        outs
     }
 
-    fn route(&mut self, out: AdapterOutput) {
-        self.native.extend(out.native);
-        self.timers.extend(out.timers);
-        for e in out.events {
-            self.events.push(e.clone());
-            self.engine_input(Input::Event(e));
-        }
-        for a in out.answers {
-            self.engine_input(Input::Runtime(a));
-        }
-    }
-
-    /// The user's cancel as the daemon's API hands it over: the adapter's buffered text first
-    /// (`Adapter::flush_text`), then `cancelTurn`.
+    /// The user's cancel as the daemon's API hands it over (the driver flushes the adapter's
+    /// buffered text first: `Adapter::flush_text`, then `cancelTurn`).
     fn cancel(&mut self, op: &str, turn: &str) {
-        self.now += 1;
-        let out = self.adapter.flush_text(self.now);
-        self.route(out);
         self.input(
             json!({"type":"cancelTurn","operationId":op,"agentSessionId":"R","turnId":turn}),
         );
@@ -110,16 +112,24 @@ impl Rig {
 
     /// One `session/update` notification from the agent.
     fn update(&mut self, update: Value) {
+        self.native_line(json!({"jsonrpc": "2.0", "method": "session/update",
+                        "params": {"sessionId": "acp-session", "update": update}}));
+    }
+
+    /// One native message from the agent; returns the adapter's output for it.
+    fn native_line(&mut self, v: Value) -> AdapterOutput {
         self.now += 1;
-        let out = self
-            .adapter
-            .on_native(
-                self.now,
-                &json!({"jsonrpc": "2.0", "method": "session/update",
-                        "params": {"sessionId": "acp-session", "update": update}}),
-            )
-            .unwrap_or_else(|e| panic!("adapter refused the update: {e}"));
-        self.route(out);
+        self.d
+            .handle_native(self.now, "R", &v, &self.store)
+            .unwrap_or_else(|e| panic!("adapter refused {v}: {e}"));
+        self.settle().into_iter().next().unwrap_or_default()
+    }
+
+    /// The clock reaches `at`: every timer due fires.
+    fn advance(&mut self, at: i64) {
+        self.now = self.now.max(at);
+        self.d.handle_timeout(self.now, &self.store);
+        self.settle();
     }
 
     /// The rpc id of the last request with this method.
@@ -139,20 +149,11 @@ impl Rig {
     }
 
     fn answer_id(&mut self, id: u64, result: Value) -> AdapterOutput {
-        self.now += 1;
-        let out = self
-            .adapter
-            .on_native(
-                self.now,
-                &json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            )
-            .unwrap_or_else(|e| panic!("adapter refused the answer: {e}"));
-        self.route(out.clone());
-        out
+        self.native_line(json!({"jsonrpc": "2.0", "id": id, "result": result}))
     }
 
     fn root_turn(&self, turn: &str) -> (Phase, Option<Outcome>, RootProviderTurn) {
-        let t = self.engine.turn("R", turn).expect("root turn exists");
+        let t = self.d.engine().turn("R", turn).expect("root turn exists");
         (
             t.phase,
             t.outcome,
@@ -181,9 +182,7 @@ fn prompt_answering_cancelled_after_the_next_submit_settles_only_its_own_turn() 
         .any(|n| n["method"] == "session/cancel" && n.get("id").is_none()));
     // The agent is slow to answer: the cancel's bound passes and the turn settles.
     let timer = r.timers.last().cloned().expect("cancel timer");
-    r.now = r.now.max(timer.at);
-    let out = r.adapter.on_timer(r.now, &timer.id);
-    r.route(out);
+    r.advance(timer.at);
     let (phase, outcome, _) = r.root_turn("T1");
     assert_eq!(phase, Phase::Settled);
     let t1_outcome = outcome;

@@ -7,21 +7,30 @@
 //! event fails the test unless the test expects it.
 
 use serde_json::{json, Value};
+use std::any::Any;
 use tutti_core::adapters::claude::{replay_transcript, sidecar_line, ClaudeAdapter, ClaudeConfig};
 use tutti_core::adapters::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
+use tutti_core::driver::{DriverError, Output, Record};
 use tutti_core::invariants::check_tree;
 use tutti_core::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, Turn};
-use tutti_core::{Engine, Input, NormalizedEvent, ProviderRequest, RuntimeAnswer, Step};
+use tutti_core::store::MemoryStore;
+use tutti_core::{Driver, Engine, Input, NormalizedEvent, ProviderRequest, RuntimeAnswer, Step};
 
 const R: &str = "R";
 const T1: &str = "turn-1";
 
 // ----- harness ---------------------------------------------------------------------------------
 
-/// The engine, the adapter and everything that passed between them.
+/// A [`Driver`] host (a `MemoryStore`, the clock) with the real adapter, and everything that
+/// passed between the adapter and the engine (from the driver's records). The driver does the
+/// daemon's wiring: engine requests to the adapter, events before answers, an
+/// `interactionRequested` the engine did not take (rejected or ignored) back to `on_dropped`.
+/// The driver's replies to host inputs (token, committed step or why not).
+type Replies = Vec<(u64, Result<Step, DriverError>)>;
+
 struct Rig {
-    engine: Engine,
-    adapter: ClaudeAdapter,
+    d: Driver,
+    store: MemoryStore,
     now: i64,
     native: Vec<Value>,
     events: Vec<NormalizedEvent>,
@@ -44,9 +53,11 @@ impl Rig {
     }
 
     fn with(config: ClaudeConfig) -> Rig {
+        let mut d = Driver::new();
+        d.set_recording(true);
         let mut rig = Rig {
-            engine: Engine::new(),
-            adapter: ClaudeAdapter::new(R.into(), config),
+            d,
+            store: MemoryStore::new(),
             now: 1_000,
             native: Vec::new(),
             events: Vec::new(),
@@ -59,41 +70,89 @@ impl Rig {
             uuid: 0,
         };
         rig.cmd(json!({"type":"createSession","agentSessionId":R,"workspaceId":"W","provider":"claude"}));
+        let adapter = ClaudeAdapter::new(R.into(), config);
+        rig.d
+            .attach(rig.now, R.into(), Box::new(adapter), &rig.store);
+        rig.settle();
         rig
     }
 
-    /// One engine input; its provider requests go to the adapter, whose output is applied. Like
-    /// the daemon (`tell_dropped`), an `interactionRequested` the engine did not take (rejected
-    /// or ignored) goes back to the adapter's `on_dropped`.
-    fn input(&mut self, input: Input) -> Option<Step> {
-        let label = input.kind();
-        let step = match self.engine.handle(self.now, &input) {
-            Ok(step) => step,
-            Err(e) => {
-                self.rejections.push(format!("{label}: {e}"));
-                self.tell_dropped(&input);
-                return None;
-            }
-        };
-        if let Some(why) = &step.ignored {
-            self.ignored.push(format!("{label}: {why:?}"));
-            self.tell_dropped(&input);
-        }
-        let v = self.engine.check_invariants();
-        assert!(v.is_empty(), "invariants after {label}: {v:?}");
-        for r in &step.provider {
-            let out = self.adapter.on_request(self.now, r);
-            self.apply(out);
-        }
-        Some(step)
+    fn engine(&self) -> &Engine {
+        self.d.engine()
     }
 
-    fn tell_dropped(&mut self, input: &Input) {
-        if let Input::Event(e @ NormalizedEvent::InteractionRequested { .. }) = input {
-            self.dropped.push(e.clone());
-            let out = self.adapter.on_dropped(self.now, e);
-            self.apply(out);
+    /// The adapter (reads).
+    fn adapter(&self) -> &ClaudeAdapter {
+        let a: &dyn Any = self.d.adapter(R).expect("the root's adapter is live");
+        a.downcast_ref().expect("a ClaudeAdapter")
+    }
+
+    /// An adapter unit check: one call on the adapter itself, its output looked at in isolation
+    /// (not carried out).
+    fn unit<T>(&mut self, f: impl FnOnce(&mut ClaudeAdapter, i64) -> T) -> T {
+        let now = self.now;
+        let a: &mut dyn Any = self.d.adapter_mut(R).expect("the root's adapter is live");
+        f(a.downcast_mut().expect("a ClaudeAdapter"), now)
+    }
+
+    /// A call outside the `Adapter` trait (`set_goal`, ...) through the driver, which carries
+    /// its output out; returns that output.
+    fn call(&mut self, f: impl FnOnce(&mut ClaudeAdapter, i64) -> AdapterOutput) -> AdapterOutput {
+        self.d
+            .call_adapter(
+                self.now,
+                R,
+                |a, now| {
+                    let a: &mut dyn Any = a;
+                    f(a.downcast_mut().expect("a ClaudeAdapter"), now)
+                },
+                &self.store,
+            )
+            .expect("the root's adapter is live");
+        self.settle().0.into_iter().next().unwrap_or_default()
+    }
+
+    /// Commits what the driver decided, checks the invariants, notes the records; returns the
+    /// adapter outputs in order and the replies.
+    fn settle(&mut self) -> (Vec<AdapterOutput>, Replies) {
+        let mut replies = Vec::new();
+        for o in self.d.commit_pending(&mut self.store) {
+            if let Output::Reply { to, result } = o {
+                replies.push((to, result));
+            }
         }
+        let v = self.engine().check_invariants();
+        assert!(v.is_empty(), "invariants: {v:?}");
+        let mut outs = Vec::new();
+        for rec in self.d.take_records() {
+            match rec {
+                Record::Adapter { output, .. } => {
+                    self.native.extend(output.native.iter().cloned());
+                    self.timers.extend(output.timers.iter().cloned());
+                    self.diagnostics.extend(output.diagnostics.iter().cloned());
+                    self.events.extend(output.events.iter().cloned());
+                    self.answers.extend(output.answers.iter().cloned());
+                    outs.push(output);
+                }
+                Record::Decided { input, outcome } => match outcome {
+                    Ok(None) => {}
+                    Ok(Some(why)) => self.ignored.push(format!("{}: {why:?}", input.kind())),
+                    Err(e) => self.rejections.push(format!("{}: {e}", input.kind())),
+                },
+                Record::Dropped { event, .. } => self.dropped.push(event),
+            }
+        }
+        (outs, replies)
+    }
+
+    /// One host input through the driver; its committed step, or `None` if rejected.
+    fn input(&mut self, input: Input) -> Option<Step> {
+        self.d.handle_input(self.now, input, Some(1), &self.store);
+        let (_, replies) = self.settle();
+        replies
+            .into_iter()
+            .find(|(to, _)| *to == 1)
+            .and_then(|(_, r)| r.ok())
     }
 
     fn cmd(&mut self, v: Value) -> Step {
@@ -102,41 +161,31 @@ impl Rig {
             .unwrap_or_else(|| panic!("command rejected: {v} {:?}", self.rejections))
     }
 
-    /// Records an adapter output and feeds its events and answers to the engine.
-    fn apply(&mut self, out: AdapterOutput) {
-        self.native.extend(out.native.iter().cloned());
-        self.timers.extend(out.timers.iter().cloned());
-        self.diagnostics.extend(out.diagnostics.iter().cloned());
-        for e in out.events {
-            self.events.push(e.clone());
-            self.input(Input::Event(e));
+    /// One sidecar line through the driver; the adapter's output for it, or its typed error.
+    fn try_line(&mut self, v: &Value) -> Result<AdapterOutput, AdapterError> {
+        self.now += 1;
+        match self.d.handle_native(self.now, R, v, &self.store) {
+            Ok(()) => {}
+            Err(DriverError::Adapter(e)) => return Err(e),
+            Err(e) => panic!("driver refused {v}: {e}"),
         }
-        for a in out.answers {
-            self.answers.push(a.clone());
-            self.input(Input::Runtime(a));
-        }
+        Ok(self.settle().0.into_iter().next().unwrap_or_default())
     }
 
     /// One sidecar line; returns what the adapter produced for it.
     fn line(&mut self, v: Value) -> AdapterOutput {
-        self.now += 1;
-        let out = self
-            .adapter
-            .on_native(self.now, &v)
-            .unwrap_or_else(|e| panic!("line refused: {e}: {v}"));
-        self.apply(out.clone());
-        out
+        self.try_line(&v)
+            .unwrap_or_else(|e| panic!("line refused: {e}: {v}"))
     }
 
     fn msg(&mut self, m: Value) -> AdapterOutput {
         self.line(json!({"kind": "message", "message": m}))
     }
 
+    /// Fires one adapter timer through the driver at `at` (or now, if later).
     fn timer(&mut self, id: &str, at: i64) -> AdapterOutput {
         self.now = self.now.max(at);
-        let out = self.adapter.on_timer(self.now, id);
-        self.apply(out.clone());
-        out
+        self.call(|a, now| a.on_timer(now, id))
     }
 
     fn submit(&mut self, turn: &str) -> Step {
@@ -171,7 +220,7 @@ impl Rig {
     }
 
     fn turn(&self, session: &str, turn: &str) -> Turn {
-        self.engine
+        self.engine()
             .turn(session, turn)
             .unwrap_or_else(|| panic!("no turn {turn}"))
             .clone()
@@ -192,7 +241,7 @@ impl Rig {
             "engine rejections: {:?}",
             self.rejections
         );
-        let v = self.engine.check_invariants();
+        let v = self.engine().check_invariants();
         assert!(v.is_empty(), "{v:?}");
     }
 }
@@ -400,7 +449,7 @@ fn agent_tool_use_creates_child_and_submitted_turn_before_task_started_or_root_r
     );
     assert_eq!(count(&out.events, "childSessionCreated"), 1);
     let s = rig
-        .engine
+        .engine()
         .session(&cs)
         .expect("child session exists")
         .clone();
@@ -430,7 +479,7 @@ fn earliest_partial_tool_event_creates_child_and_later_events_merge_title_and_id
     assert_eq!(count(&out.events, "childSessionCreated"), 1);
     let (cs, ct) = child("tu-1");
     assert_eq!(
-        rig.engine.session(&cs).unwrap().title.as_deref(),
+        rig.engine().session(&cs).unwrap().title.as_deref(),
         Some("Agent")
     );
     // The full message carries the real description: a title update, never another child.
@@ -438,7 +487,7 @@ fn earliest_partial_tool_event_creates_child_and_later_events_merge_title_and_id
     assert_eq!(count(&out.events, "childSessionCreated"), 0);
     assert_eq!(count(&out.events, "childSessionUpdated"), 1);
     assert_eq!(
-        rig.engine.session(&cs).unwrap().title.as_deref(),
+        rig.engine().session(&cs).unwrap().title.as_deref(),
         Some("job tu-1")
     );
     // A hook and task_started repeat the identity: aliases bind to the same child.
@@ -446,7 +495,7 @@ fn earliest_partial_tool_event_creates_child_and_later_events_merge_title_and_id
         "input":{"hook_event_name":"PreToolUse","tool_name":"Agent","tool_use_id":"tu-1","tool_input":{"description":"job tu-1"}}}));
     rig.task_started("task-1", "tu-1", true);
     rig.line(json!({"kind":"hook","event":"SubagentStart","toolUseID":null,"input":{"agent_id":"task-1"}}));
-    let s = rig.engine.session(&cs).unwrap().clone();
+    let s = rig.engine().session(&cs).unwrap().clone();
     assert_eq!(s.provider_aliases.task_id.as_deref(), Some("task-1"));
     assert_eq!(s.provider_aliases.agent_id.as_deref(), Some("task-1"));
     assert_eq!(
@@ -479,23 +528,23 @@ fn parent_tool_call_stays_on_the_parent_turn() {
         json!({"status":"completed","agentId":"task-1"}),
     );
     let launch = rig
-        .engine
+        .engine()
         .tool_call(R, "tu-1")
         .expect("launch tool call on the root")
         .clone();
     assert_eq!(launch.turn_id.as_ref(), T1);
     assert_eq!(&*launch.status, "completed");
     assert!(
-        rig.engine.tool_call(&cs, "tu-1").is_none(),
+        rig.engine().tool_call(&cs, "tu-1").is_none(),
         "never moved into the child"
     );
     let inner = rig
-        .engine
+        .engine()
         .tool_call(&cs, "child-tool")
         .expect("child tool on the child")
         .clone();
     assert_eq!(inner.turn_id.as_ref(), ct);
-    assert!(rig.engine.tool_call(R, "child-tool").is_none());
+    assert!(rig.engine().tool_call(R, "child-tool").is_none());
     rig.assert_clean();
 }
 
@@ -535,14 +584,18 @@ fn nested_task_creates_a_grandchild_whose_direct_parent_is_the_launching_child()
     let (cs, ct) = child("tu-1");
     let (gs, gt) = child("tu-2");
     assert_eq!(count(&out.events, "childSessionCreated"), 1);
-    let g = rig.engine.session(&gs).expect("grandchild").clone();
+    let g = rig.engine().session(&gs).expect("grandchild").clone();
     assert_eq!(g.parent_agent_session_id().map(|x| &**x), Some(cs.as_str()));
     assert_eq!(g.parent_turn_id().map(|x| &**x), Some(ct.as_str()));
     assert_eq!(g.root_agent_session_id().map(|x| &**x), Some(R));
     assert_eq!(g.root_turn_id().map(|x| &**x), Some(T1));
     // The nested launch tool call stays on the launching child's turn.
     assert_eq!(
-        rig.engine.tool_call(&cs, "tu-2").unwrap().turn_id.as_ref(),
+        rig.engine()
+            .tool_call(&cs, "tu-2")
+            .unwrap()
+            .turn_id
+            .as_ref(),
         ct
     );
     // Grandchild output is scoped by its own marker.
@@ -566,7 +619,7 @@ fn task_and_agent_ids_bind_to_their_own_child_never_to_the_only_running_task() {
     let (a, _) = child("tu-a");
     let (b, _) = child("tu-b");
     assert_eq!(
-        rig.engine
+        rig.engine()
             .session(&a)
             .unwrap()
             .provider_aliases
@@ -575,7 +628,7 @@ fn task_and_agent_ids_bind_to_their_own_child_never_to_the_only_running_task() {
         Some("task-a")
     );
     assert_eq!(
-        rig.engine.session(&b).unwrap().provider_aliases.task_id,
+        rig.engine().session(&b).unwrap().provider_aliases.task_id,
         None
     );
     // An agent id nobody announced binds nothing, even though tu-b is the only unbound task.
@@ -592,14 +645,14 @@ fn task_and_agent_ids_bind_to_their_own_child_never_to_the_only_running_task() {
         "the unowned callback is denied, not guessed"
     );
     assert_eq!(out.native[0]["behavior"], "deny");
-    assert!(rig.engine.pending_interactions(R).is_empty());
+    assert!(rig.engine().pending_interactions(R).is_empty());
     // A child message carrying its agent id binds that alias to its own child only.
     let mut m = json!({"type":"assistant","agent_id":"task-b","uuid":"m-b",
         "message":{"role":"assistant","content":[{"type":"text","text":"b"}]}});
     ptu(&mut m, Some("tu-b"));
     rig.msg(m);
     assert_eq!(
-        rig.engine
+        rig.engine()
             .session(&b)
             .unwrap()
             .provider_aliases
@@ -608,7 +661,7 @@ fn task_and_agent_ids_bind_to_their_own_child_never_to_the_only_running_task() {
         Some("task-b")
     );
     assert_eq!(
-        rig.engine.session(&a).unwrap().provider_aliases.agent_id,
+        rig.engine().session(&a).unwrap().provider_aliases.agent_id,
         None
     );
     rig.assert_clean();
@@ -624,7 +677,7 @@ fn permission_with_agent_id_becomes_an_interaction_on_that_child_keeping_the_pro
     let (cs, ct) = child("tu-1");
     rig.line(json!({"kind":"canUseTool","requestId":"req-9","toolName":"Write","input":{"file_path":"/x"},
         "toolUseID":"w-1","agentID":"task-1","options":{"toolUseID":"w-1","agentID":"task-1"}}));
-    let pending = rig.engine.pending_interactions(R);
+    let pending = rig.engine().pending_interactions(R);
     assert_eq!(pending.len(), 1);
     let i = &pending[0];
     assert_eq!(i.agent_session_id.as_ref(), cs);
@@ -650,7 +703,7 @@ fn permission_with_agent_id_becomes_an_interaction_on_that_child_keeping_the_pro
     assert_eq!(cmd["behavior"], "deny");
     assert_eq!(cmd["message"], "not there");
     rig.ack("permission", true);
-    let snap = rig.engine.snapshot(R).unwrap();
+    let snap = rig.engine().snapshot(R).unwrap();
     assert_eq!(snap.interactions[0].status, InteractionStatus::Resolved);
     assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
     rig.assert_clean();
@@ -689,7 +742,7 @@ fn a_root_permission_the_engine_did_not_take_is_denied_so_the_sdk_never_waits() 
     assert_eq!(sent[0]["requestId"], "req-late");
     assert_eq!(sent[0]["behavior"], "deny");
     assert!(sent[0]["message"].as_str().is_some_and(|m| !m.is_empty()));
-    assert!(rig.engine.pending_interactions(R).is_empty());
+    assert!(rig.engine().pending_interactions(R).is_empty());
     // The sidecar's ack of the deny and the denied tool's result change nothing.
     let out = rig.ack("permission", true);
     assert!(out.events.is_empty(), "{:?}", out.events);
@@ -698,7 +751,7 @@ fn a_root_permission_the_engine_did_not_take_is_denied_so_the_sdk_never_waits() 
     assert_eq!(rig.root().outcome, Some(Outcome::Interrupted));
     // The same drop again (or the SDK repeating the request) answers nothing twice.
     let again = rig.dropped[0].clone();
-    let out = rig.adapter.on_dropped(rig.now, &again);
+    let out = rig.unit(|a, now| a.on_dropped(now, &again));
     assert!(out.native.is_empty() && out.events.is_empty(), "{out:?}");
     rig.assert_clean();
 }
@@ -731,7 +784,7 @@ fn on_dropped_denies_only_a_held_callback_of_that_exact_owner() {
         turn_id: ct.as_str().into(),
     };
     assert_eq!(
-        rig.adapter.on_dropped(now, &other_kind),
+        rig.unit(|a, _now| a.on_dropped(now, &other_kind)),
         AdapterOutput::default()
     );
     let mut wrong_owner = requested.clone();
@@ -749,15 +802,15 @@ fn on_dropped_denies_only_a_held_callback_of_that_exact_owner() {
         *request_id = "req-unknown".into();
     }
     assert_eq!(
-        rig.adapter.on_dropped(now, &wrong_owner),
+        rig.unit(|a, _now| a.on_dropped(now, &wrong_owner)),
         AdapterOutput::default()
     );
     assert_eq!(
-        rig.adapter.on_dropped(now, &unknown),
+        rig.unit(|a, _now| a.on_dropped(now, &unknown)),
         AdapterOutput::default()
     );
     // The exact held callback: denied once.
-    let out = rig.adapter.on_dropped(now, &requested);
+    let out = rig.unit(|a, _now| a.on_dropped(now, &requested));
     assert_eq!(out.native.len(), 1, "{out:?}");
     assert_eq!(out.native[0]["op"], "permission");
     assert_eq!(out.native[0]["requestId"], "req-1");
@@ -767,7 +820,7 @@ fn on_dropped_denies_only_a_held_callback_of_that_exact_owner() {
         "sending the deny is not a resolution fact"
     );
     assert_eq!(
-        rig.adapter.on_dropped(now, &requested),
+        rig.unit(|a, _now| a.on_dropped(now, &requested)),
         AdapterOutput::default()
     );
     // The SDK shows the denied tool's result inside the child: the child runs again.
@@ -794,7 +847,7 @@ fn on_dropped_denies_only_a_held_callback_of_that_exact_owner() {
     rig.cmd(json!({"type":"respondInteraction","agentSessionId":cs,"turnId":ct,"requestId":"req-2","response":"allow"}));
     rig.ack("permission", true);
     assert_eq!(
-        rig.adapter.on_dropped(rig.now, &second),
+        rig.unit(|a, now| a.on_dropped(now, &second)),
         AdapterOutput::default()
     );
     rig.assert_clean();
@@ -883,7 +936,7 @@ fn background_task_does_not_settle_from_launch_result_and_waits_for_its_task_ter
         "the async launch result settles nothing"
     );
     assert_eq!(
-        &*rig.engine.tool_call(R, "tu-1").unwrap().status,
+        &*rig.engine().tool_call(R, "tu-1").unwrap().status,
         "completed",
         "delegation accepted"
     );
@@ -910,10 +963,10 @@ fn background_bash_is_not_a_child_never_gates_the_root_and_stays_stoppable() {
         "description":"sleep","task_type":"local_bash","is_backgrounded":true}),
     );
     assert_eq!(count(&out.events, "childSessionCreated"), 0);
-    let call = rig.engine.tool_call(R, "bash-1").unwrap().clone();
+    let call = rig.engine().tool_call(R, "bash-1").unwrap().clone();
     assert_eq!(&*call.status, "completed");
     assert_eq!(call.payload.as_ref().unwrap()["taskId"], "shell-1");
-    assert_eq!(rig.adapter.active_child_count(), 0);
+    assert_eq!(rig.adapter().active_child_count(), 0);
     rig.result();
     assert_eq!(
         rig.root().outcome,
@@ -936,13 +989,13 @@ fn background_bash_is_not_a_child_never_gates_the_root_and_stays_stoppable() {
         "description":"sleep","task_type":"local_bash"}),
     );
     let stop = rig
-        .adapter
-        .stop_native_task(rig.now, "bash-2")
+        .unit(|a, now| a.stop_native_task(now, "bash-2"))
         .expect("stoppable by tool use id");
     assert_eq!(stop.native[0]["op"], "stopTask");
     assert_eq!(stop.native[0]["taskId"], "shell-2");
     assert!(
-        rig.adapter.stop_native_task(rig.now, "shell-1").is_none(),
+        rig.unit(|a, now| a.stop_native_task(now, "shell-1"))
+            .is_none(),
         "already ended"
     );
     rig.assert_clean();
@@ -959,7 +1012,7 @@ fn successful_root_result_completes_the_background_launch_when_task_started_is_d
         json!({"command":"serve","run_in_background":true}),
     );
     assert_eq!(
-        &*rig.engine.tool_call(R, "bash-1").unwrap().status,
+        &*rig.engine().tool_call(R, "bash-1").unwrap().status,
         "started"
     );
     let out = rig.result();
@@ -970,7 +1023,7 @@ fn successful_root_result_completes_the_background_launch_when_task_started_is_d
         "the launch completes before the root provider terminal"
     );
     assert_eq!(
-        &*rig.engine.tool_call(R, "bash-1").unwrap().status,
+        &*rig.engine().tool_call(R, "bash-1").unwrap().status,
         "completed"
     );
     assert_eq!(rig.root().outcome, Some(Outcome::Completed));
@@ -980,7 +1033,9 @@ fn successful_root_result_completes_the_background_launch_when_task_started_is_d
         "description":"serve","task_type":"local_bash"}),
     );
     assert!(out.events.is_empty());
-    assert!(rig.adapter.stop_native_task(rig.now, "shell-1").is_some());
+    assert!(rig
+        .unit(|a, now| a.stop_native_task(now, "shell-1"))
+        .is_some());
     rig.assert_clean();
 }
 
@@ -1048,7 +1103,7 @@ fn final_async_child_terminal_opens_synthetic_provider_turn_before_the_child_ter
     let root = rig.root();
     assert_eq!(root.outcome, Some(Outcome::Completed));
     assert_eq!(
-        rig.engine.session(R).unwrap().last_turn_id.as_deref(),
+        rig.engine().session(R).unwrap().last_turn_id.as_deref(),
         Some(T1)
     );
     rig.assert_clean();
@@ -1234,7 +1289,7 @@ fn guidance_during_the_wait_joins_the_reserved_turn_without_resetting_the_bounda
     );
     assert_eq!(rig.timers.len(), 1, "no new or reset timer");
     assert!(
-        rig.engine.turn(R, "turn-x").is_none(),
+        rig.engine().turn(R, "turn-x").is_none(),
         "no new canonical turn"
     );
     // The original boundary still expires, interrupting the continuation with the guidance.
@@ -1269,7 +1324,7 @@ fn guidance_while_only_children_run_opens_a_synthetic_provider_turn() {
         "the reservation is adopted"
     );
     assert!(
-        rig.engine.turn(R, "turn-x").is_none(),
+        rig.engine().turn(R, "turn-x").is_none(),
         "no new canonical turn"
     );
     rig.ack("input", true);
@@ -1283,7 +1338,7 @@ fn guidance_while_only_children_run_opens_a_synthetic_provider_turn() {
     // (captured: `bg_two_during_guidance`), so the provider lifecycle stays reserved.
     rig.result();
     assert!(rig.root().phase.is_active());
-    assert_eq!(rig.adapter.outstanding_notifications(), 1);
+    assert_eq!(rig.adapter().outstanding_notifications(), 1);
     rig.msg(init());
     rig.text(None, "the child reported back");
     rig.result_with_origin();
@@ -1417,7 +1472,7 @@ fn goal_completion_is_session_metadata_only() {
     assert_eq!(out.events.len(), 1);
     assert_eq!(out.events[0].kind(), "sessionMetadataUpdated");
     assert_eq!(
-        rig.engine.session(R).unwrap().goal.as_ref().unwrap()["status"],
+        rig.engine().session(R).unwrap().goal.as_ref().unwrap()["status"],
         "complete"
     );
     assert_eq!(
@@ -1426,7 +1481,7 @@ fn goal_completion_is_session_metadata_only() {
         "goal complete never settles the root"
     );
     assert_eq!(
-        rig.engine.session(R).unwrap().active_turn_id.as_deref(),
+        rig.engine().session(R).unwrap().active_turn_id.as_deref(),
         Some(T1)
     );
     rig.assert_clean();
@@ -1438,11 +1493,10 @@ fn goal_control_turn_emits_no_root_provider_facts() {
     rig.started();
     rig.result();
     let before = rig.events.len();
-    let out = rig.adapter.set_goal(rig.now, "tests pass");
+    let out = rig.call(|a, now| a.set_goal(now, "tests pass"));
     assert_eq!(out.native[0]["op"], "input");
     assert_eq!(out.native[0]["text"], "/goal tests pass");
     assert!(out.events.is_empty());
-    rig.apply(out);
     rig.ack("input", true);
     rig.msg(init());
     rig.text(None, "goal set");
@@ -1455,7 +1509,7 @@ fn goal_control_turn_emits_no_root_provider_facts() {
         "only the goal update flows"
     );
     assert_eq!(
-        rig.engine.session(R).unwrap().goal.as_ref().unwrap()["status"],
+        rig.engine().session(R).unwrap().goal.as_ref().unwrap()["status"],
         "active"
     );
     rig.assert_clean();
@@ -1623,22 +1677,22 @@ fn child_only_cancel_of_an_unknown_or_terminal_task_is_not_confirmed_and_not_an_
     rig.background_child("tu-1", "task-1");
     let (cs, ct) = child("tu-1");
     // The adapter saw the terminal; the engine's cancel races it.
-    let out = rig
-        .adapter
-        .on_native(rig.now, &json!({"kind":"message","message":{"type":"system","subtype":"task_notification","task_id":"task-1","tool_use_id":"tu-1","status":"completed"}}))
+    let out = rig.unit(|a, now| a.on_native(now, &json!({"kind":"message","message":{"type":"system","subtype":"task_notification","task_id":"task-1","tool_use_id":"tu-1","status":"completed"}})))
         .unwrap();
     assert!(out.events.iter().any(|e| e.kind() == "turnTerminal"));
-    let out = rig.adapter.on_request(
-        rig.now,
-        &ProviderRequest::Cancel {
-            operation_id: "op-y".into(),
-            root_agent_session_id: R.into(),
-            targets: vec![tutti_core::model::Target {
-                agent_session_id: cs.as_str().into(),
-                turn_id: ct.as_str().into(),
-            }],
-        },
-    );
+    let out = rig.unit(|a, now| {
+        a.on_request(
+            now,
+            &ProviderRequest::Cancel {
+                operation_id: "op-y".into(),
+                root_agent_session_id: R.into(),
+                targets: vec![tutti_core::model::Target {
+                    agent_session_id: cs.as_str().into(),
+                    turn_id: ct.as_str().into(),
+                }],
+            },
+        )
+    });
     assert!(out.native.is_empty(), "terminal task: idempotent no-op");
     assert!(
         matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.is_empty())
@@ -1798,8 +1852,8 @@ fn garbage_lines_are_adapter_errors_and_change_nothing() {
     let mut rig = Rig::new();
     rig.started();
     rig.background_child("tu-1", "task-1");
-    let before = rig.adapter.clone();
-    let snapshot = rig.engine.snapshot(R);
+    let before = rig.adapter().clone();
+    let snapshot = rig.engine().snapshot(R);
     let garbage = [
         json!(null),
         json!(42),
@@ -1830,7 +1884,7 @@ fn garbage_lines_are_adapter_errors_and_change_nothing() {
         json!({"kind": "ack", "ok": "yes"}),
     ];
     for g in garbage {
-        let r = rig.adapter.on_native(rig.now, &g);
+        let r = rig.unit(|a, now| a.on_native(now, &g));
         assert!(
             matches!(
                 r,
@@ -1838,10 +1892,10 @@ fn garbage_lines_are_adapter_errors_and_change_nothing() {
             ),
             "{g} -> {r:?}"
         );
-        assert_eq!(rig.adapter, before, "state changed by {g}");
+        assert_eq!(*rig.adapter(), before, "state changed by {g}");
     }
     assert!(tutti_core::adapters::parse_line("{not json").is_err());
-    assert_eq!(rig.engine.snapshot(R), snapshot);
+    assert_eq!(rig.engine().snapshot(R), snapshot);
     // Unknown but well-formed SDK messages are accepted and project nothing.
     let out = rig.msg(json!({"type":"rate_limit_event","uuid":"x"}));
     assert!(out.events.is_empty());
@@ -1868,7 +1922,7 @@ fn golden_start() -> Rig {
 fn assert_foreground_tree(rig: &Rig, tool_use: &str, task: &str) {
     let (cs, ct) = child(tool_use);
     assert_eq!(count(&rig.events, "childSessionCreated"), 1);
-    let s = rig.engine.session(&cs).expect("child").clone();
+    let s = rig.engine().session(&cs).expect("child").clone();
     assert_eq!(s.title.as_deref(), Some("Mock child task"));
     assert_eq!(s.parent_agent_session_id().map(|x| &**x), Some(R));
     assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some(tool_use));
@@ -1886,7 +1940,7 @@ fn assert_foreground_tree(rig: &Rig, tool_use: &str, task: &str) {
         Some("claude-1")
     );
     let launch = rig
-        .engine
+        .engine()
         .tool_call(R, tool_use)
         .expect("launch on the root")
         .clone();
@@ -1894,7 +1948,7 @@ fn assert_foreground_tree(rig: &Rig, tool_use: &str, task: &str) {
         (launch.turn_id.as_ref(), &*launch.status),
         (T1, "completed")
     );
-    let snap = rig.engine.snapshot(R).unwrap();
+    let snap = rig.engine().snapshot(R).unwrap();
     assert!(
         snap.message_ids.iter().any(|(s, _)| s.as_ref() == cs),
         "child transcript on the child"
@@ -1932,12 +1986,12 @@ fn golden_fg_partial_partial_stream_creates_child_then_title_merges() {
     let (cs, ct) = child(&tu);
     assert_eq!(rig.turn(&cs, &ct).phase, Phase::Submitted);
     assert_eq!(
-        rig.engine.session(&cs).unwrap().title.as_deref(),
+        rig.engine().session(&cs).unwrap().title.as_deref(),
         Some("Agent")
     );
     feed(&mut rig, &lines, 4..6);
     assert_eq!(
-        rig.engine.session(&cs).unwrap().title.as_deref(),
+        rig.engine().session(&cs).unwrap().title.as_deref(),
         Some("Mock child task")
     );
     feed(&mut rig, &lines, 6..lines.len());
@@ -1956,7 +2010,7 @@ fn golden_fg_childtool_child_permission_is_answered_through_the_engine() {
     let mut rig = golden_start();
     feed(&mut rig, &lines, 0..ask + 1);
     let (cs, ct) = child(&tu);
-    let pending = rig.engine.pending_interactions(R);
+    let pending = rig.engine().pending_interactions(R);
     assert_eq!(pending.len(), 1);
     assert_eq!(
         (
@@ -1977,7 +2031,7 @@ fn golden_fg_childtool_child_permission_is_answered_through_the_engine() {
     assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
     feed(&mut rig, &lines, ask + 1..lines.len());
     assert_foreground_tree(&rig, &tu, &task);
-    let snap = rig.engine.snapshot(R).unwrap();
+    let snap = rig.engine().snapshot(R).unwrap();
     assert_eq!(snap.interactions[0].status, InteractionStatus::Resolved);
     let write = snap
         .tool_calls
@@ -2056,7 +2110,7 @@ fn golden_bg_oneshot_background_child_outlives_root_result_and_root_waits() {
         Some("synthetic-1")
     );
     assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Completed));
-    let snap = rig.engine.snapshot(R).unwrap();
+    let snap = rig.engine().snapshot(R).unwrap();
     assert_eq!(
         snap.turns
             .iter()
@@ -2101,7 +2155,7 @@ fn golden_bg_stream_stop_child_only_cancel_uses_stop_task() {
         Some(Outcome::Completed),
         "settles from the retained outcome"
     );
-    let op = rig.engine.cancel_operation("op-stop").unwrap().clone();
+    let op = rig.engine().cancel_operation("op-stop").unwrap().clone();
     assert_eq!(op.acked.len(), 1);
     let mark = rig.events.len();
     feed(&mut rig, &lines, first_result + 2..lines.len());
@@ -2146,7 +2200,7 @@ fn golden_bg_stream_interrupt_root_cancel_uses_interrupt() {
     );
     assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
     assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Canceled));
-    let op = rig.engine.cancel_operation("op-int").unwrap().clone();
+    let op = rig.engine().cancel_operation("op-int").unwrap().clone();
     assert_eq!(
         op.acked.len(),
         2,
@@ -2281,7 +2335,10 @@ fn child_completion_also_comes_from_a_child_result_or_a_tool_failed_hook() {
     let t = rig.turn(&c2, &t2);
     assert_eq!(t.outcome, Some(Outcome::Failed));
     assert_eq!(t.error.as_deref(), Some("agent crashed"));
-    assert_eq!(&*rig.engine.tool_call(R, "tu-2").unwrap().status, "failed");
+    assert_eq!(
+        &*rig.engine().tool_call(R, "tu-2").unwrap().status,
+        "failed"
+    );
     // "A failed child turn does not automatically fail the root turn."
     rig.result();
     assert_eq!(rig.root().outcome, Some(Outcome::Completed));
@@ -2338,17 +2395,12 @@ fn mutated_transcript_lines_never_panic_or_break_invariants() {
         let mut rig = golden_start();
         for line in &lines {
             for v in variants(line) {
-                rig.now += 1;
-                if let Ok(out) = rig.adapter.on_native(rig.now, &v) {
-                    rig.apply(out);
-                }
+                // A variant the adapter refuses is a typed error and changes nothing.
+                let _ = rig.try_line(&v);
             }
-            rig.now += 1;
-            if let Ok(out) = rig.adapter.on_native(rig.now, line) {
-                rig.apply(out);
-            }
+            let _ = rig.try_line(line);
         }
-        let v = rig.engine.check_invariants();
+        let v = rig.engine().check_invariants();
         assert!(v.is_empty(), "{name}: {v:?}");
     }
 }
@@ -2519,7 +2571,7 @@ fn assert_together(name: &str) -> Rig {
         ProviderPhase::Completed
     );
     // One canonical root turn; guidance never became another.
-    let snap = rig.engine.snapshot(R).unwrap();
+    let snap = rig.engine().snapshot(R).unwrap();
     assert_eq!(
         snap.turns
             .iter()
@@ -2528,7 +2580,7 @@ fn assert_together(name: &str) -> Rig {
         1,
         "{name}"
     );
-    assert!(rig.engine.turn(R, "turn-x").is_none(), "{name}");
+    assert!(rig.engine().turn(R, "turn-x").is_none(), "{name}");
     // Every follow-up reply is a message of that root turn, and the engine took each of them.
     let follow_texts: Vec<String> = root_texts(&lines)
         .into_iter()
@@ -2559,8 +2611,8 @@ fn assert_together(name: &str) -> Rig {
             .unwrap();
         assert_eq!(t.outcome, Some(Outcome::Completed), "{name}");
     }
-    assert_eq!(rig.adapter.outstanding_notifications(), 0, "{name}");
-    assert!(rig.adapter.live_provider_turn().is_none(), "{name}");
+    assert_eq!(rig.adapter().outstanding_notifications(), 0, "{name}");
+    assert!(rig.adapter().live_provider_turn().is_none(), "{name}");
     rig.assert_clean();
     rig
 }
@@ -2620,7 +2672,7 @@ fn notifications_delivered_during_a_guidance_turn_hold_the_root_until_their_foll
     let mut rig = golden_start();
     feed_together(&mut rig, name, &lines, 0..guided + 1);
     assert_eq!(
-        rig.adapter.outstanding_notifications(),
+        rig.adapter().outstanding_notifications(),
         2,
         "both notifications were delivered while the guidance turn ran"
     );
@@ -2639,7 +2691,7 @@ fn a_follow_up_that_never_comes_ends_the_reservation_naming_the_outstanding_coun
     let mut rig = golden_start();
     feed_together(&mut rig, name, &lines, 0..first + 1);
     assert!(rig.root().phase.is_active());
-    assert_eq!(rig.adapter.outstanding_notifications(), 1);
+    assert_eq!(rig.adapter().outstanding_notifications(), 1);
     // The hold armed the 30 s bound again (the first follow-up had disarmed the first one).
     let timer = rig.timers.last().cloned().expect("the bound is armed");
     let out = rig.timer(&timer.id, timer.at);
@@ -2688,7 +2740,7 @@ fn a_follow_up_after_the_root_settled_is_logged_with_ids_and_counts() {
     let timer = out.timers[0].clone();
     rig.timer(&timer.id, timer.at);
     assert!(!rig.root().phase.is_active());
-    assert_eq!(rig.adapter.outstanding_notifications(), 0, "forgotten");
+    assert_eq!(rig.adapter().outstanding_notifications(), 0, "forgotten");
     // The stale continuation ends, then one more follow-up nothing reserved.
     rig.result_with_origin();
     let before = rig.diagnostics.len();
@@ -2714,13 +2766,13 @@ fn root_cancel_while_held_closes_the_held_provider_turn_as_canceled_at_once() {
     let first = lines.iter().position(is_follow_up).unwrap();
     let mut rig = golden_start();
     feed_together(&mut rig, name, &lines, 0..first + 1);
-    assert!(rig.adapter.live_provider_turn().is_some());
+    assert!(rig.adapter().live_provider_turn().is_some());
     let before = rig.events.len();
     rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
-    assert_eq!(rig.adapter.outstanding_notifications(), 0);
+    assert_eq!(rig.adapter().outstanding_notifications(), 0);
     // Its SDK turn already ended: nothing is left for the interrupt to confirm.
     assert!(
-        rig.adapter.live_provider_turn().is_none(),
+        rig.adapter().live_provider_turn().is_none(),
         "the held turn is closed"
     );
     assert!(rig.events[before..].iter().any(|e| matches!(
@@ -2783,8 +2835,8 @@ fn notifications_folded_into_a_tool_round_of_the_running_turn_are_answered_by_it
             assert!(rig.root().phase.is_active(), "line {i}");
         }
     }
-    assert_eq!(rig.adapter.outstanding_notifications(), 0);
-    assert!(rig.adapter.live_provider_turn().is_none(), "nothing held");
+    assert_eq!(rig.adapter().outstanding_notifications(), 0);
+    assert!(rig.adapter().live_provider_turn().is_none(), "nothing held");
     let root = rig.root();
     assert_eq!(root.outcome, Some(Outcome::Completed));
     assert!(

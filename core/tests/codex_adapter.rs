@@ -3,6 +3,7 @@
 //! and garbage input. The engine's invariant checker runs after every engine step.
 
 use serde_json::{json, Value};
+use std::any::Any;
 use tutti_core::adapters::codex::{
     replay_transcript, replay_transcript_with, CodexAdapter, CodexConfig, CodexReplay,
     ReplayOptions, DROPPED_REQUEST, UNOWNED_REQUEST,
@@ -10,8 +11,10 @@ use tutti_core::adapters::codex::{
 use tutti_core::adapters::{
     child_ids, parse_line, Adapter, AdapterError, AdapterOutput, AdapterTimer,
 };
+use tutti_core::driver::{DriverError, Output, Record};
 use tutti_core::model::{Outcome, Phase, ProviderPhase, Target};
-use tutti_core::{Engine, Input, NormalizedEvent, RuntimeAnswer, Step};
+use tutti_core::store::MemoryStore;
+use tutti_core::{Driver, Engine, Input, NormalizedEvent, RuntimeAnswer, Step};
 
 const ROOT: &str = "R";
 const T1: &str = "T1";
@@ -99,11 +102,18 @@ fn resolved(thread: &str, id: Value) -> Value {
     json!({"method":"serverRequest/resolved","params":{"threadId":thread,"requestId":id}})
 }
 
-// ---- the rig: adapter + engine, wired like the runtime driver ------------------------------
+// ---- the rig: a Driver host (MemoryStore, clock) with the real adapter ---------------------
+
+/// The [`Driver`] does the wiring (the daemon's): engine requests to the adapter, adapter events
+/// before answers into the engine, an interaction the engine did not take back to `on_dropped`.
+/// Every host call commits what was decided and checks the invariants; the rig notes what passed
+/// between the adapter and the engine from the driver's records.
+/// The driver's replies to host inputs (token, committed step or why not).
+type Replies = Vec<(u64, Result<Step, DriverError>)>;
 
 struct Rig {
-    engine: Engine,
-    adapter: CodexAdapter,
+    d: Driver,
+    store: MemoryStore,
     now: i64,
     native: Vec<Value>,
     answered: Vec<i64>,
@@ -124,11 +134,13 @@ impl Rig {
         r
     }
 
-    /// Root session R, adapter opened, `initialize` answered; `thread/start` not answered yet.
-    fn without_thread(config: CodexConfig) -> Rig {
+    /// Root session R, adapter attached (opened); nothing answered yet.
+    fn bare(config: CodexConfig) -> Rig {
+        let mut d = Driver::new();
+        d.set_recording(true);
         let mut r = Rig {
-            engine: Engine::new(),
-            adapter: CodexAdapter::new(ROOT.into(), config),
+            d,
+            store: MemoryStore::new(),
             now: 0,
             native: Vec::new(),
             answered: Vec::new(),
@@ -141,8 +153,15 @@ impl Rig {
         };
         r.command(json!({"type":"createSession","agentSessionId":ROOT,"workspaceId":"W","provider":"codex"}));
         r.now += 1;
-        let out = r.adapter.open(r.now);
-        r.route(out);
+        let adapter = CodexAdapter::new(ROOT.into(), config);
+        r.d.attach(r.now, ROOT.into(), Box::new(adapter), &r.store);
+        r.settle();
+        r
+    }
+
+    /// Root session R, adapter opened, `initialize` answered; `thread/start` not answered yet.
+    fn without_thread(config: CodexConfig) -> Rig {
+        let mut r = Rig::bare(config);
         r.respond("initialize", json!({"userAgent":"codex/0.171.0"}));
         r
     }
@@ -172,50 +191,75 @@ impl Rig {
         self.feed(spawn_v1(parent_thread, parent_turn, call, &[thread], true));
     }
 
+    fn engine(&self) -> &Engine {
+        self.d.engine()
+    }
+
+    /// The adapter (reads).
+    fn adapter(&self) -> &CodexAdapter {
+        let a: &dyn Any = self.d.adapter(ROOT).expect("the root's adapter is live");
+        a.downcast_ref().expect("a CodexAdapter")
+    }
+
+    /// An adapter unit check: one call on the adapter itself, its output looked at in isolation
+    /// (not carried out).
+    fn unit<T>(&mut self, f: impl FnOnce(&mut CodexAdapter, i64) -> T) -> T {
+        let now = self.now;
+        let a: &mut dyn Any = self
+            .d
+            .adapter_mut(ROOT)
+            .expect("the root's adapter is live");
+        f(a.downcast_mut().expect("a CodexAdapter"), now)
+    }
+
     fn check(&self) {
-        let v = self.engine.check_invariants();
+        let v = self.engine().check_invariants();
         assert!(v.is_empty(), "invariants: {v:?}");
     }
 
-    fn engine_input(&mut self, input: Input) -> Option<Step> {
-        self.now += 1;
-        let label = serde_json::to_string(&input).unwrap_or_default();
-        let step = match self.engine.handle(self.now, &input) {
-            Ok(step) => step,
-            Err(e) => {
-                self.rejected.push(format!("{e}: {label}"));
-                self.check();
-                return None;
+    /// Commits what the driver decided, checks, notes the records; returns the adapter outputs.
+    fn settle(&mut self) -> (Vec<AdapterOutput>, Replies) {
+        let mut replies = Vec::new();
+        for o in self.d.commit_pending(&mut self.store) {
+            if let Output::Reply { to, result } = o {
+                replies.push((to, result));
             }
-        };
-        self.check();
-        for req in &step.provider {
-            let out = self.adapter.on_request(self.now, req);
-            self.route(out);
         }
-        Some(step)
+        self.check();
+        let mut outs = Vec::new();
+        for rec in self.d.take_records() {
+            match rec {
+                Record::Adapter { output, .. } => {
+                    self.native.extend(output.native.iter().cloned());
+                    self.timers.extend(output.timers.iter().cloned());
+                    self.diagnostics.extend(output.diagnostics.iter().cloned());
+                    self.events.extend(output.events.iter().cloned());
+                    self.answers.extend(output.answers.iter().cloned());
+                    outs.push(output);
+                }
+                Record::Decided {
+                    input,
+                    outcome: Err(e),
+                } => {
+                    let label = serde_json::to_string(&input).unwrap_or_default();
+                    self.rejected.push(format!("{e}: {label}"));
+                }
+                Record::Dropped { event, .. } => self.dropped.push(event),
+                Record::Decided { .. } => {}
+            }
+        }
+        (outs, replies)
     }
 
-    fn route(&mut self, out: AdapterOutput) {
-        self.native.extend(out.native);
-        self.timers.extend(out.timers);
-        self.diagnostics.extend(out.diagnostics);
-        for e in out.events {
-            self.events.push(e.clone());
-            let step = self.engine_input(Input::Event(e.clone()));
-            // Like the daemon: an interaction request the engine did not take (rejected or
-            // ignored) goes back to the adapter, which answers it natively.
-            let taken = step.is_some_and(|s| s.ignored.is_none());
-            if !taken && matches!(e, NormalizedEvent::InteractionRequested { .. }) {
-                self.dropped.push(e.clone());
-                let out = self.adapter.on_dropped(self.now, &e);
-                self.route(out);
-            }
-        }
-        for a in out.answers {
-            self.answers.push(a.clone());
-            self.engine_input(Input::Runtime(a));
-        }
+    /// A host command through the driver; its committed step, or `None` if rejected.
+    fn engine_input(&mut self, input: Input) -> Option<Step> {
+        self.now += 1;
+        self.d.handle_input(self.now, input, Some(1), &self.store);
+        let (_, replies) = self.settle();
+        replies
+            .into_iter()
+            .find(|(to, _)| *to == 1)
+            .and_then(|(_, r)| r.ok())
     }
 
     fn command(&mut self, v: Value) -> Step {
@@ -225,11 +269,16 @@ impl Rig {
             .unwrap_or_else(|| panic!("command rejected: {label}: {:?}", self.rejected))
     }
 
+    /// One native message from the app-server; the adapter's output for it.
     fn try_feed(&mut self, v: &Value) -> Result<AdapterOutput, AdapterError> {
         self.now += 1;
-        let out = self.adapter.on_native(self.now, v)?;
-        self.route(out.clone());
-        Ok(out)
+        match self.d.handle_native(self.now, ROOT, v, &self.store) {
+            Ok(()) => {}
+            Err(DriverError::Adapter(e)) => return Err(e),
+            Err(e) => panic!("driver refused {v}: {e}"),
+        }
+        let (outs, _) = self.settle();
+        Ok(outs.into_iter().next().unwrap_or_default())
     }
 
     fn feed(&mut self, v: Value) -> AdapterOutput {
@@ -237,10 +286,13 @@ impl Rig {
             .unwrap_or_else(|e| panic!("adapter error {e} for {v}"))
     }
 
+    /// Fires one adapter timer through the driver.
     fn timer(&mut self, id: &str) {
         self.now += 1;
-        let out = self.adapter.on_timer(self.now, id);
-        self.route(out);
+        self.d
+            .call_adapter(self.now, ROOT, |a, now| a.on_timer(now, id), &self.store)
+            .expect("the root's adapter is live");
+        self.settle();
     }
 
     /// Native requests with this method, in order.
@@ -273,18 +325,21 @@ impl Rig {
     }
 
     fn phase(&self, session: &str, turn: &str) -> Phase {
-        self.engine.turn(session, turn).expect("turn exists").phase
+        self.engine()
+            .turn(session, turn)
+            .expect("turn exists")
+            .phase
     }
 
     fn outcome(&self, session: &str, turn: &str) -> Option<Outcome> {
-        self.engine
+        self.engine()
             .turn(session, turn)
             .expect("turn exists")
             .outcome
     }
 
     fn root_provider(&self) -> (ProviderPhase, Option<String>) {
-        let t = self.engine.turn(ROOT, T1).expect("root turn");
+        let t = self.engine().turn(ROOT, T1).expect("root turn");
         let r = t.root_provider_turn.clone().unwrap_or_default();
         (r.phase, r.provider_turn_id)
     }
@@ -337,24 +392,7 @@ fn root_thread_is_the_sessions_provider_session_id() {
     assert_eq!(o.native, vec![json!({"method":"initialized"})]);
 
     // Through the engine: a Start before the thread exists is queued, then sent on it.
-    let mut r = Rig {
-        engine: Engine::new(),
-        adapter: CodexAdapter::new(ROOT.into(), CodexConfig::default()),
-        now: 0,
-        native: Vec::new(),
-        answered: Vec::new(),
-        events: Vec::new(),
-        answers: Vec::new(),
-        timers: Vec::new(),
-        diagnostics: Vec::new(),
-        rejected: Vec::new(),
-        dropped: Vec::new(),
-    };
-    r.command(
-        json!({"type":"createSession","agentSessionId":ROOT,"workspaceId":"W","provider":"codex"}),
-    );
-    let out = r.adapter.open(1);
-    r.route(out);
+    let mut r = Rig::bare(CodexConfig::default());
     r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
     assert!(
         r.requests("turn/start").is_empty(),
@@ -364,14 +402,14 @@ fn root_thread_is_the_sessions_provider_session_id() {
     let out = r.respond("thread/start", json!({"thread":{"id":ROOT_THREAD}}));
     assert_eq!(kinds(&out), ["sessionMetadataUpdated"]);
     assert_eq!(
-        r.engine
+        r.engine()
             .session(ROOT)
             .unwrap()
             .provider_session_id
             .as_deref(),
         Some(ROOT_THREAD)
     );
-    assert_eq!(r.adapter.root_thread_id(), Some(ROOT_THREAD));
+    assert_eq!(r.adapter().root_thread_id(), Some(ROOT_THREAD));
     let start = r.requests("turn/start");
     assert_eq!(start.len(), 1);
     assert_eq!(start[0]["params"]["threadId"], ROOT_THREAD);
@@ -420,22 +458,24 @@ fn spawn_edge_collab_agent_tool_call_creates_completed_delegation_call_child_ses
     let out = r.feed(spawn_v1(ROOT_THREAD, N1, "call-1", &[], false));
     assert_eq!(kinds(&out), ["toolCallUpdated"]);
     assert_eq!(
-        &*r.engine.tool_call(ROOT, "call-1").unwrap().status,
+        &*r.engine().tool_call(ROOT, "call-1").unwrap().status,
         "started"
     );
     let out = r.feed(spawn_v1(ROOT_THREAD, N1, "call-1", &["c1"], true));
     assert_eq!(kinds(&out), ["toolCallUpdated", "childSessionCreated"]);
-    let call = r.engine.tool_call(ROOT, "call-1").unwrap();
+    let call = r.engine().tool_call(ROOT, "call-1").unwrap();
     assert_eq!(&*call.status, "completed", "delegation accepted");
     assert_eq!(*call.turn_id, *T1, "the call stays on the parent turn");
     // Written out, not derived with `child_ids`: a change in the id derivation (which would
     // orphan every stored child) fails here.
     assert_eq!(child("c1"), "R~thread-c1");
     assert_eq!(child_turn("c1", 1), "R~thread-c1~turn-1");
-    let s = r.engine.session("R~thread-c1").expect("child session");
+    let s = r.engine().session("R~thread-c1").expect("child session");
     assert!(s.is_child());
     assert!(
-        r.engine.turn("R~thread-c1", "R~thread-c1~turn-1").is_some(),
+        r.engine()
+            .turn("R~thread-c1", "R~thread-c1~turn-1")
+            .is_some(),
         "its first turn"
     );
     assert_eq!(s.parent_agent_session_id().map(|x| &**x), Some(ROOT));
@@ -450,10 +490,10 @@ fn spawn_edge_collab_agent_tool_call_creates_completed_delegation_call_child_ses
         Phase::Submitted
     );
     assert_eq!(
-        r.adapter.child_session_for_thread("c1").map(|s| &**s),
+        r.adapter().child_session_for_thread("c1").map(|s| &**s),
         Some(&*child("c1"))
     );
-    assert_eq!(r.adapter.thread_for_session(&child("c1")), Some("c1"));
+    assert_eq!(r.adapter().thread_for_session(&child("c1")), Some("c1"));
     // Repeats are idempotent: nothing emitted at all.
     let out = r.feed(spawn_v1(ROOT_THREAD, N1, "call-1", &["c1"], true));
     assert!(out.events.is_empty(), "{:?}", out.events);
@@ -467,7 +507,7 @@ fn spawn_edge_collab_agent_tool_call_creates_completed_delegation_call_child_ses
             "childSessionCreated"
         ]
     );
-    assert_eq!(r.engine.active_child_turns(ROOT, T1), 3);
+    assert_eq!(r.engine().active_child_turns(ROOT, T1), 3);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 
@@ -476,10 +516,10 @@ fn spawn_edge_sub_agent_activity_started_creates_completed_delegation_call_and_c
     let mut r = Rig::running();
     let out = r.feed(subagent(ROOT_THREAD, N1, "call-1", "started", "c1", false));
     assert_eq!(kinds(&out), ["toolCallUpdated", "childSessionCreated"]);
-    let call = r.engine.tool_call(ROOT, "call-1").unwrap();
+    let call = r.engine().tool_call(ROOT, "call-1").unwrap();
     assert_eq!(&*call.status, "completed");
     assert_eq!(call.name.as_deref(), Some("spawnAgent"));
-    let s = r.engine.session(&child("c1")).unwrap();
+    let s = r.engine().session(&child("c1")).unwrap();
     assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some("call-1"));
     assert_eq!(s.title.as_deref(), Some("helper_one"));
     // The same item completing, and the v1 shape naming the same edge: idempotent.
@@ -513,13 +553,13 @@ fn nested_spawn_from_child_thread_creates_grandchild_with_root_relation_kept() {
     let mut r = Rig::with_child("c1", "ct1");
     let out = r.feed(spawn_v1("c1", "ct1", "call-g", &["g1"], true));
     assert_eq!(kinds(&out), ["toolCallUpdated", "childSessionCreated"]);
-    let call = r.engine.tool_call(&child("c1"), "call-g").unwrap();
+    let call = r.engine().tool_call(&child("c1"), "call-g").unwrap();
     assert_eq!(
         *call.turn_id,
         *child_turn("c1", 1),
         "delegation call on the child turn"
     );
-    let g = r.engine.session(&child("g1")).unwrap();
+    let g = r.engine().session(&child("g1")).unwrap();
     assert_eq!(
         g.parent_agent_session_id().map(|x| &**x),
         Some(&*child("c1"))
@@ -533,7 +573,7 @@ fn nested_spawn_from_child_thread_creates_grandchild_with_root_relation_kept() {
     // v2 shape from a child too.
     r.feed(subagent("c1", "ct1", "call-g2", "started", "g2", false));
     assert_eq!(
-        r.engine
+        r.engine()
             .session(&child("g2"))
             .unwrap()
             .root_turn_id()
@@ -557,7 +597,7 @@ fn nested_spawn_from_child_thread_creates_grandchild_with_root_relation_kept() {
 #[test]
 fn early_child_events_before_registration_never_touch_the_root_and_reconcile_into_the_child() {
     let mut r = Rig::running();
-    let before = r.engine.turn(ROOT, T1).cloned();
+    let before = r.engine().turn(ROOT, T1).cloned();
     // The real binary: thread/status/changed and warning before the spawn item completes; here
     // also the child's turn/started, a message and a request.
     let early = vec![
@@ -574,7 +614,7 @@ fn early_child_events_before_registration_never_touch_the_root_and_reconcile_int
         );
     }
     assert_eq!(
-        r.engine.turn(ROOT, T1).cloned(),
+        r.engine().turn(ROOT, T1).cloned(),
         before,
         "root turn untouched"
     );
@@ -584,10 +624,10 @@ fn early_child_events_before_registration_never_touch_the_root_and_reconcile_int
         "no second root provider turn"
     );
     assert_eq!(
-        r.engine.session(ROOT).unwrap().active_turn_id.as_deref(),
+        r.engine().session(ROOT).unwrap().active_turn_id.as_deref(),
         Some(T1)
     );
-    assert_eq!(r.adapter.early_event_count("c1"), 4);
+    assert_eq!(r.adapter().early_event_count("c1"), 4);
     // The edge registers: the early turn/started is replayed into the child.
     let out = r.feed(spawn_v1(ROOT_THREAD, N1, "call-1", &["c1"], true));
     assert_eq!(
@@ -603,10 +643,10 @@ fn early_child_events_before_registration_never_touch_the_root_and_reconcile_int
         .diagnostics
         .iter()
         .any(|d| d.contains("c1") && d.contains("4 early events")));
-    let t = r.engine.turn(&child("c1"), &child_turn("c1", 1)).unwrap();
+    let t = r.engine().turn(&child("c1"), &child_turn("c1", 1)).unwrap();
     assert_eq!(t.phase, Phase::Running);
     assert_eq!(t.provider_turn_id.as_deref(), Some("ct1"));
-    assert_eq!(r.adapter.early_event_count("c1"), 0);
+    assert_eq!(r.adapter().early_event_count("c1"), 0);
     // An early terminal is replayed too, so the child never gates the root forever.
     r.feed(turn_started("c2", "ct2"));
     r.feed(turn_completed("c2", "ct2", "completed", None));
@@ -658,9 +698,9 @@ fn early_event_tracking_is_bounded() {
         let out = r.feed(warning(&format!("t{n}")));
         assert!(out.events.is_empty());
     }
-    assert_eq!(r.adapter.early_event_count("t0"), 1);
+    assert_eq!(r.adapter().early_event_count("t0"), 1);
     assert_eq!(
-        r.adapter.early_event_count("t299"),
+        r.adapter().early_event_count("t299"),
         0,
         "beyond the bound: counted only in total"
     );
@@ -677,10 +717,10 @@ fn early_events_of_a_thread_that_never_registers_stay_diagnostics() {
     let mut r = Rig::running();
     r.feed(turn_started("ghost", "gt"));
     r.feed(turn_completed("ghost", "gt", "completed", None));
-    assert_eq!(r.adapter.early_event_count("ghost"), 2);
+    assert_eq!(r.adapter().early_event_count("ghost"), 2);
     r.feed(turn_completed(ROOT_THREAD, N1, "completed", None));
     assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Completed));
-    assert!(r.engine.session(&child("ghost")).is_none());
+    assert!(r.engine().session(&child("ghost")).is_none());
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 
@@ -733,7 +773,7 @@ fn child_turn_events_map_to_the_exact_child_turn_with_the_native_id_as_alias() {
         "the child's second turn gates the root"
     );
     r.feed(turn_completed("c1", "ct2", "interrupted", Some("stopped")));
-    let t2 = r.engine.turn(&child("c1"), &child_turn("c1", 2)).unwrap();
+    let t2 = r.engine().turn(&child("c1"), &child_turn("c1", 2)).unwrap();
     assert_eq!(t2.outcome, Some(Outcome::Interrupted));
     assert_eq!(t2.error.as_deref(), Some("stopped"));
     assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Completed));
@@ -782,7 +822,7 @@ fn status_values_completed_interrupted_failed_map_to_outcomes_with_error_for_fai
             }
             other => panic!("{other:?}"),
         }
-        let t = r.engine.turn(ROOT, T1).unwrap();
+        let t = r.engine().turn(ROOT, T1).unwrap();
         assert_eq!(t.outcome, Some(outcome));
         assert_eq!(t.error.as_deref(), expect_error);
     }
@@ -805,7 +845,7 @@ fn server_request_on_registered_child_is_owned_by_the_child_and_answered_with_or
         "ct1",
     ));
     assert_eq!(kinds(&out), ["interactionRequested"]);
-    let pending = r.engine.pending_interactions(ROOT);
+    let pending = r.engine().pending_interactions(ROOT);
     assert_eq!(pending.len(), 1);
     let i = &pending[0];
     assert_eq!(*i.agent_session_id, *child("c1"));
@@ -838,7 +878,7 @@ fn server_request_on_registered_child_is_owned_by_the_child_and_answered_with_or
         }
         other => panic!("{other:?}"),
     }
-    assert!(r.engine.pending_interactions(ROOT).is_empty());
+    assert!(r.engine().pending_interactions(ROOT).is_empty());
     // A string request id is echoed as a string.
     r.feed(server_request(
         json!("req-a"),
@@ -864,7 +904,7 @@ fn server_request_on_root_thread_belongs_to_the_root_turn() {
         ROOT_THREAD,
         N1,
     ));
-    let i = &r.engine.pending_interactions(ROOT)[0];
+    let i = &r.engine().pending_interactions(ROOT)[0];
     assert_eq!((&*i.agent_session_id, &*i.turn_id), (ROOT, T1));
     assert_eq!(i.provider_turn_id.as_deref(), Some(N1));
 }
@@ -883,7 +923,7 @@ fn server_request_on_unknown_non_root_thread_is_answered_with_an_error_never_att
     assert_eq!(out.native.len(), 1);
     assert_eq!(out.native[0]["id"], 3);
     assert_eq!(out.native[0]["error"]["code"], UNOWNED_REQUEST);
-    assert!(r.engine.pending_interactions(ROOT).is_empty());
+    assert!(r.engine().pending_interactions(ROOT).is_empty());
     // Without any thread: also an error.
     let out = r.feed(
         json!({"id": 4, "method": "account/chatgptAuthTokens/refresh", "params": {"reason": "x"}}),
@@ -959,7 +999,7 @@ fn guidance_steers_the_active_root_provider_turn_with_expected_turn_id() {
     assert_eq!(steer[0]["params"]["threadId"], ROOT_THREAD);
     assert_eq!(steer[0]["params"]["expectedTurnId"], N1);
     assert_eq!(steer[0]["params"]["input"][0]["text"], "also X");
-    assert!(r.engine.turn(ROOT, "T2").is_none(), "no new root turn");
+    assert!(r.engine().turn(ROOT, "T2").is_none(), "no new root turn");
     r.respond("turn/steer", json!({"turnId": N1}));
     assert!(r.answers.is_empty());
     // A refused steer is a guideFailed answer.
@@ -1009,7 +1049,7 @@ fn guidance_while_only_children_run_starts_a_root_turn_attached_to_the_same_root
             provider_turn_id: Some("native-2".into()),
         }]
     );
-    assert!(r.engine.turn(ROOT, "T2").is_none(), "no new root turn");
+    assert!(r.engine().turn(ROOT, "T2").is_none(), "no new root turn");
     assert_eq!(r.phase(ROOT, T1), Phase::Running);
     // The child completing does not settle the root while the guided provider turn runs.
     r.feed(turn_completed("c1", "ct1", "completed", None));
@@ -1039,7 +1079,7 @@ fn refused_root_turn_start_is_a_failed_root_provider_turn() {
     let mut r = Rig::new(CodexConfig::default());
     r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
     r.answer("turn/start", Err("model unavailable"));
-    let t = r.engine.turn(ROOT, T1).unwrap();
+    let t = r.engine().turn(ROOT, T1).unwrap();
     assert_eq!(t.outcome, Some(Outcome::Failed));
     assert_eq!(t.error.as_deref(), Some("model unavailable"));
 }
@@ -1059,14 +1099,16 @@ fn cancel_interrupts_the_root_first_then_only_the_supplied_children_and_returns_
         target(&child("c1"), &child_turn("c1", 1)),
         target(&child("c3"), &child_turn("c3", 1)),
     ];
-    let out = r.adapter.on_request(
-        100,
-        &tutti_core::ProviderRequest::Cancel {
-            operation_id: "op".into(),
-            root_agent_session_id: ROOT.into(),
-            targets: targets.clone(),
-        },
-    );
+    let out = r.unit(|a, _now| {
+        a.on_request(
+            100,
+            &tutti_core::ProviderRequest::Cancel {
+                operation_id: "op".into(),
+                root_agent_session_id: ROOT.into(),
+                targets: targets.clone(),
+            },
+        )
+    });
     let interrupts: Vec<(String, String)> = out
         .native
         .iter()
@@ -1102,7 +1144,7 @@ fn cancel_interrupts_the_root_first_then_only_the_supplied_children_and_returns_
         } else {
             json!({"id": id, "error": {"code": -32600, "message": "no active turn"}})
         };
-        acked = r.adapter.on_native(101, &msg).unwrap();
+        acked = r.unit(|a, _now| a.on_native(101, &msg)).unwrap();
     }
     assert_eq!(
         acked.answers,
@@ -1168,18 +1210,20 @@ fn cancel_with_nothing_to_interrupt_answers_at_once() {
     let mut r = Rig::with_child("c1", "ct1");
     r.feed(turn_completed(ROOT_THREAD, N1, "completed", None));
     r.feed(turn_completed("c1", "ct1", "completed", None));
-    let out = r.adapter.on_request(
-        50,
-        &tutti_core::ProviderRequest::Cancel {
-            operation_id: "op".into(),
-            root_agent_session_id: ROOT.into(),
-            targets: vec![
-                target(ROOT, T1),
-                target(&child("c1"), &child_turn("c1", 1)),
-                target(&child("unknown"), &child_turn("unknown", 1)),
-            ],
-        },
-    );
+    let out = r.unit(|a, _now| {
+        a.on_request(
+            50,
+            &tutti_core::ProviderRequest::Cancel {
+                operation_id: "op".into(),
+                root_agent_session_id: ROOT.into(),
+                targets: vec![
+                    target(ROOT, T1),
+                    target(&child("c1"), &child_turn("c1", 1)),
+                    target(&child("unknown"), &child_turn("unknown", 1)),
+                ],
+            },
+        )
+    });
     assert!(out.native.is_empty());
     assert_eq!(
         out.answers,
@@ -1234,7 +1278,7 @@ fn cancellation_boundary_interrupts_a_later_root_turn_at_once_and_does_not_adopt
     let mut r = Rig::running();
     r.command(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":ROOT,"turnId":T1}));
     r.respond("turn/interrupt", json!({}));
-    assert!(r.adapter.cancellation_boundary_active());
+    assert!(r.adapter().cancellation_boundary_active());
     r.feed(turn_completed(ROOT_THREAD, N1, "interrupted", None));
     let out = r.feed(turn_started(ROOT_THREAD, "native-late"));
     assert!(out.events.is_empty(), "not adopted");
@@ -1267,7 +1311,7 @@ fn cancellation_boundary_interrupts_a_later_root_turn_at_once_and_does_not_adopt
         None,
     ));
     assert!(out.events.is_empty());
-    let t = r.engine.turn(ROOT, T1).unwrap();
+    let t = r.engine().turn(ROOT, T1).unwrap();
     assert_eq!(t.outcome, Some(Outcome::Canceled));
     assert_eq!(
         t.root_provider_turn
@@ -1312,9 +1356,9 @@ fn cancellation_boundary_interrupts_a_child_revealed_by_a_late_spawn_and_never_r
     // Their later output never registers them.
     let out = r.feed(agent_message("late2", "lt2", "m", "x"));
     assert!(out.events.is_empty());
-    assert!(r.engine.session(&child("late1")).is_none());
-    assert!(r.engine.session(&child("late2")).is_none());
-    assert!(r.adapter.child_session_for_thread("late2").is_none());
+    assert!(r.engine().session(&child("late1")).is_none());
+    assert!(r.engine().session(&child("late2")).is_none());
+    assert!(r.adapter().child_session_for_thread("late2").is_none());
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 
@@ -1337,7 +1381,7 @@ fn cancellation_boundary_drops_canceled_root_output_but_normalizes_its_matching_
     r.respond("turn/interrupt", json!({}));
     r.respond("turn/interrupt", json!({}));
     assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Canceled));
-    assert_eq!(r.engine.turn(ROOT, T1).unwrap().error, None);
+    assert_eq!(r.engine().turn(ROOT, T1).unwrap().error, None);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 
@@ -1347,18 +1391,18 @@ fn a_new_explicit_root_turn_clears_the_cancellation_boundary() {
     r.command(json!({"type":"cancelTurn","operationId":"op1","agentSessionId":ROOT,"turnId":T1}));
     r.respond("turn/interrupt", json!({}));
     r.feed(turn_completed(ROOT_THREAD, N1, "interrupted", None));
-    assert!(r.adapter.cancellation_boundary_active());
+    assert!(r.adapter().cancellation_boundary_active());
     let step =
         r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":"T2","text":"again"}));
     assert_eq!(step.reply.as_ref().map(|x| x.name()), Some("started"));
-    assert!(!r.adapter.cancellation_boundary_active());
+    assert!(!r.adapter().cancellation_boundary_active());
     r.respond("turn/start", json!({"turn":{"id":"native-2"}}));
     let out = r.feed(turn_started(ROOT_THREAD, "native-2"));
     assert_eq!(kinds(&out), ["rootProviderTurnStarted"]);
     let out = r.feed(spawn_v1(ROOT_THREAD, "native-2", "call-n", &["n1"], true));
     assert_eq!(kinds(&out), ["toolCallUpdated", "childSessionCreated"]);
     assert_eq!(
-        r.engine
+        r.engine()
             .session(&child("n1"))
             .unwrap()
             .root_turn_id()
@@ -1485,7 +1529,7 @@ fn child_only_cancel_closes_exactly_that_child_turn() {
         json!({"threadId":"c1","turnId":"ct1"})
     );
     assert!(
-        !r.adapter.cancellation_boundary_active(),
+        !r.adapter().cancellation_boundary_active(),
         "the root is not canceled"
     );
     r.respond("turn/interrupt", json!({}));
@@ -1534,14 +1578,14 @@ fn root_approval_after_the_canonical_root_settled_is_declined_natively_so_codex_
     // The adapter reported it on the settled canonical root turn; the engine did not take it.
     assert_eq!(kinds(&out), ["interactionRequested"]);
     assert_eq!(r.dropped.len(), 1);
-    assert!(r.engine.pending_interactions(ROOT).is_empty());
+    assert!(r.engine().pending_interactions(ROOT).is_empty());
     assert_eq!(
         answer_to(&r, json!(9)),
         Some(json!({"id": 9, "result": {"decision": "decline"}}))
     );
     // Exactly once: the same drop again, or codex's resolution of it, sends and emits nothing.
     let again = r.dropped[0].clone();
-    let out = r.adapter.on_dropped(r.now, &again);
+    let out = r.unit(|a, now| a.on_dropped(now, &again));
     assert!(out.native.is_empty() && out.events.is_empty());
     assert_eq!(out.diagnostics.len(), 1);
     let out = r.feed(resolved(ROOT_THREAD, json!(9)));
@@ -1599,7 +1643,7 @@ fn late_requests_on_a_settled_child_turn_get_their_methods_refusal_or_an_error()
     assert_eq!(a["error"]["code"], DROPPED_REQUEST);
     assert!(a.get("result").is_none());
     assert_eq!(r.dropped.len(), 7);
-    assert!(r.engine.pending_interactions(ROOT).is_empty());
+    assert!(r.engine().pending_interactions(ROOT).is_empty());
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 
@@ -1612,7 +1656,7 @@ fn on_dropped_answers_only_the_exact_unanswered_request_it_names() {
         "c1",
         "ct1",
     ));
-    assert_eq!(r.engine.pending_interactions(ROOT).len(), 1);
+    assert_eq!(r.engine().pending_interactions(ROOT).len(), 1);
     assert!(r.dropped.is_empty(), "the engine took it");
     let taken = r
         .events
@@ -1640,7 +1684,7 @@ fn on_dropped_answers_only_the_exact_unanswered_request_it_names() {
         kind,
         payload,
     };
-    let out = r.adapter.on_dropped(r.now, &foreign);
+    let out = r.unit(|a, now| a.on_dropped(now, &foreign));
     assert!(out.native.is_empty(), "{:?}", out.native);
     // An unknown request id, and an event that is not an interaction: nothing.
     let NormalizedEvent::InteractionRequested {
@@ -1662,14 +1706,17 @@ fn on_dropped_answers_only_the_exact_unanswered_request_it_names() {
         kind,
         payload,
     };
-    assert!(r.adapter.on_dropped(r.now, &unknown).native.is_empty());
+    assert!(r
+        .unit(|a, now| a.on_dropped(now, &unknown))
+        .native
+        .is_empty());
     let other = r.events[0].clone();
     assert!(!matches!(
         other,
         NormalizedEvent::InteractionRequested { .. }
     ));
     assert_eq!(
-        r.adapter.on_dropped(r.now, &other),
+        r.unit(|a, now| a.on_dropped(now, &other)),
         AdapterOutput::default()
     );
     // Answered through the engine: a later drop notice for it sends nothing either.
@@ -1678,7 +1725,7 @@ fn on_dropped_answers_only_the_exact_unanswered_request_it_names() {
         "turnId":child_turn("c1", 1),"requestId":"7","response":"allow"}),
     );
     let sent = r.native.len();
-    assert!(r.adapter.on_dropped(r.now, &taken).native.is_empty());
+    assert!(r.unit(|a, now| a.on_dropped(now, &taken)).native.is_empty());
     assert_eq!(r.native.len(), sent);
     assert_eq!(
         r.native.last(),
@@ -1714,22 +1761,22 @@ fn garbage_lines_give_adapter_error_and_change_nothing() {
         json!({"id": 1}),
         json!({"result": {}}),
     ];
-    let before = r.adapter.clone();
-    let snapshot = r.engine.snapshot(ROOT);
+    let before = r.adapter().clone();
+    let snapshot = r.engine().snapshot(ROOT);
     for g in &garbage {
         assert!(r.try_feed(g).is_err(), "accepted garbage {g}");
-        assert_eq!(r.adapter, before, "garbage changed the adapter: {g}");
+        assert_eq!(*r.adapter(), before, "garbage changed the adapter: {g}");
     }
-    assert_eq!(r.engine.snapshot(ROOT), snapshot);
+    assert_eq!(r.engine().snapshot(ROOT), snapshot);
     // A response to a known request with a garbage result: error, the request still pending.
     let mut r = Rig::new(CodexConfig::default());
     r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
     let id = r.requests("turn/start")[0]["id"].clone();
-    let before = r.adapter.clone();
+    let before = r.adapter().clone();
     assert!(r
         .try_feed(&json!({"id": id, "result": {"turn": {}}}))
         .is_err());
-    assert_eq!(r.adapter, before);
+    assert_eq!(*r.adapter(), before);
     let out = r.feed(json!({"id": id, "result": {"turn": {"id": N1}}}));
     assert!(out.diagnostics.is_empty(), "{:?}", out.diagnostics);
 }
@@ -1750,7 +1797,7 @@ fn unknown_methods_are_dropped_silently_unknown_response_ids_and_timers_with_a_d
     let out = r.feed(json!({"id": 999, "result": {}}));
     assert!(out.events.is_empty());
     assert_eq!(out.diagnostics.len(), 1);
-    let out = r.adapter.on_timer(5, "nonsense");
+    let out = r.unit(|a, _now| a.on_timer(5, "nonsense"));
     assert_eq!(out.diagnostics.len(), 1);
 }
 
@@ -2132,7 +2179,7 @@ fn interrupted_turn_completed_after_the_next_turn_start_settles_only_its_own_tur
             other => panic!("{other:?}"),
         }
         assert_eq!(r.phase(ROOT, "T2"), Phase::Running, "T2 is untouched");
-        let t2 = r.engine.turn(ROOT, "T2").expect("T2").clone();
+        let t2 = r.engine().turn(ROOT, "T2").expect("T2").clone();
         let rpt = t2.root_provider_turn.unwrap_or_default();
         assert_eq!(rpt.phase, ProviderPhase::Running);
         assert_eq!(rpt.provider_turn_id.as_deref(), Some("native-2"));
@@ -2181,7 +2228,7 @@ fn late_start_of_a_canceled_turns_native_turn_is_not_adopted_by_the_next_turn() 
         interrupts + 1,
         "the canceled turn's native turn is interrupted"
     );
-    let t2 = r.engine.turn(ROOT, "T2").expect("T2").clone();
+    let t2 = r.engine().turn(ROOT, "T2").expect("T2").clone();
     assert_eq!(
         t2.root_provider_turn.unwrap_or_default().provider_turn_id,
         None,

@@ -1,4 +1,4 @@
-//! `claude_native`: see `tutti_core::fuzzing::claude_native`. Runs on stable as `tests/tests/fuzz_corpus.rs`.
+//! `claude_native`: see `tutti_testkit::claude_native`. Runs on stable as `tests/tests/fuzz_corpus.rs`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tutti_core::fuzzing::claude_native(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tutti_testkit::claude_native(data));

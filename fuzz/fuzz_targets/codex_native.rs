@@ -1,4 +1,4 @@
-//! `codex_native`: see `tutti_core::fuzzing::codex_native`. Runs on stable as `tests/tests/fuzz_corpus.rs`.
+//! `codex_native`: see `tutti_testkit::codex_native`. Runs on stable as `tests/tests/fuzz_corpus.rs`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tutti_core::fuzzing::codex_native(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tutti_testkit::codex_native(data));

@@ -22,16 +22,13 @@
 //! `TUTTI_BENCH_TEXT` (message texts are 0..N bytes, default 600), `TUTTI_BENCH_DIR` (where the
 //! database files go; default the system temporary directory).
 
-#[path = "../tests/support/workload.rs"]
-mod workload;
-
 use rusqlite::{params, Connection};
 use std::time::{Duration, Instant};
 use tutti_core::step::{PersistBatch, Row};
 use tutti_sqlite::{
     CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore, Synchronous,
 };
-use workload::{Mix, Stream};
+use tutti_testkit::workload::{Mix, Stream};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)

@@ -100,6 +100,12 @@ impl IntoResponse for ApiError {
 impl From<DaemonError> for ApiError {
     fn from(e: DaemonError) -> ApiError {
         match e {
+            DaemonError::Rejected(r) if r.is_internal() => {
+                // The engine's own inconsistency, not the caller's fault: logged (ids only, as
+                // the error's text is) and answered 500.
+                tracing::error!(error = %r, "engine internal inconsistency");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, r.code(), r.to_string())
+            }
             DaemonError::Rejected(r) => {
                 let status = match r.code() {
                     "not_found" => StatusCode::NOT_FOUND,
@@ -279,16 +285,100 @@ pub fn router_with_web(
         .route("/v1/events", get(events))
         .route("/v1/providers", get(providers))
         .route("/v1/login-links", post(login_link))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
-        .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
+        .route("/healthz", get(healthz))
         .merge(v1)
         .merge(crate::web::router(web))
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(head_limits))
         .layer(middleware::map_response(envelope))
+        .layer(middleware::from_fn(request_span))
         .with_state(state)
+}
+
+/// `GET /metrics` on its own listener (`tuttid serve --metrics-listen ADDR`, loopback unless
+/// `--allow-non-loopback`): no auth there, nothing else served.
+pub fn metrics_router(daemon: Daemon) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(d): State<Daemon>| async move { metrics_response(&d).await }),
+        )
+        .layer(middleware::from_fn(request_span))
+        .with_state(daemon)
+}
+
+/// `GET /healthz` (no auth): liveness, the version and the uptime (for `tutti status`).
+async fn healthz(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "ok": true,
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptimeSeconds": s.daemon.metrics().uptime().as_secs(),
+    }))
+}
+
+/// `GET /metrics` (behind the API's auth): the Prometheus exposition (see [`crate::metrics`]).
+async fn metrics(State(s): State<AppState>) -> Response {
+    metrics_response(&s.daemon).await
+}
+
+/// The exposition in the OpenMetrics text format, which `prometheus-client` writes and
+/// Prometheus scrapes (a superset of the classic text format, ended by `# EOF`).
+async fn metrics_response(d: &Daemon) -> Response {
+    match d.metrics_text().await {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// The request id header (issue 22: "request ids echoed in an `X-Request-Id` header").
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// A client's request id is kept when it is 1..=[`MAX_ID`] visible ASCII characters;
+/// otherwise (absent or not usable) one is generated: the process's start time and a counter,
+/// in hex, unique within the host.
+fn request_id(headers: &HeaderMap) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    if let Some(v) = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
+        if !v.is_empty() && v.len() <= MAX_ID && v.bytes().all(|b| b.is_ascii_graphic()) {
+            return v.to_string();
+        }
+    }
+    static EPOCH: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let epoch = *EPOCH.get_or_init(|| crate::clock::now_ms().max(0) as u64);
+    format!("{epoch:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// One span per API request carrying its id, method and path (paths hold ids only, never
+/// content; the query is left out), so `RUST_LOG=debug` tells a request's story; the id is
+/// echoed in `X-Request-Id`.
+async fn request_span(req: Request, next: Next) -> Response {
+    use tracing::Instrument;
+    let id = request_id(req.headers());
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %req.method(),
+        path = %req.uri().path()
+    );
+    let mut resp = next.run(req).instrument(span.clone()).await;
+    span.in_scope(|| tracing::debug!(status = resp.status().as_u16(), "request done"));
+    if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(REQUEST_ID, v);
+    }
+    resp
 }
 
 /// The bearer header, or (for the web view) the login cookie; a state-changing request

@@ -4,7 +4,7 @@
 //! `tutti`: the command-line client of `tuttid`, plus offline tools.
 //!
 //! Live (through the HTTP API): `sessions`, `show ID`, `watch ID`, `submit ID TEXT`,
-//! `cancel ID [TURN]`. Offline: `replay [--db FILE|postgres://...] SCENARIO.jsonl`, `snapshot --db FILE`,
+//! `cancel ID [TURN]`, `status`. Offline: `replay [--db FILE|postgres://...] SCENARIO.jsonl`, `snapshot --db FILE`,
 //! `replay-native --provider codex|claude FILE`.
 
 use crate::config::data_dir;
@@ -56,6 +56,14 @@ enum Cmd {
     Submit { id: String, text: String },
     /// Cancel a turn (default: the session's active turn).
     Cancel { id: String, turn: Option<String> },
+    /// One-screen summary of the daemon from `/healthz` and `/metrics` (version, uptime,
+    /// database, live trees, waiting roots, processes, follower lag).
+    Status {
+        /// Read the metrics from this URL without auth (a `--metrics-listen` listener) instead
+        /// of the API's `/metrics`.
+        #[arg(long)]
+        metrics_url: Option<String>,
+    },
     /// Run a scenario file through the engine and a store (memory; an SQLite file with
     /// `--db FILE`; PostgreSQL with `--db postgres://...`); print the final trees (with `--db`,
     /// as read back from the store).
@@ -273,6 +281,25 @@ fn run(cli: &Cli) -> Result<(), String> {
                 None => replay(&text, &mut MemoryStore::new(), false)?,
             };
             print(&serde_json::to_value(snaps).map_err(|e| e.to_string())?);
+        }
+        Cmd::Status { metrics_url } => {
+            let c = Client::new(cli)?;
+            let health: Value = ureq::get(&format!("{}/healthz", c.base))
+                .call()
+                .map_err(|e| format!("healthz: {e}"))?
+                .into_json()
+                .map_err(|e| format!("healthz: {e}"))?;
+            let req = match metrics_url {
+                Some(u) => ureq::get(u),
+                None => ureq::get(&format!("{}/metrics", c.base))
+                    .set("authorization", &format!("Bearer {}", c.token)),
+            };
+            let text = req
+                .call()
+                .map_err(|e| format!("metrics: {e}"))?
+                .into_string()
+                .map_err(|e| format!("metrics: {e}"))?;
+            out(&crate::status::render(&cli.addr, &health, &text));
         }
         Cmd::Snapshot { db } => {
             let store = tutti_sqlite::SqliteStore::open_with(

@@ -11,6 +11,7 @@
 
 use crate::clock::now_ms;
 use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::metrics::{phase_name, Metrics, StateGauges};
 use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, FromRuntime, RuntimeHandle, ToDaemon, Transport};
@@ -20,7 +21,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 use tutti_core::adapters::Adapter;
-use tutti_core::driver::{BatchId, Driver, DriverError, LaunchSpec, Output, Publication};
+use tutti_core::driver::{
+    BatchId, Diagnostic, Driver, DriverError, LaunchSpec, Output, Publication,
+};
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::step::PersistBatch;
 use tutti_core::store::HostStore;
@@ -196,6 +199,8 @@ enum Msg {
     Prune,
     /// The root ids of the trees loaded in the engine.
     Resident(oneshot::Sender<Vec<Id>>),
+    /// The state gauges of a metrics scrape.
+    Gauges(oneshot::Sender<StateGauges>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -212,6 +217,7 @@ pub struct Daemon {
     /// The highest outbox seq known to be committed by any writer of the database (see
     /// [`Daemon::with_commits_from`]); never changes for a store that only this daemon writes.
     commits: watch::Receiver<u64>,
+    metrics: Arc<Metrics>,
 }
 
 /// Options of the daemon core.
@@ -318,6 +324,7 @@ impl Daemon {
         let weak_live = live.downgrade();
         let rt = tokio::runtime::Handle::current();
         let positions = Arc::new(LivePositions::default());
+        let metrics = Arc::new(Metrics::new(&opts.db.display().to_string()));
         if opts.retention.prune_interval_ms > 0 {
             let tx = tx.clone();
             let every = std::time::Duration::from_millis(opts.retention.prune_interval_ms);
@@ -354,6 +361,9 @@ impl Daemon {
             retention: opts.retention,
             quiescent,
             positions: positions.clone(),
+            metrics: metrics.clone(),
+            ever_launched: std::collections::HashSet::new(),
+            line_round: None,
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -370,6 +380,7 @@ impl Daemon {
             db: opts.db,
             positions,
             commits: watch::channel(last_seq).1,
+            metrics,
         })
     }
 
@@ -462,6 +473,27 @@ impl Daemon {
         &self.positions
     }
 
+    /// The daemon's metrics (see [`crate::metrics`]).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The Prometheus exposition text: the engine thread computes the state gauges now.
+    pub async fn metrics_text(&self) -> Result<String, DaemonError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Gauges(tx))
+            .map_err(|_| DaemonError::Stopped)?;
+        let state = rx.await.map_err(|_| DaemonError::Stopped)?;
+        let head = *self.outbox.borrow();
+        Ok(self.metrics.render(
+            &state,
+            self.positions.count() as u64,
+            head,
+            self.positions.lowest(),
+        ))
+    }
+
     /// Stops the engine thread (after the inputs already queued).
     pub async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
@@ -490,6 +522,9 @@ fn log_checkpoint(e: CheckpointEvent) {
     }
 }
 
+/// Where the reply of an input goes.
+type ReplyTo = oneshot::Sender<Result<Step, DaemonError>>;
+
 struct Core<S> {
     /// What the store needs besides commits.
     housekeeping: Box<dyn Housekeeping<S>>,
@@ -509,7 +544,7 @@ struct Core<S> {
     /// that its exit still counts).
     current: HashMap<Id, u64>,
     /// Callers waiting for the reply to their input, by the driver's reply token.
-    replies: HashMap<u64, oneshot::Sender<Result<Step, DaemonError>>>,
+    replies: HashMap<u64, (ReplyTo, &'static str)>,
     next_reply: u64,
     /// The deadline a tick is armed for.
     deadline: Option<i64>,
@@ -519,6 +554,11 @@ struct Core<S> {
     /// Loaded quiescent trees, least recently touched first (see [`crate::retention`]).
     quiescent: QuiescentTrees,
     positions: Arc<LivePositions>,
+    metrics: Arc<Metrics>,
+    /// Roots that had a provider process (a later launch is a restart).
+    ever_launched: std::collections::HashSet<Id>,
+    /// When the engine took the current round, if it holds provider messages.
+    line_round: Option<std::time::Instant>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -549,6 +589,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 }
             }
             let now = now_ms();
+            let round = std::time::Instant::now();
+            self.line_round = None;
             let mut shutdown = None;
             let mut prune = false;
             let mut resident = Vec::new();
@@ -562,6 +604,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
                     Msg::Prune => prune = true,
                     Msg::Resident(r) => resident.push(r),
+                    Msg::Gauges(r) => {
+                        let _ = r.send(self.gauges());
+                    }
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Tick => {
                         self.deadline = None;
@@ -570,13 +615,16 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     Msg::Input(input, reply) => {
                         let token = reply.map(|r| {
                             self.next_reply += 1;
-                            self.replies.insert(self.next_reply, r);
+                            self.replies.insert(self.next_reply, (r, input.kind()));
                             self.next_reply
                         });
                         debug!(kind = input.kind(), "input");
                         self.driver.handle_input(now, input, token, &self.store);
                     }
                     Msg::Runtime(root, generation, m) => {
+                        if matches!(m, FromRuntime::Native(_)) {
+                            self.line_round = Some(round);
+                        }
                         self.runtime_said(now, root, generation, m)
                     }
                 }
@@ -602,6 +650,54 @@ impl<S: HostStore + Send + 'static> Core<S> {
         }
     }
 
+    /// The provider name of a root session (`unknown` when its tree is not loaded).
+    fn provider_of(&self, root: &Id) -> String {
+        self.driver
+            .engine()
+            .session(root)
+            .map_or_else(|| "unknown".to_string(), |s| s.provider.to_string())
+    }
+
+    /// The state gauges of a metrics scrape, from the engine's loaded trees and the runtimes.
+    /// Trees that are not loaded are quiescent (only quiescent trees are evicted), so they add
+    /// nothing but to none of the gauges.
+    fn gauges(&self) -> StateGauges {
+        let engine = self.driver.engine();
+        let mut g = StateGauges::default();
+        for root in engine.roots() {
+            g.resident_trees += 1;
+            let pending = engine.pending_interactions(&root).len() as u64;
+            g.pending_interactions += pending;
+            if !engine.is_quiescent(&root) || pending > 0 {
+                g.live_trees += 1;
+            }
+            let Some(turn) = engine
+                .session(&root)
+                .and_then(|s| s.active_turn_id.as_ref())
+                .and_then(|t| engine.turn(&root, t))
+            else {
+                continue;
+            };
+            if !turn.phase.is_active() {
+                continue;
+            }
+            *g.root_turns_by_phase
+                .entry(phase_name(turn.phase))
+                .or_default() += 1;
+            let children = engine.active_child_turns(&root, &turn.id) as u64;
+            g.active_child_turns += children;
+            if turn.phase == tutti_core::model::Phase::Waiting && children > 0 {
+                g.roots_waiting_on_children += 1;
+            }
+        }
+        for (root, r) in &self.runtimes {
+            if r.is_alive() {
+                *g.processes.entry(self.provider_of(root)).or_default() += 1;
+            }
+        }
+        g
+    }
+
     /// A message of a root's runtime; one of an earlier (stopped) runtime of the root is stale.
     fn runtime_said(&mut self, now: i64, root: Id, generation: u64, m: FromRuntime) {
         if self.current.get(&root) != Some(&generation) {
@@ -619,6 +715,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     .handle_write_failed(now, failure, &error, &self.store)
             }
             FromRuntime::Exited(why) => {
+                self.metrics.process_exited(&self.provider_of(&root));
                 self.current.remove(&root);
                 self.runtimes.remove(&root);
                 self.idle.armed.remove(&root);
@@ -663,8 +760,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 }
             }
         }
+        let t = std::time::Instant::now();
         match self.store.apply_group(&batches, true) {
             Ok(published) => {
+                self.metrics
+                    .committed(&batches, t.elapsed(), self.line_round);
                 self.housekeeping.committed();
                 for (id, p) in ids.iter().zip(published) {
                     self.driver.ack_commit(*id, p, &self.store);
@@ -680,11 +780,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     };
                     match self.store.apply_group(&[batch], true) {
                         Ok(mut p) => {
+                            self.metrics
+                                .committed(&[batch], t.elapsed(), self.line_round);
                             self.housekeeping.committed();
                             let p = p.pop().unwrap_or_default();
                             self.driver.ack_commit(*id, p, &self.store);
                         }
                         Err(e) => {
+                            self.metrics
+                                .commit_failed(S::is_guard_failure(e.source_error()));
                             error!(error = %e, "step not committed; reloading its tree");
                             self.driver.commit_failed(*id, &e.to_string(), &self.store);
                         }
@@ -713,11 +817,20 @@ impl<S: HostStore + Send + 'static> Core<S> {
             },
             Output::Publish(p) => self.publish(p),
             Output::Reply { to, result } => {
-                if let Some(r) = self.replies.remove(&to) {
+                if let Some((r, kind)) = self.replies.remove(&to) {
+                    self.metrics.input_decided(kind, &result);
                     if let Err(e) = &result {
                         debug!(error = %e, "input not applied");
                     }
                     let _ = r.send(result.map_err(DaemonError::from));
+                }
+            }
+            Output::Diagnostic(Diagnostic::Internal { input_kind, error }) => {
+                error!(kind = input_kind, error = %error, "engine inconsistency");
+            }
+            Output::Diagnostic(Diagnostic::Adapter { root, lines }) => {
+                for line in &lines {
+                    debug!(root = %root, diagnostic = %line, "adapter diagnostic");
                 }
             }
         }
@@ -938,6 +1051,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 let to_daemon =
                     ToDaemon::new(move |m| tx.send(Msg::Runtime(r.clone(), generation, m)).is_ok());
                 info!(root = %root, provider = %spec.provider, "provider runtime started");
+                let restart = !self.ever_launched.insert(root.clone());
+                self.metrics.process_started(&spec.provider, restart);
                 let handle = start_runtime(root.clone(), generation, transport, to_daemon);
                 self.runtimes.insert(root.clone(), handle);
                 self.current.insert(root.clone(), generation);

@@ -123,6 +123,11 @@ impl LivePositions {
         }
     }
 
+    /// How many followers are live.
+    pub fn count(&self) -> usize {
+        self.inner.lock().map_or(0, |g| g.1.len())
+    }
+
     /// The lowest position of any live follower (`None`: nobody follows). Rows above it have
     /// not been given to that follower yet and must stay. A poisoned lock protects everything.
     pub fn lowest(&self) -> Option<u64> {

@@ -287,67 +287,72 @@ pub fn start_runtime(
     to_daemon: ToDaemon,
 ) -> RuntimeHandle {
     let (tx, mut requests) = mpsc::unbounded_channel::<RuntimeMsg>();
-    tokio::spawn(async move {
-        let mut garbage = 0u64;
-        let mut exit_reason: Option<String> = None;
-        while exit_reason.is_none() {
-            tokio::select! {
-                msg = transport.incoming.recv() => match msg {
-                    Some(Native::Message(v)) => {
-                        if !to_daemon.send(FromRuntime::Native(v)) {
-                            exit_reason = Some("the daemon is gone".into());
-                        }
-                    }
-                    Some(Native::Garbage(e)) => {
-                        garbage += 1;
-                        warn!(root = %root, error = %e, garbage, "provider wrote a line that is not JSON");
-                    }
-                    Some(Native::Exited(why)) => exit_reason = Some(why),
-                    None => exit_reason = Some("transport closed".into()),
-                },
-                req = requests.recv() => match req {
-                    Some(RuntimeMsg::Write(messages, on_failure)) => {
-                        debug!(root = %root, messages = messages.len(), "provider write");
-                        for m in &messages {
-                            if let Err(e) = transport.sink.send(m).await {
-                                // "A failed session/cancel transport write is an operation failure."
-                                if let Some(f) = on_failure.clone() {
-                                    let _ = to_daemon.send(FromRuntime::WriteFailed(f, e.to_string()));
-                                }
-                                exit_reason = Some(format!("write failed: {e}"));
-                                break;
+    // One span per provider runtime with its ids (issue 22), never content.
+    let span = tracing::info_span!("provider_runtime", root = %root, generation);
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let mut garbage = 0u64;
+            let mut exit_reason: Option<String> = None;
+            while exit_reason.is_none() {
+                tokio::select! {
+                    msg = transport.incoming.recv() => match msg {
+                        Some(Native::Message(v)) => {
+                            if !to_daemon.send(FromRuntime::Native(v)) {
+                                exit_reason = Some("the daemon is gone".into());
                             }
                         }
-                    }
-                    Some(RuntimeMsg::Stop(done)) => {
-                        let status = match transport.child.as_mut() {
-                            Some(c) => end_process_group(c).await,
-                            None => String::new(),
-                        };
-                        info!(root = %root, status = %status, "provider runtime stopped");
-                        if let Some(done) = done {
-                            let _ = done.send(());
+                        Some(Native::Garbage(e)) => {
+                            garbage += 1;
+                            warn!(root = %root, error = %e, garbage, "provider wrote a line that is not JSON");
                         }
-                        return;
-                    }
-                    None => {
-                        if let Some(c) = transport.child.as_mut() {
-                            end_process_group(c).await;
+                        Some(Native::Exited(why)) => exit_reason = Some(why),
+                        None => exit_reason = Some("transport closed".into()),
+                    },
+                    req = requests.recv() => match req {
+                        Some(RuntimeMsg::Write(messages, on_failure)) => {
+                            debug!(root = %root, messages = messages.len(), "provider write");
+                            for m in &messages {
+                                if let Err(e) = transport.sink.send(m).await {
+                                    // "A failed session/cancel transport write is an operation failure."
+                                    if let Some(f) = on_failure.clone() {
+                                        let _ = to_daemon.send(FromRuntime::WriteFailed(f, e.to_string()));
+                                    }
+                                    exit_reason = Some(format!("write failed: {e}"));
+                                    break;
+                                }
+                            }
                         }
-                        info!(root = %root, "runtime closed by the daemon");
-                        return;
-                    }
-                },
+                        Some(RuntimeMsg::Stop(done)) => {
+                            let status = match transport.child.as_mut() {
+                                Some(c) => end_process_group(c).await,
+                                None => String::new(),
+                            };
+                            info!(root = %root, status = %status, "provider runtime stopped");
+                            if let Some(done) = done {
+                                let _ = done.send(());
+                            }
+                            return;
+                        }
+                        None => {
+                            if let Some(c) = transport.child.as_mut() {
+                                end_process_group(c).await;
+                            }
+                            info!(root = %root, "runtime closed by the daemon");
+                            return;
+                        }
+                    },
+                }
             }
-        }
-        let why = exit_reason.unwrap_or_default();
-        let status = match transport.child.as_mut() {
-            Some(c) => end_process_group(c).await,
-            None => String::new(),
-        };
-        warn!(root = %root, reason = %why, status = %status, "provider runtime ended");
-        let _ = to_daemon.send(FromRuntime::Exited(format!("{why} ({status})")));
-    });
+            let why = exit_reason.unwrap_or_default();
+            let status = match transport.child.as_mut() {
+                Some(c) => end_process_group(c).await,
+                None => String::new(),
+            };
+            warn!(root = %root, reason = %why, status = %status, "provider runtime ended");
+            let _ = to_daemon.send(FromRuntime::Exited(format!("{why} ({status})")));
+        },
+        span,
+    ));
     RuntimeHandle {
         requests: tx,
         generation,

@@ -3,8 +3,9 @@
 //!
 //! `tuttid`: the reference daemon.
 //!
-//! - `tuttid serve --db FILE|sqlite:FILE|postgres://... --listen 127.0.0.1:7420 --token-file FILE [--config FILE]
-//!   [--allow-non-loopback]`
+//! - `tuttid serve --db FILE|sqlite:FILE|postgres://... --listen 127.0.0.1:7420 --token-file FILE
+//!   [--config FILE] [--allow-non-loopback] [--metrics-listen 127.0.0.1:9464]` (`GET /metrics`
+//!   on its own listener without auth; otherwise on the API's, behind its token)
 //! - `tuttid demo`: the daemon on an embedded SQLite file with the demo ACP agent; submits a
 //!   prompt, shows the root turn and its child lanes updating live, then leaves the API up.
 //! - `tuttid demo-agent` / `tuttid plain-agent`: the bundled ACP agents (the `demo` and `plain`
@@ -90,6 +91,11 @@ struct ServeArgs {
     /// becomes reachable from other machines. Without it such an address is refused.
     #[arg(long)]
     allow_non_loopback: bool,
+    /// Serve `GET /metrics` (Prometheus) without auth on this address of its own (loopback
+    /// unless --allow-non-loopback). Without it `/metrics` is served on the API's listener,
+    /// behind the API's bearer token.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// Runs `tuttid` with the process arguments.
@@ -256,6 +262,9 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
+    /// The web view's one-time login code could not be made (no randomness).
+    #[error("cannot make a login code: {0}")]
+    LoginCode(std::io::Error),
     /// The HTTP server failed.
     #[error("server: {0}")]
     Server(std::io::Error),
@@ -265,9 +274,6 @@ pub enum ServeError {
     /// The demo failed.
     #[error(transparent)]
     Demo(#[from] crate::demo::DemoError),
-    /// The web view's one-time login code could not be made (no randomness).
-    #[error("cannot make a login code: {0}")]
-    LoginCode(std::io::Error),
 }
 
 /// The store `--db` names: a `postgres://` (or `postgresql://`) URL is PostgreSQL; anything
@@ -315,6 +321,9 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     }
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
     check_listen(args.listen, args.allow_non_loopback)?;
+    if let Some(m) = args.metrics_listen {
+        check_listen(m, args.allow_non_loopback)?;
+    }
     let token =
         crate::auth::load_or_create_token(&token_file).map_err(|source| ServeError::Token {
             path: token_file.clone(),
@@ -371,6 +380,27 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     let ws = demo.then_some(crate::demo::DEMO_WORKSPACE);
     let login = format!("http://{addr}{}", crate::web::login_path(&code, ws));
     let app = crate::api::router_with_web(daemon.clone(), token.clone(), stop_rx.clone(), web);
+    if let Some(maddr) = args.metrics_listen {
+        let mlistener = tokio::net::TcpListener::bind(maddr)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: maddr,
+                source,
+            })?;
+        let mapp = crate::api::metrics_router(daemon.clone());
+        let mut mstop = stop_rx.clone();
+        tokio::spawn(async move {
+            let r = axum::serve(mlistener, mapp)
+                .with_graceful_shutdown(async move {
+                    let _ = mstop.wait_for(|stop| *stop).await;
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "metrics listener failed");
+            }
+        });
+        eprintln!("tuttid: metrics on http://{maddr}/metrics (no auth)");
+    }
     let mut graceful = stop_rx.clone();
     let mut server = tokio::spawn(async move {
         axum::serve(listener, app)

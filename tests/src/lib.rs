@@ -1,5 +1,6 @@
 //! Shared helpers for the cross-crate tests.
 
+pub mod acp_agents;
 pub mod browser;
 pub mod claude_client;
 pub mod claude_install;

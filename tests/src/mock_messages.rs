@@ -378,6 +378,10 @@ pub enum ReplyKind {
         blocks: Vec<Block>,
         stop_reason: Option<String>,
     },
+    /// A stream that starts a text block with `text`, then (when `tool` is set) starts a
+    /// `tool_use` block of that tool, and then never finishes: the connection is held until the
+    /// client hangs up (e.g. a cancel) or the server stops. Models a reply cut off mid-stream.
+    Stall { text: String, tool: Option<String> },
     /// An HTTP error with an Anthropic error body (`x-should-retry: false` is set so the client
     /// does not retry).
     Error {
@@ -387,11 +391,13 @@ pub enum ReplyKind {
     },
 }
 
-/// A scripted reply, sent after `delay`.
+/// A scripted reply, sent after `delay` and once `gate` (if any) is open.
 #[derive(Clone, Debug)]
 pub struct Reply {
     pub delay: Duration,
     pub kind: ReplyKind,
+    /// Held until this gate opens (the request is recorded at once).
+    pub gate: Option<crate::mock_responses::Gate>,
 }
 
 impl Reply {
@@ -402,7 +408,26 @@ impl Reply {
                 blocks,
                 stop_reason: None,
             },
+            gate: None,
         }
+    }
+
+    /// See [`ReplyKind::Stall`].
+    pub fn stall(text: &str, tool: Option<&str>) -> Self {
+        Self {
+            delay: Duration::ZERO,
+            kind: ReplyKind::Stall {
+                text: text.to_owned(),
+                tool: tool.map(str::to_owned),
+            },
+            gate: None,
+        }
+    }
+
+    /// Holds the reply until `gate` opens (a deterministic alternative to [`Reply::after`]).
+    pub fn until(mut self, gate: &crate::mock_responses::Gate) -> Self {
+        self.gate = Some(gate.clone());
+        self
     }
 
     pub fn text(text: &str) -> Self {
@@ -462,6 +487,7 @@ impl Reply {
                 error_type: error_type.to_owned(),
                 message: message.to_owned(),
             },
+            gate: None,
         }
     }
 
@@ -953,9 +979,16 @@ async fn handle_request(
         };
     };
 
-    if !reply.delay.is_zero() {
+    if !reply.delay.is_zero() || reply.gate.is_some() {
         // Wait, but notice when the client hangs up (an aborted request).
-        let sleep = tokio::time::sleep(reply.delay);
+        let delay = reply.delay;
+        let gate = reply.gate.clone();
+        let sleep = async move {
+            if let Some(g) = gate {
+                g.opened().await;
+            }
+            tokio::time::sleep(delay).await;
+        };
         tokio::pin!(sleep);
         loop {
             tokio::select! {
@@ -991,6 +1024,44 @@ async fn handle_request(
                 err.to_string().as_bytes(),
             )
             .await
+        }
+        ReplyKind::Stall { text, tool } => {
+            let message_id = shared.fresh_id("msg_mock_");
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+                 request-id: req_{message_id}\r\ntransfer-encoding: chunked\r\n\r\n"
+            );
+            stream.write_all(head.as_bytes()).await?;
+            let mut events = sse_events(&message_id, &model, &[Block::Text(text)], "end_turn");
+            // message_start, ping, the text block's start, delta and stop; no message end.
+            events.truncate(5);
+            if let Some(name) = tool {
+                let id = shared.fresh_id("toolu_mock_");
+                events.push((
+                    "content_block_start".into(),
+                    json!({"type": "content_block_start", "index": 1,
+                           "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+                ));
+            }
+            for (name, data) in events {
+                let event = format!("event: {name}\ndata: {data}\n\n");
+                let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+                stream.write_all(chunk.as_bytes()).await?;
+            }
+            stream.flush().await?;
+            // Hold the response open until the client hangs up.
+            loop {
+                match read_more(stream, buf).await {
+                    Ok(0) | Err(_) => {
+                        let mut all = shared.requests.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(r) = all.iter_mut().find(|r| r.seq == seq) {
+                            r.aborted = true;
+                        }
+                        return Err(std::io::ErrorKind::ConnectionAborted.into());
+                    }
+                    Ok(_) => {}
+                }
+            }
         }
         ReplyKind::Content {
             blocks,

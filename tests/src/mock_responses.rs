@@ -481,7 +481,8 @@ impl Gate {
         *self.0.borrow()
     }
 
-    async fn opened(&self) {
+    /// Resolves once the gate is open.
+    pub async fn opened(&self) {
         let mut rx = self.0.subscribe();
         let _ = rx.wait_for(|open| *open).await;
     }

@@ -408,3 +408,38 @@ fn cancel_keeps_text_streamed_before_it_and_closes_the_open_tool_call() {
     assert_eq!(last["status"], "interrupted", "{task:#?}");
     assert_eq!(last["turnId"], turn.as_str());
 }
+
+/// Issue 23 (found with claude-code-acp, whose `session/new` fails with an internal error when
+/// its Claude CLI refuses to start): a failed `session/new` must not leave the submitted turn
+/// waiting forever. The plain agent refuses the first `session/new`
+/// (`TUTTI_PLAIN_FAIL_NEW_SESSIONS=1`): the turn settles `failed` with the agent's reason, and
+/// the next submit tries `session/new` again and completes.
+#[test]
+fn a_refused_session_new_fails_the_turn_and_the_next_submit_tries_again() {
+    let d = TestDaemon::start(
+        EXE,
+        None,
+        &[
+            ("TUTTI_DEMO_SPEED", "8"),
+            ("TUTTI_PLAIN_FAIL_NEW_SESSIONS", "1"),
+        ],
+    );
+    let id = d.create(WS, "plain");
+    let (reply, first) = d.submit(WS, &id, "hello");
+    assert_eq!(reply, "started");
+    let end = d.wait_for(WS, &id, 30, "the first turn settled", |v| settled(v, &id));
+    let turn = turn_of(&end, &id).expect("the turn");
+    assert_eq!(turn["id"], first.as_str());
+    assert_eq!(turn["outcome"], "failed", "{end:#}");
+    let error = turn["error"].to_string();
+    assert!(
+        error.contains("could not start a session"),
+        "the reason is recorded: {error}"
+    );
+    let (reply, second) = d.submit(WS, &id, "hello again");
+    assert_eq!(reply, "started");
+    let end = d.wait_for(WS, &id, 30, "the second turn settled", |v| {
+        turn_of(v, &id).is_some_and(|t| t["id"] == second.as_str() && t["outcome"].is_string())
+    });
+    assert_eq!(outcome(&end, &id).as_deref(), Some("completed"));
+}

@@ -149,3 +149,42 @@ fn kill_9_mid_turn_then_restart_leaves_no_turn_active_and_no_event_lost() {
     });
     assert!(end["session"].get("activeTurnId").is_none());
 }
+
+/// Issue 19: "An internal inconsistency is not `Rejected::Invalid` answered to an API caller as
+/// 400: it is a distinct internal error, logged, and answered as 500." A stored root whose
+/// `activeTurnId` names a turn the file does not hold (the row lost outside the daemon) is
+/// loaded after a restart; a submit to it is the daemon's inconsistency, not the caller's
+/// fault: 500 `internal`, and nothing is recorded.
+#[test]
+fn an_engine_inconsistency_in_a_stored_tree_is_answered_500_internal() {
+    let mut d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "8")]);
+    let id = d.create(WS, "demo");
+    d.kill9();
+    let changed = rusqlite::Connection::open(d.db())
+        .and_then(|c| {
+            c.execute(
+                "UPDATE sessions SET active_turn_id = 'ghost', \
+                 json = json_set(json, '$.activeTurnId', 'ghost') WHERE id = ?1",
+                [&id],
+            )
+        })
+        .expect("edit the stored session");
+    assert_eq!(changed, 1);
+    d.restart();
+    let submit = format!("/v1/workspaces/{WS}/agent-sessions/{id}/submit");
+    let (st, v) = d.call("POST", &submit, Some(json!({"text": "hello"})));
+    assert_eq!(st, 500, "{v}");
+    assert_eq!(v["error"]["code"], "internal", "{v}");
+    let detail = d.detail(WS, &id);
+    assert_eq!(
+        detail["session"]["activeTurnId"], "ghost",
+        "nothing changed: {detail}"
+    );
+    assert!(
+        turn_of(&detail, &id).is_none(),
+        "no turn was made: {detail}"
+    );
+    // A caller's own mistake on the same tree is still a 4xx.
+    let (st, v) = d.call("POST", &submit, Some(json!({"text": 7})));
+    assert_eq!(st, 400, "{v}");
+}

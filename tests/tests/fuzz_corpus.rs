@@ -4,17 +4,8 @@
 //! found (`fuzz/artifacts/<target>/crash-*`) to `fuzz/seeds/<target>/` makes it a regression
 //! test here.
 //!
-//! The pure targets live in `tutti_core::fuzzing` (behind the `fuzzing` feature). This crate
-//! includes that module's source with `#[path]` instead of turning the feature on, so the
-//! workspace build does not depend on it; the module only names `super::` items, which the glob
-//! import below provides. `store_roundtrip` needs SQLite and lives in `tests/src/sim/store.rs`.
-
-#[allow(unused_imports)]
-use tutti_core::*;
-
-#[allow(dead_code)]
-#[path = "../../core/src/fuzzing.rs"]
-mod fuzzing;
+//! The targets live in the `tutti-testkit` crate (test tooling, not part of the library), which
+//! the `fuzz/` crate wraps too.
 
 use std::path::{Path, PathBuf};
 
@@ -87,29 +78,25 @@ fn replay(target: &str, f: fn(&[u8]) -> Result<(), String>, randoms: usize) {
 
 #[test]
 fn engine_orderings_corpus() {
-    replay("engine_orderings", fuzzing::try_engine_orderings, 400);
+    replay("engine_orderings", tutti_testkit::try_engine_orderings, 400);
 }
 
 #[test]
 fn acp_native_corpus() {
-    replay("acp_native", fuzzing::try_acp_native, 100);
+    replay("acp_native", tutti_testkit::try_acp_native, 100);
 }
 
 #[test]
 fn codex_native_corpus() {
-    replay("codex_native", fuzzing::try_codex_native, 100);
+    replay("codex_native", tutti_testkit::try_codex_native, 100);
 }
 
 #[test]
 fn claude_native_corpus() {
-    replay("claude_native", fuzzing::try_claude_native, 100);
+    replay("claude_native", tutti_testkit::try_claude_native, 100);
 }
 
 #[test]
 fn store_roundtrip_corpus() {
-    replay(
-        "store_roundtrip",
-        tutti_tests::sim::roundtrip::store_roundtrip,
-        60,
-    );
+    replay("store_roundtrip", tutti_testkit::store_roundtrip, 60);
 }

@@ -139,45 +139,80 @@ fn seeded_simulation() {
 // ----- regressions found by the simulation -----------------------------------------------------
 //
 // Each test below is the minimal reproduction of a failing seed, through the real adapter and
-// engine ([`sim::fuzzing::LineDriver`]: `<<` lines come from the provider, `!` lines are the
+// engine ([`tutti_testkit::LineDriver`]: `<<` lines come from the provider, `!` lines are the
 // user). Every bug below is fixed; each comment describes the bug as it was found, and the test
 // fails if it comes back.
 
 /// Feeds ACP lines; returns the driver.
-fn acp(lines: &[&str]) -> sim::fuzzing::LineDriver<tutti_core::adapters::acp::AcpAdapter> {
-    let adapter = tutti_core::adapters::acp::AcpAdapter::new("root".into(), Default::default());
-    let d = sim::fuzzing::LineDriver::new(adapter, "acp", None).expect("driver starts");
+fn acp(lines: &[&str]) -> tutti_testkit::LineDriver {
+    let make = || -> Box<dyn tutti_core::adapters::Adapter> {
+        Box::new(tutti_core::adapters::acp::AcpAdapter::new(
+            "root".into(),
+            Default::default(),
+        ))
+    };
+    let d = tutti_testkit::LineDriver::new(make, "acp", None).expect("driver starts");
     d.run(lines.join("\n").as_bytes()).expect("no rule broke")
 }
 
-/// Feeds an adapter output to the engine as the daemon does: events and answers in order, every
-/// `interactionRequested` the engine did not take back to the adapter's `on_dropped`, every
-/// provider request back to `on_request`; until quiet.
-fn pump<A: tutti_core::adapters::Adapter>(
-    h: &mut sim::fuzzing::Harness,
-    a: &mut A,
-    out: tutti_core::adapters::AdapterOutput,
-) {
-    use tutti_core::{Input, NormalizedEvent};
-    let mut queue = vec![out];
-    while let Some(out) = queue.pop() {
-        let inputs: Vec<Input> = out
-            .events
+/// A [`Driver`](tutti_core::Driver) host with the reference store, for the races below: the
+/// engine decides an input whose batch the host has not committed yet (the daemon commits in
+/// groups) while the provider's next line reaches the adapter; the input's provider request
+/// reaches the adapter only once its batch is committed.
+struct Host {
+    d: tutti_core::Driver,
+    store: tutti_core::store::MemoryStore,
+    history: tutti_testkit::History,
+}
+
+impl Host {
+    fn new(adapter: Box<dyn tutti_core::adapters::Adapter>, provider: &str) -> Host {
+        let mut h = Host {
+            d: tutti_core::Driver::new(),
+            store: Default::default(),
+            history: Default::default(),
+        };
+        h.d.set_recording(true);
+        h.input(0, serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":provider}));
+        h.d.attach(0, "root".into(), adapter, &h.store);
+        h.commit();
+        h
+    }
+
+    /// A host command; not committed yet.
+    fn input(&mut self, now: i64, v: serde_json::Value) {
+        let input: tutti_core::Input = serde_json::from_value(v).expect("a valid input");
+        self.d.handle_input(now, input, None, &self.store);
+    }
+
+    /// A line from the provider (must be valid); not committed yet.
+    fn native(&mut self, now: i64, v: serde_json::Value) {
+        self.d
+            .handle_native(now, "root", &v, &self.store)
+            .expect("a valid line");
+    }
+
+    /// Commits every decided batch (checking every rule) and returns the adapter outputs so far.
+    fn commit(&mut self) -> Vec<tutti_core::adapters::AdapterOutput> {
+        self.d.commit_pending(&mut self.store);
+        tutti_testkit::check_all(self.d.engine(), &self.store, &mut self.history)
+            .expect("no rule broke");
+        self.d
+            .take_records()
             .into_iter()
-            .map(Input::Event)
-            .chain(out.answers.into_iter().map(Input::Runtime))
-            .collect();
-        for i in inputs {
-            let step = h.feed(&i).expect("no rule broke");
-            if let Input::Event(e @ NormalizedEvent::InteractionRequested { .. }) = &i {
-                if step.as_ref().is_none_or(|s| s.ignored.is_some()) {
-                    queue.push(a.on_dropped(h.now, e));
-                }
-            }
-            for r in step.map(|s| s.provider).unwrap_or_default() {
-                queue.push(a.on_request(h.now, &r));
-            }
-        }
+            .filter_map(|r| match r {
+                tutti_core::driver::Record::Adapter { output, .. } => Some(output),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn root_active(&self) -> bool {
+        self.d
+            .engine()
+            .turn("root", "turn-1")
+            .expect("root turn")
+            .is_active()
     }
 }
 
@@ -202,11 +237,11 @@ fn regression_acp_guidance_folded_into_the_next_prompt_still_settles_the_root() 
         r#"<< {"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}"#,
     ]);
     let d = acp(&lines);
-    let turn =
-        d.h.engine
-            .turn("root", "turn-1")
-            .expect("root turn")
-            .clone();
+    let turn = d
+        .engine()
+        .turn("root", "turn-1")
+        .expect("root turn")
+        .clone();
     assert!(
         !turn.is_active(),
         "root turn stuck {:?}: {:?}",
@@ -224,7 +259,7 @@ fn regression_acp_guidance_folded_into_the_next_prompt_still_settles_the_root() 
 #[test]
 fn regression_duplicate_root_provider_start_after_its_completion_changes_nothing() {
     use serde_json::json;
-    let mut h = sim::fuzzing::Harness::new();
+    let mut h = tutti_testkit::Harness::new();
     for v in [
         json!({"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"test"}),
         json!({"type":"submit","agentSessionId":"R","turnId":"T","text":"go"}),
@@ -289,46 +324,44 @@ fn regression_acp_child_cancel_answers_the_childs_pending_permission() {
 /// ended, instead of starting new SDK work.
 #[test]
 fn regression_claude_steer_after_the_steered_turn_ended_fails_instead_of_orphaning() {
-    use tutti_core::adapters::Adapter;
+    use serde_json::json;
     use tutti_core::RuntimeAnswer;
-    let mut h = sim::fuzzing::Harness::new();
-    let mut a = tutti_core::adapters::claude::ClaudeAdapter::new("root".into(), Default::default());
-    h.feed_json(serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":"claude"})).unwrap();
-    let start = h.feed_json(serde_json::json!({"type":"submit","agentSessionId":"root","turnId":"turn-1","text":"go"})).unwrap().unwrap();
-    for r in start.provider {
-        let out = a.on_request(1, &r);
-        pump(&mut h, &mut a, out);
-    }
+    let a = tutti_core::adapters::claude::ClaudeAdapter::new("root".into(), Default::default());
+    let mut h = Host::new(Box::new(a), "claude");
     let line = |v: serde_json::Value| tutti_core::adapters::claude::sidecar_line(&v, 0).unwrap();
-    let init = line(serde_json::json!({"type":"system","subtype":"init","session_id":"s"}));
-    let out = a.on_native(2, &init).unwrap();
-    pump(&mut h, &mut a, out);
+    h.input(
+        1,
+        json!({"type":"submit","agentSessionId":"root","turnId":"turn-1","text":"go"}),
+    );
+    h.commit();
+    h.native(
+        2,
+        line(json!({"type":"system","subtype":"init","session_id":"s"})),
+    );
+    h.commit();
     // The user steers: the engine decides `guide` (steer) now...
-    let guide = h.feed_json(serde_json::json!({"type":"submit","agentSessionId":"root","turnId":"turn-2","text":"also"})).unwrap().unwrap();
-    // ...but the SDK's result arrives first: the canonical root settles.
-    let result = line(
-        serde_json::json!({"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s"}),
+    h.input(
+        3,
+        json!({"type":"submit","agentSessionId":"root","turnId":"turn-2","text":"also"}),
     );
-    let out = a.on_native(3, &result).unwrap();
-    pump(&mut h, &mut a, out);
-    assert!(
-        !h.engine.turn("root", "turn-1").unwrap().is_active(),
-        "the root settled from the result"
+    // ...but the SDK's result arrives before that batch is committed: the canonical root settles.
+    h.native(
+        3,
+        line(
+            json!({"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s"}),
+        ),
     );
-    // Now the guide request reaches the adapter.
-    let mut wrote_input = false;
-    let mut failed = false;
-    for r in guide.provider {
-        let out = a.on_request(4, &r);
-        wrote_input |= out
-            .native
-            .iter()
-            .any(|n| n.get("op") == Some(&serde_json::json!("input")));
-        failed |= out
-            .answers
-            .iter()
-            .any(|x| matches!(x, RuntimeAnswer::GuideFailed { .. }));
-    }
+    assert!(!h.root_active(), "the root settled from the result");
+    // The commit releases the guide request to the adapter.
+    let outs = h.commit();
+    let wrote_input = outs
+        .iter()
+        .flat_map(|o| &o.native)
+        .any(|n| n.get("op") == Some(&json!("input")));
+    let failed = outs
+        .iter()
+        .flat_map(|o| &o.answers)
+        .any(|x| matches!(x, RuntimeAnswer::GuideFailed { .. }));
     assert!(failed && !wrote_input, "a steer for an ended provider turn must fail, not start SDK work (input written: {wrote_input})");
 }
 
@@ -342,88 +375,76 @@ fn regression_claude_steer_after_the_steered_turn_ended_fails_instead_of_orphani
 /// (the running provider turn is `synthetic-2`), and the root turn never settles.
 #[test]
 fn regression_claude_guidance_during_the_notification_continuation_joins_it() {
-    use tutti_core::adapters::Adapter;
-    let mut h = sim::fuzzing::Harness::new();
-    let mut a = tutti_core::adapters::claude::ClaudeAdapter::new("root".into(), Default::default());
+    use serde_json::json;
+    let a = tutti_core::adapters::claude::ClaudeAdapter::new("root".into(), Default::default());
+    let mut h = Host::new(Box::new(a), "claude");
     let line = |v: serde_json::Value| tutti_core::adapters::claude::sidecar_line(&v, 0).unwrap();
-    h.feed_json(serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":"claude"})).unwrap();
-    let start = h.feed_json(serde_json::json!({"type":"submit","agentSessionId":"root","turnId":"turn-1","text":"go"})).unwrap().unwrap();
-    for r in start.provider {
-        let out = a.on_request(1, &r);
-        pump(&mut h, &mut a, out);
-    }
-    let sdk = |h: &mut sim::fuzzing::Harness,
-               a: &mut tutti_core::adapters::claude::ClaudeAdapter,
-               v: serde_json::Value| {
-        let out = a.on_native(h.now, &line(v)).expect("a valid line");
-        pump(h, a, out);
+    h.input(
+        1,
+        json!({"type":"submit","agentSessionId":"root","turnId":"turn-1","text":"go"}),
+    );
+    h.commit();
+    let sdk = |h: &mut Host, v: serde_json::Value| {
+        h.native(2, line(v));
+        h.commit()
     };
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"system","subtype":"init","session_id":"s"}),
+        json!({"type":"system","subtype":"init","session_id":"s"}),
     );
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"assistant","message":{"role":"assistant","content":[{"type":"tool_use","id":"tu1","name":"Agent",
+        json!({"type":"assistant","message":{"role":"assistant","content":[{"type":"tool_use","id":"tu1","name":"Agent",
         "input":{"description":"bg","prompt":"x","run_in_background":true}}]},"parent_tool_use_id":null,"session_id":"s"}),
     );
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"system","subtype":"task_started","task_id":"k1","tool_use_id":"tu1","is_backgrounded":true,"session_id":"s"}),
+        json!({"type":"system","subtype":"task_started","task_id":"k1","tool_use_id":"tu1","is_backgrounded":true,"session_id":"s"}),
     );
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"user","message":{"role":"user","content":[{"tool_use_id":"tu1","type":"tool_result","content":"launched"}]},
+        json!({"type":"user","message":{"role":"user","content":[{"tool_use_id":"tu1","type":"tool_result","content":"launched"}]},
         "parent_tool_use_id":null,"tool_use_result":{"isAsync":true,"status":"async_launched","agentId":"k1"},"session_id":"s"}),
     );
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s"}),
+        json!({"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s"}),
     );
     // Only the background child runs; the user writes: the engine decides `startOnRoot`...
-    let guide = h.feed_json(serde_json::json!({"type":"submit","agentSessionId":"root","turnId":"turn-2","text":"also"})).unwrap().unwrap();
-    // ...but the child's notification reaches the adapter first (it opens `synthetic-1`).
-    sdk(
-        &mut h,
-        &mut a,
-        serde_json::json!({"type":"system","subtype":"task_notification","task_id":"k1","tool_use_id":"tu1","status":"completed","session_id":"s"}),
+    h.input(
+        3,
+        json!({"type":"submit","agentSessionId":"root","turnId":"turn-2","text":"also"}),
     );
-    let mut written = Vec::new();
-    for r in guide.provider {
-        let out = a.on_request(h.now, &r);
-        written.extend(out.native.clone());
-        pump(&mut h, &mut a, out);
-    }
+    // ...but the child's notification reaches the adapter before that batch is committed (it
+    // opens `synthetic-1`); the commit then releases the guide request to the adapter.
+    let outs = sdk(
+        &mut h,
+        json!({"type":"system","subtype":"task_notification","task_id":"k1","tool_use_id":"tu1","status":"completed","session_id":"s"}),
+    );
+    let written: Vec<serde_json::Value> = outs.iter().flat_map(|o| o.native.clone()).collect();
     // The sidecar acknowledges what it was sent (a guidance turn is announced on its ack).
     for cmd in written.iter().filter_map(|n| n.get("id").cloned()) {
-        let out = a
-            .on_native(h.now, &serde_json::json!({"kind":"ack","id":cmd,"ok":true}))
-            .expect("an ack");
-        pump(&mut h, &mut a, out);
+        sdk(&mut h, json!({"kind":"ack","id":cmd,"ok":true}));
     }
     // The SDK runs the continuation (with the guidance read in it) and answers once.
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"system","subtype":"init","session_id":"s"}),
+        json!({"type":"system","subtype":"init","session_id":"s"}),
     );
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"assistant","message":{"role":"assistant","content":[{"type":"text","text":"ok"}]},"parent_tool_use_id":null,"session_id":"s"}),
+        json!({"type":"assistant","message":{"role":"assistant","content":[{"type":"text","text":"ok"}]},"parent_tool_use_id":null,"session_id":"s"}),
     );
     sdk(
         &mut h,
-        &mut a,
-        serde_json::json!({"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s",
+        json!({"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s",
         "origin":{"kind":"task-notification"}}),
     );
-    let t = h.engine.turn("root", "turn-1").expect("root turn").clone();
+    let t =
+        h.d.engine()
+            .turn("root", "turn-1")
+            .expect("root turn")
+            .clone();
     assert!(
         !t.is_active(),
         "root turn stuck {:?}: {:?}",
@@ -450,7 +471,7 @@ fn regression_acp_new_turn_while_the_canceled_prompt_still_runs_gets_its_own_pro
         r#"<< {"jsonrpc":"2.0","id":2,"result":{"stopReason":"cancelled"}}"#,
     ]);
     let d = acp(&lines);
-    let t2 = d.h.engine.turn("root", "turn-2").expect("turn-2").clone();
+    let t2 = d.engine().turn("root", "turn-2").expect("turn-2").clone();
     assert!(
         t2.is_active(),
         "turn-2 settled {:?} from the canceled prompt of turn-1: {:?}",
@@ -477,42 +498,40 @@ fn regression_acp_new_turn_while_the_canceled_prompt_still_runs_gets_its_own_pro
 /// it. Expected: `guideFailed` for a steer whose prompt already answered.
 #[test]
 fn regression_acp_steer_after_the_prompt_answered_fails_instead_of_orphaning() {
-    use tutti_core::adapters::Adapter;
+    use serde_json::json;
     use tutti_core::RuntimeAnswer;
-    let mut h = sim::fuzzing::Harness::new();
-    let mut a = tutti_core::adapters::acp::AcpAdapter::new("root".into(), Default::default());
-    h.feed_json(serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":"acp"})).unwrap();
-    let out = a.open(0);
-    pump(&mut h, &mut a, out);
+    let a = tutti_core::adapters::acp::AcpAdapter::new("root".into(), Default::default());
+    let mut h = Host::new(Box::new(a), "acp");
     for l in ACP_HANDSHAKE {
         let v: serde_json::Value = serde_json::from_str(l.trim_start_matches("<< ")).unwrap();
-        let out = a.on_native(1, &v).unwrap();
-        pump(&mut h, &mut a, out);
+        h.native(1, v);
+        h.commit();
     }
-    let start = h.feed_json(serde_json::json!({"type":"submit","agentSessionId":"root","turnId":"turn-1","text":"go"})).unwrap().unwrap();
-    for r in start.provider {
-        let out = a.on_request(2, &r);
-        pump(&mut h, &mut a, out);
-    }
-    let guide = h.feed_json(serde_json::json!({"type":"submit","agentSessionId":"root","turnId":"turn-2","text":"also"})).unwrap().unwrap();
-    let answer = serde_json::json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}});
-    let out = a.on_native(3, &answer).unwrap();
-    pump(&mut h, &mut a, out);
-    assert!(
-        !h.engine.turn("root", "turn-1").unwrap().is_active(),
-        "the root settled from the answer"
+    h.input(
+        2,
+        json!({"type":"submit","agentSessionId":"root","turnId":"turn-1","text":"go"}),
     );
-    let (mut prompted, mut failed) = (false, false);
-    for r in guide.provider {
-        let out = a.on_request(4, &r);
-        prompted |= out
-            .native
-            .iter()
-            .any(|n| n.get("method") == Some(&serde_json::json!("session/prompt")));
-        failed |= out
-            .answers
-            .iter()
-            .any(|x| matches!(x, RuntimeAnswer::GuideFailed { .. }));
-    }
+    h.commit();
+    // The engine decides a steer; the prompt's answer reaches the adapter before that batch is
+    // committed, and the root settles.
+    h.input(
+        3,
+        json!({"type":"submit","agentSessionId":"root","turnId":"turn-2","text":"also"}),
+    );
+    h.native(
+        3,
+        json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}),
+    );
+    assert!(!h.root_active(), "the root settled from the answer");
+    // The commit releases the guide request to the adapter.
+    let outs = h.commit();
+    let prompted = outs
+        .iter()
+        .flat_map(|o| &o.native)
+        .any(|n| n.get("method") == Some(&json!("session/prompt")));
+    let failed = outs
+        .iter()
+        .flat_map(|o| &o.answers)
+        .any(|x| matches!(x, RuntimeAnswer::GuideFailed { .. }));
     assert!(failed && !prompted, "a steer whose prompt already answered must fail, not open a new prompt (prompt sent: {prompted})");
 }

@@ -26,6 +26,9 @@
 //!   child's `idle`/`cancelled` state. The acknowledged subset is reported when every target is
 //!   confirmed or the cancel timer fires.
 //! - Pending permission requests of a canceled prompt are answered `cancelled`, as ACP requires.
+//! - A permission request's `toolCall` (an ACP `ToolCallUpdate`) for a tool call the agent has not
+//!   reported during the running prompt is recorded as that tool call (status `pending` unless
+//!   given): codex-acp announces commands needing approval only there.
 //! - Relaunch (issue 17/23: "relaunch with `session/load` of the recorded ACP session id when
 //!   advertised"): with [`AcpConfig::resume_session_id`] set (the root's recorded provider session
 //!   id, after an idle stop, a provider exit or a daemon restart) and the agent advertising
@@ -132,6 +135,10 @@ pub struct AcpAdapter {
     closed: std::collections::BTreeSet<String>,
     prompt_turn: Option<Id>,
     pending_start: Option<(Id, String)>,
+    /// Why the last `session/new` failed; the next request tries again.
+    session_error: Option<String>,
+    /// (native session, tool call id) of the tool calls reported during the running prompt.
+    tool_calls: std::collections::BTreeSet<(String, String)>,
 }
 
 impl AcpAdapter {
@@ -160,6 +167,8 @@ impl AcpAdapter {
             closed: Default::default(),
             prompt_turn: None,
             pending_start: None,
+            session_error: None,
+            tool_calls: Default::default(),
         }
     }
 
@@ -212,6 +221,55 @@ impl AcpAdapter {
                 turn_id: self.root_turn.clone(),
                 provider_turn_id: Some(format!("prompt-{id}")),
             });
+        }
+    }
+
+    /// `session/new` failed (issue 23: claude-code-acp answers it with an internal error when
+    /// its Claude CLI refuses to start): every request waiting for the session is answered
+    /// instead of waiting forever. A root turn start becomes a root provider turn that failed
+    /// with `error`, so the turn settles `failed` with the agent's reason; guidance is
+    /// `guideFailed`; a cancel is acknowledged at once (nothing runs natively); an interaction
+    /// answer cannot exist without a session and is dropped. The next request sends `session/new`
+    /// again.
+    fn fail_queued(&mut self, out: &mut AdapterOutput, error: String) {
+        self.session_error = Some(error.clone());
+        for r in std::mem::take(&mut self.queued) {
+            match r {
+                ProviderRequest::Start { turn_id, .. } => {
+                    out.events.push(NormalizedEvent::RootProviderTurnStarted {
+                        agent_session_id: self.root.clone(),
+                        turn_id: Some(turn_id.clone()),
+                        provider_turn_id: None,
+                    });
+                    out.events.push(NormalizedEvent::RootProviderTurnCompleted {
+                        agent_session_id: self.root.clone(),
+                        turn_id: Some(turn_id),
+                        provider_turn_id: None,
+                        outcome: Outcome::Failed,
+                        error: Some(error.clone()),
+                    });
+                }
+                ProviderRequest::Guide {
+                    agent_session_id,
+                    turn_id,
+                    ..
+                } => out.answers.push(RuntimeAnswer::GuideFailed {
+                    agent_session_id,
+                    turn_id,
+                    error: error.clone(),
+                }),
+                ProviderRequest::Cancel {
+                    operation_id,
+                    targets,
+                    ..
+                } => out.answers.push(RuntimeAnswer::CancelResult {
+                    operation_id,
+                    acked: targets,
+                }),
+                ProviderRequest::RespondInteraction { request_id, .. } => out.diagnostics.push(
+                    format!("acp: answer to {request_id} without a session dropped"),
+                ),
+            }
         }
     }
 
@@ -333,6 +391,11 @@ impl AcpAdapter {
                     .and_then(Value::as_str)
                 else {
                     out.diagnostics.push("acp: session/new failed".into());
+                    let why = error
+                        .and_then(|e| e.get("message"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("no session id in the answer");
+                    self.fail_queued(out, format!("the agent could not start a session: {why}"));
                     return;
                 };
                 self.session = Some(sid.to_string());
@@ -354,6 +417,7 @@ impl AcpAdapter {
                 let root_native = self.session.clone().unwrap_or_default();
                 self.flush(out, &root_native);
                 self.prompt = None;
+                self.tool_calls.clear();
                 let stop = result
                     .and_then(|r| r.get("stopReason"))
                     .and_then(Value::as_str);
@@ -462,6 +526,7 @@ impl AcpAdapter {
                         field: "toolCallId",
                     });
                 };
+                self.tool_calls.insert((native.clone(), call.to_string()));
                 let status = update.get("status").and_then(Value::as_str).unwrap_or(
                     if kind == "tool_call" {
                         "pending"
@@ -664,6 +729,36 @@ impl AcpAdapter {
                 native: native.to_string(),
             },
         );
+        // Issue 23 (codex-acp): an agent may announce a tool call only inside the permission
+        // request (its `toolCall` is an ACP `ToolCallUpdate`). A tool call not reported before
+        // is recorded from it (status `pending` unless given), so the turn's record shows the
+        // call and its end (`interrupted` when the turn settles first). One already reported
+        // is left as the agent last reported it.
+        if let Some(call) = params
+            .pointer("/toolCall/toolCallId")
+            .and_then(Value::as_str)
+        {
+            if self
+                .tool_calls
+                .insert((native.to_string(), call.to_string()))
+            {
+                self.flush(out, native);
+                let tool = params.get("toolCall");
+                let field = |k: &str| tool.and_then(|t| t.get(k));
+                out.events.push(NormalizedEvent::ToolCallUpdated {
+                    agent_session_id: session.clone(),
+                    turn_id: turn.clone(),
+                    tool_call_id: call.into(),
+                    name: field("title").and_then(Value::as_str).map(Text::from),
+                    status: field("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("pending")
+                        .into(),
+                    kind: field("kind").cloned(),
+                    payload: None,
+                });
+            }
+        }
         out.events.push(NormalizedEvent::InteractionRequested {
             agent_session_id: session,
             turn_id: turn,
@@ -715,6 +810,10 @@ impl Adapter for AcpAdapter {
         let mut out = AdapterOutput::default();
         if self.session.is_none() {
             self.queued.push(request.clone());
+            if self.session_error.take().is_some() {
+                // The last `session/new` failed: this request tries again.
+                self.new_session(&mut out);
+            }
             return out;
         }
         match request {

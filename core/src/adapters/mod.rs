@@ -81,7 +81,11 @@ pub enum AdapterError {
 }
 
 /// One provider's adapter for one root session.
-pub trait Adapter: Send {
+///
+/// `Any`: a host reaches an adapter's own methods (outside this trait) through
+/// [`Driver::adapter`](crate::driver::Driver::adapter) and
+/// [`Driver::call_adapter`](crate::driver::Driver::call_adapter) by downcasting.
+pub trait Adapter: std::any::Any + Send {
     /// Native messages to send when the process starts (handshake), if any.
     fn open(&mut self, now: Millis) -> AdapterOutput;
     /// A request decided by the engine (start, guide, cancel, respondInteraction).

@@ -102,8 +102,10 @@
 //! [`Trees`] reader (every [`HostStore`] is one) to the calls that may need to load a tree, so
 //! an input is decided at once and in order, instead of parking it behind a "load tree" output.
 
+mod record;
 mod timers;
 
+pub use record::Record;
 pub use timers::Timer;
 
 use crate::adapters::{parse_line, Adapter, AdapterError, AdapterOutput};
@@ -264,6 +266,31 @@ pub enum Output {
         /// The step (committed) or the error.
         result: Result<Step, DriverError>,
     },
+    /// Something the host should log; nothing for it to do.
+    Diagnostic(Diagnostic),
+}
+
+/// What a host logs ([`Output::Diagnostic`]). Ids, kinds and counts only: adapters never put
+/// prompt, message or tool content into their diagnostics.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Diagnostic {
+    /// An input without a caller (a provider event, a timer, a runtime answer) met an internal
+    /// inconsistency of the engine ([`Rejected::Internal`]): nothing changed. Issue 19: an
+    /// internal inconsistency is "a distinct internal error, logged"; an input with a caller gets
+    /// it in its [`Output::Reply`] instead.
+    Internal {
+        /// The input's wire kind.
+        input_kind: &'static str,
+        /// The inconsistency.
+        error: Rejected,
+    },
+    /// An adapter's diagnostics (unknown native methods, malformed or unexpected messages).
+    Adapter {
+        /// The tree whose adapter reported them.
+        root: Id,
+        /// One line each.
+        lines: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,6 +341,9 @@ pub struct Driver {
     /// Trees loaded on demand since [`Driver::take_loaded`].
     loaded: Vec<Id>,
     now: Millis,
+    /// Whether [`Record`]s are kept (see [`Driver::set_recording`]).
+    recording: bool,
+    records: Vec<Record>,
 }
 
 impl Default for Driver {
@@ -358,6 +388,8 @@ impl Driver {
             outputs: VecDeque::new(),
             loaded: Vec::new(),
             now: 0,
+            recording: false,
+            records: Vec::new(),
         }
     }
 
@@ -646,6 +678,85 @@ impl Driver {
         }
     }
 
+    /// Keeps a [`Record`] of every adapter output, engine decision and dropped interaction from
+    /// now on (`true`), or stops (`false`). Hosts that report or assert on what passed between
+    /// the adapters and the engine (replays, test rigs) turn it on; a daemon leaves it off.
+    pub fn set_recording(&mut self, on: bool) {
+        self.recording = on;
+    }
+
+    /// The records kept since the last call, in the order things happened.
+    pub fn take_records(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// The adapter of a live root (downcast it with `as &dyn Any` for adapter-specific reads).
+    pub fn adapter(&self, root: &str) -> Option<&dyn Adapter> {
+        self.adapters.get(root).map(|a| &**a as &dyn Adapter)
+    }
+
+    /// The adapter of a live root, mutably, for adapter unit checks that look at an adapter's
+    /// answer to one call in isolation. Whatever such a call returns is NOT carried out (no
+    /// native message, event or timer leaves the driver): a host drives adapters only through
+    /// the `handle_*` calls and [`Driver::call_adapter`].
+    pub fn adapter_mut(&mut self, root: &str) -> Option<&mut dyn Adapter> {
+        self.adapters
+            .get_mut(root)
+            .map(|a| &mut **a as &mut dyn Adapter)
+    }
+
+    /// Calls the adapter of a live root with something outside the [`Adapter`] trait (for
+    /// example the Codex adapter's `attach_root_thread`) and carries out the output it returns
+    /// like any other adapter output. `Err(NoAdapter)` when the root has no live adapter.
+    pub fn call_adapter(
+        &mut self,
+        now: Millis,
+        root: &str,
+        f: impl FnOnce(&mut dyn Adapter, Millis) -> AdapterOutput,
+        trees: &dyn Trees,
+    ) -> Result<(), DriverError> {
+        self.tick(now);
+        let Some(root) = self.adapters.get_key_value(root).map(|(k, _)| k.clone()) else {
+            return Err(DriverError::NoAdapter(root.into()));
+        };
+        let Some(adapter) = self.adapters.get_mut(&root) else {
+            return Err(DriverError::NoAdapter(root));
+        };
+        let out = f(&mut **adapter, self.now);
+        self.absorb(&root, out, None, trees);
+        self.pump(trees);
+        Ok(())
+    }
+
+    /// The host loop of a host whose only I/O is the store (a replay, a test, a simulation):
+    /// commits every decided batch to `store` one at a time (a failed one is reported with
+    /// [`Driver::commit_failed`]), acknowledges it, and returns every output released, in order,
+    /// until no batch is left. Native messages, launches and publications are the caller's to
+    /// look at (or ignore).
+    pub fn commit_pending<S: HostStore>(&mut self, store: &mut S) -> Vec<Output> {
+        let mut outputs: Vec<Output> = std::iter::from_fn(|| self.poll_output()).collect();
+        while let Some(id) = self.poll_batch() {
+            let result = match self.batch(id) {
+                Some(batch) => store
+                    .apply_group(&[batch], true)
+                    .map(|mut published| published.pop().unwrap_or_default()),
+                None => continue,
+            };
+            match result {
+                Ok(published) => self.ack_commit(id, published, &*store),
+                Err(e) => self.commit_failed(id, &e.to_string(), &*store),
+            }
+            outputs.extend(std::iter::from_fn(|| self.poll_output()));
+        }
+        outputs
+    }
+
+    fn record(&mut self, r: impl FnOnce() -> Record) {
+        if self.recording {
+            self.records.push(r());
+        }
+    }
+
     /// Trees loaded on demand (or reloaded after a failed commit) since the last call.
     pub fn take_loaded(&mut self) -> Vec<Id> {
         std::mem::take(&mut self.loaded)
@@ -672,6 +783,23 @@ impl Driver {
         trees: &dyn Trees,
     ) {
         let outcome = self.decide(&input, trees).map_err(DriverError::from);
+        if let (None, Err(DriverError::Rejected(r))) = (reply, &outcome) {
+            if r.is_internal() {
+                self.outputs
+                    .push_back(Output::Diagnostic(Diagnostic::Internal {
+                        input_kind: input.kind(),
+                        error: r.clone(),
+                    }));
+            }
+        }
+        self.record(|| Record::Decided {
+            input: input.clone(),
+            outcome: match &outcome {
+                Ok(step) => Ok(step.ignored),
+                Err(DriverError::Rejected(r)) => Err(r.clone()),
+                Err(_) => Ok(None),
+            },
+        });
         let root = match &outcome {
             Ok(step) => step.persist.root_agent_session_id.clone(),
             Err(_) => None,
@@ -744,6 +872,17 @@ impl Driver {
         failure: Option<WriteFailure>,
         trees: &dyn Trees,
     ) {
+        self.record(|| Record::Adapter {
+            root: root.clone(),
+            output: out.clone(),
+        });
+        if !out.diagnostics.is_empty() {
+            self.outputs
+                .push_back(Output::Diagnostic(Diagnostic::Adapter {
+                    root: root.clone(),
+                    lines: out.diagnostics.clone(),
+                }));
+        }
         if !out.native.is_empty() {
             self.outputs.push_back(Output::Transmit(Transmit {
                 root: root.clone(),
@@ -818,6 +957,12 @@ impl Driver {
             if !taken {
                 // The provider still waits for an answer: its adapter answers it natively.
                 if let Some(root) = source {
+                    if self.adapters.contains_key(&root) {
+                        self.record(|| Record::Dropped {
+                            root: root.clone(),
+                            event: event.clone(),
+                        });
+                    }
                     if let Some(adapter) = self.adapters.get_mut(&root) {
                         let out = adapter.on_dropped(self.now, &event);
                         self.absorb(&root, out, None, trees);

@@ -73,7 +73,7 @@ impl Adapter for Probe {
                 .into_iter()
                 .map(|(id, at)| AdapterTimer { id, at })
                 .collect(),
-            diagnostics: Vec::new(),
+            diagnostics: serde_json::from_value(list("diagnostics")).unwrap(),
         })
     }
     fn on_timer(&mut self, now: Millis, id: &str) -> AdapterOutput {
@@ -108,6 +108,7 @@ struct Host {
     launches: Vec<LaunchSpec>,
     replies: Vec<(ReplyTo, Result<Step, DriverError>)>,
     published: Vec<PublishedRow>,
+    diagnostics: Vec<Diagnostic>,
 }
 
 impl Host {
@@ -120,6 +121,7 @@ impl Host {
             launches: Vec::new(),
             replies: Vec::new(),
             published: Vec::new(),
+            diagnostics: Vec::new(),
         }
     }
 
@@ -158,6 +160,7 @@ impl Host {
                 Output::Transmit(t) => self.transmits.push(t),
                 Output::Publish(p) => self.published.extend(p.rows),
                 Output::Reply { to, result } => self.replies.push((to, result)),
+                Output::Diagnostic(d) => self.diagnostics.push(d),
             }
         }
     }
@@ -576,4 +579,54 @@ fn a_native_message_the_adapter_cannot_use_is_a_typed_error() {
     let e = h.d.handle_line(h.now, "root", "not json", &h.store);
     assert!(matches!(e, Err(DriverError::Adapter(_))));
     assert!(!h.d.is_busy());
+}
+
+/// The old runtime logged adapter diagnostics; the driver hands them to the host to log.
+#[test]
+fn adapter_diagnostics_reach_the_host() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"diagnostics": ["unknown method x/y"]}));
+    h.settle();
+    assert_eq!(
+        h.diagnostics,
+        vec![Diagnostic::Adapter {
+            root: "root".into(),
+            lines: vec!["unknown method x/y".into()],
+        }]
+    );
+}
+
+/// Issue 19: an internal inconsistency is "a distinct internal error, logged". An input with no
+/// caller to answer (here a submit without a reply token, as a timer or provider event would
+/// be) surfaces as a diagnostic for the host to log; a caller gets it in its reply instead.
+#[test]
+fn an_internal_inconsistency_without_a_caller_is_a_diagnostic() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    // Lose the active turn's row, as a damaged store would: the engine relies on it.
+    let mut snap = h.d.engine().snapshot("root").expect("loaded");
+    snap.turns.retain(|t| &*t.id != "t1");
+    let mut engine = crate::Engine::new();
+    engine
+        .restore(snap)
+        .expect("restore does not check activeTurnId");
+    h.d = Driver::with_engine(engine);
+    h.replies.clear();
+    h.input(submit("root", "t2"), None);
+    h.input(submit("root", "t3"), Some(7));
+    h.settle();
+    assert!(
+        matches!(
+            h.diagnostics.as_slice(),
+            [Diagnostic::Internal { input_kind: "submit", error }] if error.is_internal()
+        ),
+        "{:?}",
+        h.diagnostics
+    );
+    assert!(
+        matches!(h.replies.as_slice(), [(7, Err(DriverError::Rejected(r)))] if r.is_internal()),
+        "the caller's submit is answered, not logged as a diagnostic: {:?}",
+        h.replies
+    );
 }

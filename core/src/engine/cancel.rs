@@ -5,6 +5,7 @@ use super::gate::{evaluate_root, settle_turn};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::input::TimerId;
+use crate::keyed::Hint;
 use crate::model::{CancelOperation, CancelState, Id, Outcome, Phase, Target};
 use crate::step::{Ignored, ProviderRequest, Reply, TimerRequest};
 use std::sync::Arc;
@@ -40,7 +41,7 @@ pub(crate) fn cancel_turn(
     if s.deleted_at.is_some() {
         return Err(Rejected::SessionDeleted(session.clone()));
     }
-    let t = super::child::turn_of(tree, session, turn)?;
+    let (_, t) = super::child::turn_of(tree, (session, Hint::NONE), turn)?;
     if !t.is_active() {
         return Err(Rejected::TurnNotActive(turn.clone()));
     }
@@ -88,7 +89,7 @@ pub(crate) fn cancel_turn(
             t.cancel_operation_id = Some(operation_id.clone());
             t.phase = Phase::Settling;
         }
-        tx.turn(&target.turn_id, true);
+        tx.turn(&target.turn_id, Hint::NONE, true);
     }
     let deadline = now.saturating_add(timeout_ms);
     let child_sessions_at_prepare = tree
@@ -202,11 +203,11 @@ pub(crate) fn resolve(
             // Children first, so the root settles last within the step.
             continue;
         }
-        settle_turn(tree, &mut tx, &target.turn_id, outcome, err);
+        settle_turn(tree, &mut tx, (&target.turn_id, Hint::NONE), outcome, err);
     }
     if let Some(root) = &root_target {
         if tree.turns.get(root).is_some_and(|t| t.is_active()) {
-            settle_turn(tree, &mut tx, root, Outcome::Canceled, None);
+            settle_turn(tree, &mut tx, (root, Hint::NONE), Outcome::Canceled, None);
         }
     }
     if let Some(op) = tree.ops.get_mut(operation_id).map(Arc::make_mut) {
@@ -221,7 +222,7 @@ pub(crate) fn resolve(
     }
     tx.op(operation_id);
     for rt in root_turns {
-        evaluate_root(tree, &mut tx, &rt);
+        evaluate_root(tree, &mut tx, (&rt, Hint::NONE));
     }
     Ok(tx)
 }

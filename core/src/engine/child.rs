@@ -1,10 +1,10 @@
 //! Child sessions and child turns: "child creation is one atomic session-and-initial-turn state
 //! transition"; progress, waiting and terminal use the same vocabulary as root turns.
 
-use super::gate::{evaluate_root, evaluate_root_at, settle_turn_at, RootTurn};
-use super::tree::{at_hint, Tree, Tx};
+use super::gate::{evaluate_root, settle_turn};
+use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::keyed::same;
+use crate::keyed::Hint;
 use crate::model::{
     ChildOf, Id, Outcome, Phase, ProviderAliases, Relation, Session, Trigger, Turn,
 };
@@ -82,13 +82,18 @@ pub(crate) fn create(
     if expected_root_turn != c.root_turn_id {
         return Err(inconsistent("rootTurnId is not the parent's root turn"));
     }
+    // The root turn is the parent turn (checked above) or the parent's own root turn: missing,
+    // it is the tree that is inconsistent, not the event.
+    let missing_root_turn = || Rejected::Internal {
+        what: "a child's root turn is not in its tree",
+        id: c.root_turn_id.clone(),
+    };
     // The root turn is found once: its position serves every later use in this step.
-    let root =
-        RootTurn::find(tree, c.root_turn_id).ok_or_else(|| inconsistent("root turn unknown"))?;
-    let (_, root_turn) = tree
+    let (root_pos, root_turn) = tree
         .turns
-        .at(root.pos)
-        .ok_or_else(|| inconsistent("root turn unknown"))?;
+        .get_hinted(c.root_turn_id, Hint::NONE)
+        .ok_or_else(missing_root_turn)?;
+    let root = (c.root_turn_id, Hint::at(root_pos));
     if !root_turn.is_active() {
         return Err(Rejected::RootTurnSettled(c.root_turn_id.clone()));
     }
@@ -115,28 +120,24 @@ pub(crate) fn create(
     session.last_turn_id = Some(c.turn_id.clone());
     let turn = new_turn(c.turn_id, &id, Trigger::Delegation, Phase::Submitted, now);
     let pos = tree.sessions.insert(id.clone(), Arc::new(session));
-    let turn_pos = tree.insert_turn(pos, turn);
+    let turn_pos = tree.insert_turn((&id, Hint::at(pos)), turn);
     tree.children
         .get_or_insert_with(c.parent_agent_session_id, Default::default)
         .push(id.clone());
     tree.active_children
         .get_or_insert_with(c.root_turn_id, Default::default)
         .insert(c.turn_id.clone(), id.clone());
-    if let Some(rt) = tree
-        .turns
-        .at_id_mut(root.pos, c.root_turn_id)
-        .map(Arc::make_mut)
-    {
-        rt.child_session_count += 1;
+    if let Some((_, rt)) = tree.turns.get_mut_hinted(root.0, root.1) {
+        Arc::make_mut(rt).child_session_count += 1;
     }
     tx.guard(Guard::ChildCreationOpen {
         root_turn_id: c.root_turn_id.clone(),
         child_agent_session_id: id.clone(),
     });
-    tx.session_at(&id, pos, true);
-    tx.turn_at(c.turn_id, turn_pos, true);
-    tx.turn_at(c.root_turn_id, root.pos, false);
-    evaluate_root_at(tree, &mut tx, root);
+    tx.session(&id, Hint::at(pos), true);
+    tx.turn(c.turn_id, Hint::at(turn_pos), true);
+    tx.turn(root.0, root.1, false);
+    evaluate_root(tree, &mut tx, root);
     Ok((tx, Some(pos)))
 }
 
@@ -162,35 +163,17 @@ pub(crate) fn new_turn(id: &Id, session: &Id, trigger: Trigger, phase: Phase, no
 /// A live child session and its links to its parent and root.
 type LiveChild<'t> = (&'t Session, &'t ChildOf);
 
-/// Looks up a child session, rejecting root sessions with `what`.
-fn child<'t>(tree: &'t Tree, session: &Id, what: &'static str) -> Result<LiveChild<'t>, Rejected> {
-    let s = tree
-        .sessions
-        .get(session)
-        .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
-    live_child(s, session, what)
-}
-
-/// [`child`] for the session at `pos` in `tree.sessions` (its canonical id is `session`): no
-/// index probe.
-fn child_at<'t>(
+/// The live child session `session` (`hint`: its position, if known), rejecting root sessions
+/// with `what`.
+fn child<'t>(
     tree: &'t Tree,
-    pos: u32,
-    session: &Id,
+    (session, hint): (&Id, Hint),
     what: &'static str,
 ) -> Result<LiveChild<'t>, Rejected> {
-    match tree.sessions.at(pos) {
-        Some((id, s)) if same(id, session) => live_child(s, session, what),
-        _ => child(tree, session, what),
-    }
-}
-
-/// `s` if it is a child session that is not deleted.
-fn live_child<'t>(
-    s: &'t Session,
-    session: &Id,
-    what: &'static str,
-) -> Result<LiveChild<'t>, Rejected> {
+    let (_, s) = tree
+        .sessions
+        .get_hinted(session, hint)
+        .ok_or_else(|| Rejected::UnknownSession(session.clone()))?;
     if s.deleted_at.is_some() {
         return Err(Rejected::SessionDeleted(session.clone()));
     }
@@ -204,31 +187,18 @@ fn live_child<'t>(
     }
 }
 
-/// A turn of exactly the session at `pos` (canonical id `session`), and the turn's position in
-/// `tree.turns`.
-pub(crate) fn turn_at<'t>(
+/// The turn `turn` of exactly `session` (`hint`: the session's position, if known), and the
+/// turn's position in `tree.turns`.
+pub(crate) fn turn_of<'t>(
     tree: &'t Tree,
-    pos: u32,
-    session: &Id,
+    session: (&Id, Hint),
     turn: &Id,
 ) -> Result<(u32, &'t Turn), Rejected> {
-    tree.turn_position(pos, session, turn)
-        .and_then(|p| Some((p, &**tree.turns.at(p)?.1)))
+    tree.turn_of_session(session, turn)
         .ok_or_else(|| Rejected::UnknownTurn {
-            session: session.clone(),
+            session: session.0.clone(),
             turn: turn.clone(),
         })
-}
-
-/// Looks up a turn of exactly this session.
-pub(crate) fn turn_of<'t>(tree: &'t Tree, session: &Id, turn: &Id) -> Result<&'t Turn, Rejected> {
-    match tree.turns.get(turn) {
-        Some(t) if t.agent_session_id == *session => Ok(t),
-        _ => Err(Rejected::UnknownTurn {
-            session: session.clone(),
-            turn: turn.clone(),
-        }),
-    }
 }
 
 /// `childSessionUpdated`: merge later identity and title facts into the existing child.
@@ -240,7 +210,7 @@ pub(crate) fn update(
     provider_session_id: Option<&String>,
     aliases: Option<&ProviderAliases>,
 ) -> Result<Tx, Rejected> {
-    child(tree, session, "childSessionUpdated")?;
+    child(tree, (session, Hint::NONE), "childSessionUpdated")?;
     let Some(s) = tree.sessions.get_mut(session) else {
         return Err(Rejected::UnknownSession(session.clone()));
     };
@@ -269,7 +239,7 @@ pub(crate) fn update(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    tx.session(session, true);
+    tx.session(session, Hint::NONE, true);
     Ok(tx)
 }
 
@@ -278,20 +248,16 @@ pub(crate) fn update(
 pub(crate) fn turn_started(
     tree: &mut Tree,
     now: i64,
-    (session, pos): (&Id, u32),
+    at: (&Id, Hint),
     turn: &Id,
     provider_turn_id: Option<&String>,
 ) -> Result<Tx, Rejected> {
-    let (s, links) = child_at(
-        tree,
-        pos,
-        session,
-        "turnStarted (use rootProviderTurnStarted)",
-    )?;
+    let session = at.0;
+    let (s, links) = child(tree, at, "turnStarted (use rootProviderTurnStarted)")?;
     let root_turn = links.root_turn_id.clone();
     let mut tx = Tx::new(now);
-    let found = match tree.turn_position(pos, session, turn) {
-        Some(p) => tree.turns.at(p).map(|(_, t)| (p, t)),
+    let found = match tree.turn_of_session(at, turn) {
+        Some(found) => Some(found),
         // A turn of another session.
         None if tree.turns.contains_key(turn) => return Err(Rejected::TurnExists(turn.clone())),
         None => None,
@@ -309,14 +275,15 @@ pub(crate) fn turn_started(
             {
                 return Ok(Tx::ignore(now, Ignored::Duplicate));
             }
-            let Some(t) = tree.turns.at_mut(p).map(Arc::make_mut) else {
+            let Some((p, t)) = tree.turns.get_mut_hinted(turn, Hint::at(p)) else {
                 return Err(Rejected::TurnNotActive(turn.clone()));
             };
+            let t = Arc::make_mut(t);
             t.phase = Phase::Running;
             if let Some(p) = provider_turn_id {
                 t.provider_turn_id = Some(p.clone());
             }
-            tx.turn_at(turn, p, true);
+            tx.turn(turn, Hint::at(p), true);
         }
         None => {
             if let Some(active) = &s.active_turn_id {
@@ -326,7 +293,10 @@ pub(crate) fn turn_started(
             let rt = tree
                 .turns
                 .get(&root_turn)
-                .ok_or(Rejected::Invalid("root turn missing"))?;
+                .ok_or_else(|| Rejected::Internal {
+                    what: "a child's root turn is not in its tree",
+                    id: root_turn.clone(),
+                })?;
             if !rt.is_active() {
                 return Err(Rejected::RootTurnSettled(root_turn));
             }
@@ -335,18 +305,18 @@ pub(crate) fn turn_started(
             }
             let mut t = new_turn(turn, session, Trigger::Guidance, Phase::Running, now);
             t.provider_turn_id = provider_turn_id.cloned();
-            let p = tree.insert_turn(pos, t);
-            // Found at `pos` without an index lookup (looked up if it is not there).
-            if let Some(s) = at_hint(&mut tree.sessions, pos, session).map(Arc::make_mut) {
+            let p = tree.insert_turn(at, t);
+            if let Some((_, s)) = tree.sessions.get_mut_hinted(session, at.1) {
+                let s = Arc::make_mut(s);
                 s.active_turn_id = Some(turn.clone());
                 s.last_turn_id = Some(turn.clone());
             }
             tree.active_children
                 .get_or_insert_with(&root_turn, Default::default)
                 .insert(turn.clone(), session.clone());
-            tx.session_at(session, pos, true);
-            tx.turn_at(turn, p, true);
-            evaluate_root(tree, &mut tx, &root_turn);
+            tx.session(session, at.1, true);
+            tx.turn(turn, Hint::at(p), true);
+            evaluate_root(tree, &mut tx, (&root_turn, Hint::NONE));
         }
     }
     Ok(tx)
@@ -356,11 +326,11 @@ pub(crate) fn turn_started(
 pub(crate) fn turn_waiting(
     tree: &mut Tree,
     now: i64,
-    (session, pos): (&Id, u32),
+    at: (&Id, Hint),
     turn: &Id,
 ) -> Result<Tx, Rejected> {
-    child_at(tree, pos, session, "turnWaiting")?;
-    let (p, t) = turn_at(tree, pos, session, turn)?;
+    child(tree, at, "turnWaiting")?;
+    let (p, t) = turn_of(tree, at, turn)?;
     if !t.is_active() {
         return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
     }
@@ -371,10 +341,10 @@ pub(crate) fn turn_waiting(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    if let Some(t) = tree.turns.at_mut(p).map(Arc::make_mut) {
-        t.phase = Phase::Waiting;
+    if let Some((_, t)) = tree.turns.get_mut_hinted(turn, Hint::at(p)) {
+        Arc::make_mut(t).phase = Phase::Waiting;
     }
-    tx.turn_at(turn, p, true);
+    tx.turn(turn, Hint::at(p), true);
     Ok(tx)
 }
 
@@ -383,19 +353,14 @@ pub(crate) fn turn_waiting(
 pub(crate) fn turn_terminal(
     tree: &mut Tree,
     now: i64,
-    (session, pos): (&Id, u32),
+    at: (&Id, Hint),
     turn: &Id,
     outcome: Outcome,
     error: Option<String>,
 ) -> Result<Tx, Rejected> {
-    let (_, links) = child_at(
-        tree,
-        pos,
-        session,
-        "turnTerminal (only the root gate settles roots)",
-    )?;
+    let (_, links) = child(tree, at, "turnTerminal (only the root gate settles roots)")?;
     let root_turn = links.root_turn_id.clone();
-    let (p, t) = turn_at(tree, pos, session, turn)?;
+    let (p, t) = turn_of(tree, at, turn)?;
     if !t.is_active() {
         return Ok(Tx::ignore(now, Ignored::LateAfterSettled));
     }
@@ -404,7 +369,7 @@ pub(crate) fn turn_terminal(
         return Ok(Tx::ignore(now, Ignored::CancelInFlight));
     }
     let mut tx = Tx::new(now);
-    settle_turn_at(tree, &mut tx, turn, p, outcome, error);
-    evaluate_root(tree, &mut tx, &root_turn);
+    settle_turn(tree, &mut tx, (turn, Hint::at(p)), outcome, error);
+    evaluate_root(tree, &mut tx, (&root_turn, Hint::NONE));
     Ok(tx)
 }

@@ -4,6 +4,7 @@
 
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
+use crate::keyed::Hint;
 use crate::model::Id;
 use crate::step::Reply;
 use std::sync::Arc;
@@ -59,14 +60,14 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
         .retain(|turn, _| turns.contains_key(turn));
     tree.rebuild_provider_turns();
     for id in &ids {
-        if let Some(hot) = tree.hot_of(id) {
+        if let Some(hot) = tree.hot(id, Hint::NONE) {
             *hot = Default::default();
         }
         if let Some(s) = tree.sessions.get_mut(id).map(Arc::make_mut) {
             s.deleted_at = Some(now);
             s.active_turn_id = None;
         }
-        tx.session(id, true);
+        tx.session(id, Hint::NONE, true);
         tx.purge(id);
     }
     tx.reply = Some(Reply::Deleted {

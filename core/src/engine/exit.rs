@@ -6,6 +6,7 @@ use super::cancel::{resolve, Resolution};
 use super::gate::settle_turn;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
+use crate::keyed::Hint;
 use crate::model::{CancelState, Id, Outcome, ProviderPhase};
 use crate::step::Ignored;
 use std::sync::Arc;
@@ -51,7 +52,7 @@ pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<
         settle_turn(
             tree,
             &mut tx,
-            c,
+            (c, Hint::NONE),
             Outcome::Interrupted,
             Some(message.clone()),
         );
@@ -65,12 +66,12 @@ pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<
                 r.retained_error = Some(message.clone());
             }
         }
-        tx.turn(&root_turn, true);
+        tx.turn(&root_turn, Hint::NONE, true);
     }
     settle_turn(
         tree,
         &mut tx,
-        &root_turn,
+        (&root_turn, Hint::NONE),
         Outcome::Interrupted,
         Some(message),
     );

@@ -4,38 +4,24 @@
 use super::provider_turns::ProviderTurns;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::keyed::{hash_id, same};
+use crate::keyed::{hash_id, same, Hint};
 use crate::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, RootProviderTurn, Turn};
 use crate::step::Ignored;
 use std::sync::Arc;
 
 /// Settles one turn: phase settled, outcome, error only where allowed ("a canonical canceled turn
 /// must not retain a transport error"), clears the session's active turn, drops it from its root's
-/// active-children set, and supersedes its pending interactions.
+/// active-children set, and supersedes its pending interactions. `hint`: where the caller found
+/// the turn in `tree.turns`, if it did (checked, see [`Hint`]).
 pub(crate) fn settle_turn(
     tree: &mut Tree,
     tx: &mut Tx,
-    turn_id: &Id,
-    outcome: Outcome,
-    error: Option<String>,
-) {
-    if let Some(pos) = tree.turns.position(turn_id) {
-        settle_turn_at(tree, tx, turn_id, pos, outcome, error);
-    }
-}
-
-/// [`settle_turn`] for the turn at `pos` in `tree.turns` (nothing happens if another turn is
-/// there).
-pub(crate) fn settle_turn_at(
-    tree: &mut Tree,
-    tx: &mut Tx,
-    turn_id: &Id,
-    pos: u32,
+    (turn_id, hint): (&Id, Hint),
     outcome: Outcome,
     error: Option<String>,
 ) {
     // Positions, so that the step is built without looking the turn and session up again.
-    let Some(turn) = tree.turns.at_id_mut(pos, turn_id) else {
+    let Some((pos, turn)) = tree.turns.get_mut_hinted(turn_id, hint) else {
         return;
     };
     if !turn.is_active() {
@@ -46,13 +32,12 @@ pub(crate) fn settle_turn_at(
     turn.outcome = Some(outcome);
     turn.error = if outcome.allows_error() { error } else { None };
     let session_id = turn.agent_session_id.clone();
-    tx.turn_at(turn_id, pos, true);
+    tx.turn(turn_id, Hint::at(pos), true);
     tree.inflight.remove(turn_id);
-    let session_pos = tree.sessions.position(&session_id).unwrap_or(u32::MAX);
-    if let Some(s) = tree.sessions.at_mut(session_pos) {
+    if let Some((session_pos, s)) = tree.sessions.get_mut_hinted(&session_id, Hint::NONE) {
         if s.active_turn_id.as_ref().is_some_and(|a| same(a, turn_id)) {
             Arc::make_mut(s).active_turn_id = None;
-            tx.session_at(&session_id, session_pos, true);
+            tx.session(&session_id, Hint::at(session_pos), true);
         }
         if let Some(rt) = s.root_turn_id().cloned() {
             if let Some(m) = tree.active_children.get_mut(&rt) {
@@ -93,38 +78,15 @@ fn close_open_tool_calls(tree: &mut Tree, tx: &mut Tx, turn_id: &Id, session_id:
     }
 }
 
-/// A root turn found once: its id, the id's [`hash_id`] (it is also looked up in the maps keyed
-/// by root turn) and its position in `tree.turns`.
-#[derive(Clone, Copy)]
-pub(crate) struct RootTurn<'a> {
-    pub id: &'a Id,
-    pub hash: u64,
-    pub pos: u32,
-}
-
-impl<'a> RootTurn<'a> {
-    /// Finds the turn `id` of `tree`.
-    pub fn find(tree: &Tree, id: &'a Id) -> Option<RootTurn<'a>> {
-        let hash = hash_id(id);
-        let pos = tree.turns.position_hashed(hash, id)?;
-        Some(RootTurn { id, hash, pos })
-    }
-}
-
 /// Derives the root turn's visible phase from the provider lifecycle and its children; publishes
-/// the root turn only if the phase changed.
-pub(crate) fn refresh_root_phase(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
-    if let Some(root) = RootTurn::find(tree, root_turn) {
-        refresh_root_phase_at(tree, tx, root);
-    }
-}
-
-/// [`refresh_root_phase`] for a root turn already found.
-fn refresh_root_phase_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>) {
-    let (hash, root_turn) = (root.hash, root.id);
+/// the root turn only if the phase changed. `hint`: where the caller found the root turn in
+/// `tree.turns`, if it did (checked).
+pub(crate) fn refresh_root_phase(tree: &mut Tree, tx: &mut Tx, (root_turn, hint): (&Id, Hint)) {
+    // Hashed once for both maps keyed by root turn.
+    let hash = hash_id(root_turn);
     let children = tree.active_child_count_hashed(hash, root_turn);
     let inflight = tree.inflight.contains_key_hashed(hash, root_turn);
-    let Some(turn) = tree.turns.at_id_mut(root.pos, root_turn) else {
+    let Some((pos, turn)) = tree.turns.get_mut_hinted(root_turn, hint) else {
         return;
     };
     if !turn.is_active() {
@@ -148,26 +110,19 @@ fn refresh_root_phase_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>) {
     };
     if turn.phase != phase {
         Arc::make_mut(turn).phase = phase;
-        tx.turn_at(root_turn, root.pos, true);
+        tx.turn(root_turn, Hint::at(pos), true);
     }
 }
 
 /// Applies the retained root provider outcome when the gate allows: the provider turn is terminal
 /// (and no guidance reservation holds it), no nested child turn is active, and no cancel of the
-/// root is in flight (then the cancel decides). Otherwise refreshes the root's phase.
-pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, root_turn: &Id) {
-    if let Some(root) = RootTurn::find(tree, root_turn) {
-        evaluate_root_at(tree, tx, root);
-    }
-}
-
-/// [`evaluate_root`] for a root turn already found: the id is hashed once for the maps keyed by
-/// root turn, and the turn itself is reached by its position.
-pub(crate) fn evaluate_root_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>) {
-    let (hash, root_turn) = (root.hash, root.id);
-    let Some((_, turn)) = tree.turns.at(root.pos) else {
+/// root is in flight (then the cancel decides). Otherwise refreshes the root's phase. `hint`:
+/// where the caller found the root turn in `tree.turns`, if it did (checked).
+pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, (root_turn, hint): (&Id, Hint)) {
+    let Some((pos, turn)) = tree.turns.get_hinted(root_turn, hint) else {
         return;
     };
+    let hash = hash_id(root_turn);
     if !turn.is_active() {
         return;
     }
@@ -188,9 +143,9 @@ pub(crate) fn evaluate_root_at(tree: &mut Tree, tx: &mut Tx, root: RootTurn<'_>)
                 )
             })
             .unwrap_or((Outcome::Completed, None));
-        settle_turn_at(tree, tx, root_turn, root.pos, outcome, error);
+        settle_turn(tree, tx, (root_turn, Hint::at(pos)), outcome, error);
     } else {
-        refresh_root_phase_at(tree, tx, root);
+        refresh_root_phase(tree, tx, (root_turn, Hint::at(pos)));
     }
 }
 
@@ -357,8 +312,8 @@ pub(crate) fn provider_started(
         r,
         provider_turn_id,
     );
-    tx.turn(&root_turn, true);
-    refresh_root_phase(tree, &mut tx, &root_turn);
+    tx.turn(&root_turn, Hint::NONE, true);
+    refresh_root_phase(tree, &mut tx, (&root_turn, Hint::NONE));
     Ok(tx)
 }
 
@@ -428,7 +383,7 @@ pub(crate) fn provider_completed(
             r,
             provider_turn_id,
         );
-        tx.turn(&root_turn, false);
+        tx.turn(&root_turn, Hint::NONE, false);
         tx.ignored = Some(Ignored::LateAfterSettled);
         return Ok(tx);
     }
@@ -462,7 +417,7 @@ pub(crate) fn provider_completed(
         r,
         provider_turn_id,
     );
-    tx.turn(&root_turn, true);
-    evaluate_root(tree, &mut tx, &root_turn);
+    tx.turn(&root_turn, Hint::NONE, true);
+    evaluate_root(tree, &mut tx, (&root_turn, Hint::NONE));
     Ok(tx)
 }

@@ -6,6 +6,7 @@ use super::child::new_turn;
 use super::gate::evaluate_root;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
+use crate::keyed::Hint;
 use crate::model::{
     Capabilities, Id, Message, Phase, ProviderPhase, Relation, RootProviderTurn, Session, Trigger,
 };
@@ -21,11 +22,7 @@ pub(crate) fn create_root(
     title: Option<&String>,
     capabilities: Option<Capabilities>,
 ) -> (Tree, Tx) {
-    let mut tree = Tree {
-        root_id: id.clone(),
-        workspace_id: workspace_id.clone(),
-        ..Tree::default()
-    };
+    let mut tree = Tree::new(id.clone(), workspace_id.clone());
     let relation = Relation::root(capabilities.unwrap_or_default());
     let mut root = Session::new(
         id.clone(),
@@ -37,7 +34,7 @@ pub(crate) fn create_root(
     root.title = title.cloned();
     tree.sessions.insert(id.clone(), Arc::new(root));
     let mut tx = Tx::new(now);
-    tx.session(id, true);
+    tx.session(id, Hint::NONE, true);
     tx.reply = Some(Reply::Created {
         agent_session_id: id.clone(),
     });
@@ -45,12 +42,22 @@ pub(crate) fn create_root(
 }
 
 fn record_user_message(tree: &mut Tree, tx: &mut Tx, session: &Id, turn: &Id, text: &str) {
-    let Some(ids) = tree.hot_of(session).map(|h| &mut h.message_ids) else {
+    let Some(ids) = tree.hot(session, Hint::NONE).map(|h| &mut h.message_ids) else {
         return;
     };
-    let seq = ids.len() as u64;
-    let message_id: Id = format!("user-{turn}-{seq}").into();
-    ids.insert(message_id.clone());
+    // The id names the turn and the message's number; a provider message that took that id
+    // already (ids are the provider's) gets a suffix, so the user's text is never lost and no
+    // number is given twice.
+    let number = ids.len();
+    let mut message_id: Id = format!("user-{turn}-{number}").into();
+    let mut again = 0;
+    while ids.contains(&message_id) {
+        again += 1;
+        message_id = format!("user-{turn}-{number}.{again}").into();
+    }
+    let Some(seq) = ids.insert_numbered(&message_id) else {
+        return;
+    };
     tx.message(Message {
         agent_session_id: session.clone(),
         turn_id: turn.clone(),
@@ -93,15 +100,13 @@ pub(crate) fn submit(
         }
         let mut turn = new_turn(turn_id, session, Trigger::User, Phase::Submitted, now);
         turn.root_provider_turn = Some(RootProviderTurn::default());
-        if let Some(pos) = tree.sessions.position(session) {
-            tree.insert_turn(pos, turn);
-        }
+        tree.insert_turn((session, Hint::NONE), turn);
         if let Some(s) = tree.sessions.get_mut(session).map(Arc::make_mut) {
             s.active_turn_id = Some(turn_id.clone());
             s.last_turn_id = Some(turn_id.clone());
         }
-        tx.session(session, true);
-        tx.turn(turn_id, true);
+        tx.session(session, Hint::NONE, true);
+        tx.turn(turn_id, Hint::NONE, true);
         record_user_message(tree, &mut tx, session, turn_id, text);
         tx.provider.push(ProviderRequest::Start {
             root_agent_session_id: root,
@@ -117,10 +122,17 @@ pub(crate) fn submit(
     if tree.inflight.contains_key(&active) {
         return Err(Rejected::CancelInProgress(active));
     }
+    // The session's active turn is in its tree (restore and every handler keep it so); a tree
+    // where it is not would get the user's message recorded on no turn.
     let rpt = tree
         .turns
         .get(&active)
-        .and_then(|t| t.root_provider_turn.clone())
+        .ok_or_else(|| Rejected::Internal {
+            what: "a session's activeTurnId names no turn of its tree",
+            id: active.clone(),
+        })?
+        .root_provider_turn
+        .clone()
         .unwrap_or_default();
     let mode = match rpt.phase {
         ProviderPhase::Idle | ProviderPhase::Running => GuideMode::Steer,
@@ -137,8 +149,8 @@ pub(crate) fn submit(
             r.phase = ProviderPhase::Running;
             r.reserved = true;
         }
-        tx.turn(&active, true);
-        evaluate_root(tree, &mut tx, &active);
+        tx.turn(&active, Hint::NONE, true);
+        evaluate_root(tree, &mut tx, (&active, Hint::NONE));
     }
     record_user_message(tree, &mut tx, session, &active, text);
     tx.provider.push(ProviderRequest::Guide {
@@ -163,7 +175,7 @@ pub(crate) fn guide_failed(
     session: &Id,
     turn: &Id,
 ) -> Result<Tx, Rejected> {
-    let t = super::child::turn_of(tree, session, turn)?;
+    let (_, t) = super::child::turn_of(tree, (session, Hint::NONE), turn)?;
     let reserved = t.root_provider_turn.as_ref().is_some_and(|r| r.reserved);
     if !t.is_active() || !reserved {
         return Ok(Tx::ignore(now, Ignored::Stale));
@@ -175,7 +187,7 @@ pub(crate) fn guide_failed(
             r.phase = ProviderPhase::Completed;
         }
     }
-    tx.turn(turn, true);
-    evaluate_root(tree, &mut tx, turn);
+    tx.turn(turn, Hint::NONE, true);
+    evaluate_root(tree, &mut tx, (turn, Hint::NONE));
     Ok(tx)
 }

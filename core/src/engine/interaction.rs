@@ -4,6 +4,7 @@
 use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
+use crate::keyed::Hint;
 use crate::model::{Id, Interaction, InteractionStatus};
 use crate::step::{Ignored, ProviderRequest, Reply};
 use serde_json::Value;
@@ -21,7 +22,7 @@ pub(crate) fn requested(
     kind: &Value,
     payload: &Value,
 ) -> Result<Tx, Rejected> {
-    let t = turn_of(tree, session, turn)?;
+    let (_, t) = turn_of(tree, (session, Hint::NONE), turn)?;
     if tree.interactions.contains_key(turn, request) {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }

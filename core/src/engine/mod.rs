@@ -15,7 +15,7 @@ pub use cancel::UNCONFIRMED;
 
 use crate::error::{Rejected, RestoreError};
 use crate::input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
-use crate::keyed::IdMap;
+use crate::keyed::{Hint, IdMap};
 use crate::model::{
     CancelOperation, CancelState, Id, Interaction, InteractionStatus, Millis, Session, ToolCall,
     Turn,
@@ -58,11 +58,12 @@ pub struct Engine {
     op_root: IdMap<u32>,
 }
 
-/// Where a loaded session lives: its tree's slot and its position in that tree's sessions.
+/// Where a loaded session lives: its tree's slot and its position in that tree's sessions (a
+/// hint: every use checks it, see [`Hint`]).
 #[derive(Debug, Clone, Copy)]
 struct Loc {
     slot: u32,
-    pos: u32,
+    pos: Hint,
 }
 
 impl Engine {
@@ -108,7 +109,10 @@ impl Engine {
                     *capabilities,
                 );
                 let step = tx.finish(&mut tree);
-                let pos = tree.sessions.position(agent_session_id).unwrap_or(0);
+                let pos = tree
+                    .sessions
+                    .position(agent_session_id)
+                    .map_or(Hint::NONE, Hint::at);
                 let slot = self.insert_tree(tree);
                 self.session_root
                     .insert(agent_session_id.clone(), Loc { slot, pos });
@@ -174,7 +178,13 @@ impl Engine {
     fn command(&mut self, now: Millis, c: &Command) -> Result<Step, Rejected> {
         let timeout = self.config.cancel_timeout_ms;
         match c {
-            Command::CreateSession { .. } => Err(Rejected::Invalid("createSession routed twice")),
+            // `handle` creates roots itself; reaching here is the engine's own routing error.
+            Command::CreateSession {
+                agent_session_id, ..
+            } => Err(Rejected::Internal {
+                what: "createSession routed past Engine::handle",
+                id: agent_session_id.clone(),
+            }),
             Command::Submit {
                 agent_session_id,
                 turn_id,
@@ -289,7 +299,7 @@ impl Engine {
                         agent_session_id.clone(),
                         Loc {
                             slot: loc.slot,
-                            pos,
+                            pos: Hint::at(pos),
                         },
                     );
                 }
@@ -343,7 +353,13 @@ impl Engine {
                 ..
             } => {
                 return transcript::message(
-                    tree, now, canonical, loc.pos, turn_id, message_id, role, text,
+                    tree,
+                    now,
+                    (canonical, loc.pos),
+                    turn_id,
+                    message_id,
+                    role,
+                    text,
                 )
             }
             ToolCallUpdated {
@@ -494,7 +510,13 @@ impl Engine {
         let ops: Vec<Id> = tree.ops.keys().cloned().collect();
         let slot = self.insert_tree(tree);
         for (pos, id) in (0u32..).zip(sessions) {
-            self.session_root.insert(id, Loc { slot, pos });
+            self.session_root.insert(
+                id,
+                Loc {
+                    slot,
+                    pos: Hint::at(pos),
+                },
+            );
         }
         for id in ops {
             self.op_root.insert(id, slot);

@@ -4,10 +4,10 @@
 //! scoped to an existing child session and turn", unless that turn is a closed cancellation
 //! target; output for a settled root turn is dropped (never attached to a settled root).
 
-use super::child::turn_at;
+use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
-use crate::keyed::{hash_id, same};
+use crate::keyed::{same, Hint};
 use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
 use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
@@ -61,28 +61,33 @@ fn drop_reason(t: &Turn) -> Option<Ignored> {
 pub(crate) fn message(
     tree: &mut Tree,
     now: i64,
-    session: &Id,
-    position: u32,
+    at: (&Id, Hint),
     turn: &Id,
     message_id: &Id,
     role: &Text,
     text: &Text,
 ) -> Result<Step, Rejected> {
-    let (_, t) = turn_at(tree, position, session, turn)?;
+    let session = at.0;
+    let (_, t) = turn_of(tree, at, turn)?;
     let dropped = drop_reason(t);
-    // The session's message ids are found by its position (no lookup), and the message id is
-    // hashed once for the duplicate check and the insert.
-    let ids = &mut tree.hot_at(position).message_ids;
-    let hash = hash_id(message_id);
-    if ids.contains_hashed(hash, message_id) {
-        return Ok(ignored(Ignored::Duplicate));
-    }
+    // The session's message ids are found by its (checked) position.
+    let Some(hot) = tree.hot(session, at.1) else {
+        return Err(Rejected::UnknownSession(session.clone()));
+    };
+    let ids = &mut hot.message_ids;
     if let Some(why) = dropped {
+        let why = if ids.contains(message_id) {
+            Ignored::Duplicate
+        } else {
+            why
+        };
         return Ok(ignored(why));
     }
-    // The session's messages are numbered densely from 0: the next `seq` is the number of ids.
-    let seq = ids.len() as u64;
-    ids.insert_absent_hashed(hash, message_id.clone());
+    // The session's messages are numbered densely from 0, in the same search that proves the
+    // message id new.
+    let Some(seq) = ids.insert_numbered(message_id) else {
+        return Ok(ignored(Ignored::Duplicate));
+    };
     Ok(publish(
         tree,
         Row::Message(Message {
@@ -102,7 +107,7 @@ pub(crate) fn message(
 pub(crate) fn tool_call(
     tree: &mut Tree,
     now: i64,
-    (session, position): (&Id, u32),
+    at: (&Id, Hint),
     turn: &Id,
     call: &Id,
     name: Option<&Text>,
@@ -110,7 +115,8 @@ pub(crate) fn tool_call(
     kind: Option<&Value>,
     payload: Option<&Value>,
 ) -> Result<Step, Rejected> {
-    let (_, t) = turn_at(tree, position, session, turn)?;
+    let session = at.0;
+    let (_, t) = turn_of(tree, at, turn)?;
     if let Some(why) = drop_reason(t) {
         return Ok(ignored(why));
     }
@@ -129,7 +135,10 @@ pub(crate) fn tool_call(
             version: 0,
         })
     }) else {
-        return Err(Rejected::Invalid("tool call table out of step"));
+        return Err(Rejected::Internal {
+            what: "tool call index and tool calls out of step",
+            id: call.clone(),
+        });
     };
     // What changes, found before the tool call is written to, so that an unchanged one is
     // not copied (it is copied on write only while a step still holds it).
@@ -225,6 +234,124 @@ pub(crate) fn metadata(
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    tx.session(session, true);
+    tx.session(session, Hint::NONE, true);
     Ok(tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::message;
+    use crate::keyed::Hint;
+    use crate::model::Id;
+    use crate::step::Row;
+    use crate::{Engine, Input};
+    use serde_json::json;
+
+    /// "A position hint verifies the id it finds": a message event for child `C` that arrives
+    /// with the position of root `R` (which holds one message already) is numbered from `C`'s
+    /// own messages. Trusting the position would have given it `seq` 1 and recorded its id
+    /// among `R`'s.
+    #[test]
+    fn a_wrong_session_hint_never_numbers_a_message_from_another_session() {
+        let mut e = Engine::new();
+        for (now, v) in [
+            (
+                1,
+                json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"}),
+            ),
+            (
+                2,
+                json!({"type": "submit", "agentSessionId": "R", "turnId": "T", "text": "go"}),
+            ),
+            (
+                3,
+                json!({"type": "childSessionCreated", "agentSessionId": "C", "turnId": "CT", "parentAgentSessionId": "R", "parentTurnId": "T", "rootAgentSessionId": "R", "rootTurnId": "T"}),
+            ),
+        ] {
+            let input: Input = serde_json::from_value(v).expect("input");
+            e.handle(now, &input).expect("accepted");
+        }
+        let mut tree = e.trees().next().expect("one tree").clone();
+        let (r_pos, _) = tree.sessions.get_hinted("R", Hint::NONE).expect("R");
+        let (c_pos, _) = tree.sessions.get_hinted("C", Hint::NONE).expect("C");
+        assert_ne!(r_pos, c_pos);
+        let c = tree
+            .sessions
+            .at(c_pos)
+            .map(|(id, _)| id.clone())
+            .expect("C id");
+        let r_messages =
+            |tree: &super::Tree| tree.message_ids().filter(|(s, _)| &***s == "R").count();
+        assert_eq!(
+            r_messages(&tree),
+            1,
+            "the submit recorded the user's message"
+        );
+
+        let (turn, message_id): (Id, Id) = ("CT".into(), "m1".into());
+        let step = message(
+            &mut tree,
+            4,
+            (&c, Hint::at(r_pos)),
+            &turn,
+            &message_id,
+            &"assistant".into(),
+            &"hi".into(),
+        )
+        .expect("accepted");
+        match step.persist.rows.first() {
+            Some(Row::Message(m)) => {
+                assert_eq!(&*m.agent_session_id, "C");
+                assert_eq!(m.seq, 0, "C's first message");
+            }
+            other => panic!("expected a message row, got {other:?}"),
+        }
+        assert_eq!(r_messages(&tree), 1, "R's message ids are untouched");
+        assert!(tree.message_ids().any(|(s, m)| &**s == "C" && &**m == "m1"));
+    }
+    /// A user message's id is synthetic (`user-{turn}-{n}`); a provider message that already
+    /// took that id does not make the user's message reuse a `seq` (before, the id insert
+    /// failed silently and the next message got the same `seq`).
+    #[test]
+    fn a_user_message_id_taken_by_the_provider_never_reuses_a_seq() {
+        let mut e = Engine::new();
+        let mut seqs = Vec::new();
+        for (now, v) in [
+            (
+                1,
+                json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"}),
+            ),
+            (
+                2,
+                json!({"type": "submit", "agentSessionId": "R", "turnId": "T", "text": "go"}),
+            ),
+            (
+                3,
+                json!({"type": "rootProviderTurnStarted", "agentSessionId": "R", "providerTurnId": "p1"}),
+            ),
+            (
+                4,
+                json!({"type": "messageAppended", "agentSessionId": "R", "turnId": "T", "messageId": "user-T-2", "role": "assistant", "text": "a"}),
+            ),
+            (
+                5,
+                json!({"type": "submit", "agentSessionId": "R", "turnId": "T2", "text": "more"}),
+            ),
+            (
+                6,
+                json!({"type": "messageAppended", "agentSessionId": "R", "turnId": "T", "messageId": "m3", "role": "assistant", "text": "b"}),
+            ),
+        ] {
+            let input: Input = serde_json::from_value(v).expect("input");
+            let step = e.handle(now, &input).expect("accepted");
+            for row in &step.persist.rows {
+                if let Row::Message(m) = row {
+                    seqs.push((m.seq, m.message_id.to_string()));
+                }
+            }
+        }
+        let numbers: Vec<u64> = seqs.iter().map(|(n, _)| *n).collect();
+        assert_eq!(numbers, [0, 1, 2, 3], "dense and distinct: {seqs:?}");
+        assert_eq!(seqs[2].1, "user-T-2.1", "the user's message got a free id");
+    }
 }

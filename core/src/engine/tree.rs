@@ -3,7 +3,7 @@
 
 use super::provider_turns::ProviderTurns;
 use crate::hash::FxSet;
-use crate::keyed::{hash_id, same, IdMap, IdSet, PairMap, PairTable, Table};
+use crate::keyed::{hash_id, same, Hint, IdMap, IdSet, PairMap, PairTable, Table};
 use crate::model::{CancelOperation, Id, Interaction, Message, Millis, Session, ToolCall, Turn};
 use crate::step::{Guard, Ignored, PersistBatch, ProviderRequest, Reply, Row, Step, TimerRequest};
 use smallvec::SmallVec;
@@ -26,8 +26,9 @@ pub(crate) struct Tree {
     /// Pending interaction request ids per turn.
     pub pending: IdMap<Vec<Id>>,
     /// What the common events of a session need, by the session's position in `sessions`
-    /// (sessions are tombstoned, never removed, so positions never change).
-    pub hot: Vec<SessionHot>,
+    /// (sessions are tombstoned, never removed, so positions never change). Reached only
+    /// through [`Tree::hot`], which finds the session's position by its id.
+    hot: Vec<SessionHot>,
     /// Tool calls keyed by (session id, tool call id).
     pub tool_calls: PairTable<Arc<ToolCall>>,
     /// Tool calls of each active turn whose status is not terminal (turn id -> tool call ids of
@@ -49,59 +50,79 @@ pub(crate) struct Tree {
 pub(crate) struct SessionHot {
     /// Message ids seen (a repeat is a no-op); their count is the next message's `seq`.
     pub message_ids: IdSet,
-    /// Position in `turns` of the session's latest turn: a hint, checked before use (positions
+    /// Where the session's latest turn is in `turns`: a hint, checked by every use (positions
     /// move when a deletion removes turns).
-    pub turn: u32,
+    pub turn: Hint,
 }
 
 impl Default for SessionHot {
     fn default() -> Self {
         SessionHot {
             message_ids: IdSet::default(),
-            turn: u32::MAX,
+            turn: Hint::NONE,
         }
     }
 }
 
 impl Tree {
-    /// The hot record of the session at `pos` in `sessions`.
-    pub fn hot_at(&mut self, pos: u32) -> &mut SessionHot {
-        let pos = pos as usize;
+    /// An empty tree of the root `root_id`.
+    pub fn new(root_id: Id, workspace_id: Id) -> Tree {
+        Tree {
+            root_id,
+            workspace_id,
+            ..Tree::default()
+        }
+    }
+
+    /// The hot record of `session` (`None` if the tree has no such session). The record is
+    /// found by the session's position, through `hint` when it is right: a wrong hint is
+    /// detected and never yields another session's record (whose message count would become
+    /// this session's next `seq`).
+    #[inline]
+    pub fn hot(&mut self, session: &str, hint: Hint) -> Option<&mut SessionHot> {
+        let pos = self.sessions.locate(session, hint)? as usize;
         if self.hot.len() <= pos {
             self.hot.resize_with(pos + 1, SessionHot::default);
         }
-        &mut self.hot[pos]
+        self.hot.get_mut(pos)
     }
 
-    /// The hot record of a session of this tree.
-    pub fn hot_of(&mut self, session: &str) -> Option<&mut SessionHot> {
-        let pos = self.sessions.position(session)?;
-        Some(self.hot_at(pos))
+    /// Every (session, message id) of the tree.
+    pub fn message_ids(&self) -> impl Iterator<Item = (&Id, &Id)> + '_ {
+        // The hot records are by session position: zipped with the sessions in order.
+        self.sessions
+            .keys()
+            .zip(&self.hot)
+            .flat_map(|(s, hot)| hot.message_ids.iter().map(move |m| (s, m)))
     }
 
-    /// Inserts a new turn of the session at `session_pos` and makes it that session's latest.
-    pub fn insert_turn(&mut self, session_pos: u32, turn: Turn) -> u32 {
+    /// Inserts a new turn of `session` and makes it that session's latest; returns the turn's
+    /// position in `turns`.
+    pub fn insert_turn(&mut self, (session, hint): (&Id, Hint), turn: Turn) -> u32 {
         let pos = self.turns.insert(turn.id.clone(), Arc::new(turn));
-        self.hot_at(session_pos).turn = pos;
+        if let Some(hot) = self.hot(session, hint) {
+            hot.turn = Hint::at(pos);
+        }
         pos
     }
 
-    /// The position in `turns` of `turn`, a turn of the session at `session_pos` whose canonical
-    /// id is `session`. The session's latest turn (the one nearly every event is about) is
-    /// found from the hot record; any other turn through the index.
+    /// The position in `turns` and the turn `turn` of exactly `session` (canonical id; `hint`:
+    /// the session's position). The session's latest turn (the one nearly every event is
+    /// about) is tried first, from the hot record; any other turn is found through the index.
     #[inline]
-    pub fn turn_position(&self, session_pos: u32, session: &Id, turn: &str) -> Option<u32> {
-        if let Some(hint) = self.hot.get(session_pos as usize).map(|h| h.turn) {
-            if let Some((id, t)) = self.turns.at(hint) {
-                // The session's id is the canonical allocation: a pointer comparison.
-                if same(id, turn) && same(&t.agent_session_id, session) {
-                    return Some(hint);
-                }
-            }
-        }
-        let pos = self.turns.position(turn)?;
-        let (_, t) = self.turns.at(pos)?;
-        same(&t.agent_session_id, session).then_some(pos)
+    pub fn turn_of_session(
+        &self,
+        (session, hint): (&Id, Hint),
+        turn: &str,
+    ) -> Option<(u32, &Turn)> {
+        let latest = self
+            .sessions
+            .locate(session, hint)
+            .and_then(|pos| self.hot.get(pos as usize))
+            .map_or(Hint::NONE, |h| h.turn);
+        let (pos, t) = self.turns.get_hinted(turn, latest)?;
+        // The session's id is the canonical allocation: a pointer comparison.
+        same(&t.agent_session_id, session).then_some((pos, &**t))
     }
 
     /// Rebuilds the provider turn index from the turns (after a load or a deletion).
@@ -151,9 +172,9 @@ enum Key {
 
 #[derive(Debug)]
 enum Touch {
-    /// An entity, whether it is published, and its position in its table if the handler knew
-    /// it ([`NO_HINT`] if not; checked before use).
-    Entity(Key, bool, u32),
+    /// An entity, whether it is published, and where the handler found it in its table, if it
+    /// did (checked by `finish`).
+    Entity(Key, bool, Hint),
     /// A message (boxed: only a submit records one through a transaction, and a transaction is
     /// returned by value, so its inline touches stay small).
     Message(Box<Message>),
@@ -177,20 +198,6 @@ pub(crate) struct Tx {
 
 const LINEAR: usize = 16;
 
-/// No position hint.
-const NO_HINT: u32 = u32::MAX;
-
-/// The entity of `id` in `table`: at `hint` if that is where it is, else looked up.
-#[inline(always)]
-pub(crate) fn at_hint<'t, V>(table: &'t mut Table<V>, hint: u32, id: &str) -> Option<&'t mut V> {
-    let hit = table.at(hint).is_some_and(|(k, _)| same(k, id));
-    if hit {
-        table.at_mut(hint)
-    } else {
-        table.get_mut(id)
-    }
-}
-
 impl Tx {
     pub fn new(now: Millis) -> Tx {
         Tx {
@@ -212,7 +219,7 @@ impl Tx {
         tx
     }
 
-    fn touch(&mut self, key: Key, publish: bool, hint: u32) {
+    fn touch(&mut self, key: Key, publish: bool, hint: Hint) {
         if self.touches.len() >= LINEAR && self.seen.is_none() {
             let set: FxSet<Key> = self
                 .touches
@@ -232,12 +239,12 @@ impl Tx {
                 .any(|t| matches!(t, Touch::Entity(k, ..) if *k == key)),
         };
         if known {
-            if publish || hint != NO_HINT {
+            if publish || hint != Hint::NONE {
                 for t in self.touches.iter_mut() {
                     if let Touch::Entity(k, p, h) = t {
                         if *k == key {
                             *p |= publish;
-                            if *h == NO_HINT {
+                            if *h == Hint::NONE {
                                 *h = hint;
                             }
                             break;
@@ -269,33 +276,32 @@ impl Tx {
         }
     }
 
-    pub fn session(&mut self, id: &Id, publish: bool) {
-        self.touch(Key::Session(id.clone()), publish, NO_HINT);
+    /// A session the step changed; `hint`: where the handler found it in `sessions`, if it
+    /// did (`finish` then need not look it up).
+    pub fn session(&mut self, id: &Id, hint: Hint, publish: bool) {
+        self.touch(Key::Session(id.clone()), publish, hint);
     }
-    /// [`Tx::session`] for the session at `pos` in `sessions` (`finish` does not look it up).
-    pub fn session_at(&mut self, id: &Id, pos: u32, publish: bool) {
-        self.touch(Key::Session(id.clone()), publish, pos);
-    }
-    pub fn turn(&mut self, id: &Id, publish: bool) {
-        self.touch(Key::Turn(id.clone()), publish, NO_HINT);
-    }
-    /// [`Tx::turn`] for the turn at `pos` in `turns` (`finish` does not look it up).
-    pub fn turn_at(&mut self, id: &Id, pos: u32, publish: bool) {
-        self.touch(Key::Turn(id.clone()), publish, pos);
+    /// A turn the step changed; `hint`: where the handler found it in `turns`, if it did.
+    pub fn turn(&mut self, id: &Id, hint: Hint, publish: bool) {
+        self.touch(Key::Turn(id.clone()), publish, hint);
     }
     pub fn interaction(&mut self, turn: &Id, request: &Id) {
         self.touch(
             Key::Interaction(turn.clone(), request.clone()),
             true,
-            NO_HINT,
+            Hint::NONE,
         );
     }
     /// A tool call the step changed (published).
     pub fn tool_call(&mut self, session: &Id, call: &Id) {
-        self.touch(Key::ToolCall(session.clone(), call.clone()), true, NO_HINT);
+        self.touch(
+            Key::ToolCall(session.clone(), call.clone()),
+            true,
+            Hint::NONE,
+        );
     }
     pub fn op(&mut self, id: &Id) {
-        self.touch(Key::Op(id.clone()), true, NO_HINT);
+        self.touch(Key::Op(id.clone()), true, Hint::NONE);
     }
     pub fn message(&mut self, m: Message) {
         self.touches.push(Touch::Message(Box::new(m)));
@@ -332,8 +338,8 @@ impl Tx {
         for t in self.touches.drain(..) {
             let publish = match t {
                 Touch::Entity(Key::Session(id), p, hint) => {
-                    match at_hint(&mut tree.sessions, hint, &id) {
-                        Some(s) => {
+                    match tree.sessions.get_mut_hinted(&id, hint) {
+                        Some((_, s)) => {
                             batch.guards.push(Guard::SessionVersion {
                                 id,
                                 version: s.version,
@@ -349,8 +355,8 @@ impl Tx {
                     }
                 }
                 Touch::Entity(Key::Turn(id), p, hint) => {
-                    match at_hint(&mut tree.turns, hint, &id) {
-                        Some(t) => {
+                    match tree.turns.get_mut_hinted(&id, hint) {
+                        Some((_, t)) => {
                             batch.guards.push(Guard::TurnVersion {
                                 id,
                                 version: t.version,

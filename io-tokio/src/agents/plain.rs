@@ -40,6 +40,9 @@
 //!   test waits for the file instead of sleeping.
 //! * `TUTTI_PLAIN_HANG_SENT=PATH`: the same round trip and report file after the last chunk of a
 //!   `hang=1` prompt, so a test knows the client read that chunk before it cancels.
+//! * `TUTTI_PLAIN_FAIL_NEW_SESSIONS=N`: the first `N` `session/new` requests are answered with
+//!   an internal error (as `claude-code-acp` does when its Claude CLI refuses to start), the
+//!   later ones normally.
 //!
 //! Logs go to stderr and carry identifiers, counts and lengths only, never prompt text.
 
@@ -313,6 +316,17 @@ fn handle_new_session(
         *next += 1;
         *next
     };
+    let failing = std::env::var("TUTTI_PLAIN_FAIL_NEW_SESSIONS")
+        .ok()
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if number <= failing {
+        log!("session/new #{number} refused (TUTTI_PLAIN_FAIL_NEW_SESSIONS)");
+        return responder.respond_with_error(
+            Error::internal_error()
+                .data(json!({"details": "Query closed before response received"})),
+        );
+    }
     let id = format!("plain-session-{}-{number}", shared.id_prefix);
     shared.sessions().insert(id.clone(), Session::default());
     log!("session/new -> {id}");

@@ -442,3 +442,69 @@ impl Provider for DirectProvider {
         }
     }
 }
+
+/// The adapter of the direct provider, which speaks the engine's own vocabulary: an engine
+/// request goes down as its wire JSON, a line from the provider is an input already (an event or
+/// a runtime answer), and an `interactionRequested` the engine did not take goes down as
+/// `{"type":"dropped","event":...}` (the provider answers it itself).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DirectAdapter;
+
+impl tutti_core::adapters::Adapter for DirectAdapter {
+    fn open(&mut self, _now: Millis) -> tutti_core::adapters::AdapterOutput {
+        tutti_core::adapters::AdapterOutput::default()
+    }
+
+    fn on_request(
+        &mut self,
+        _now: Millis,
+        request: &tutti_core::ProviderRequest,
+    ) -> tutti_core::adapters::AdapterOutput {
+        tutti_core::adapters::AdapterOutput {
+            native: serde_json::to_value(request).into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    fn on_native(
+        &mut self,
+        _now: Millis,
+        message: &Value,
+    ) -> Result<tutti_core::adapters::AdapterOutput, tutti_core::adapters::AdapterError> {
+        use tutti_core::adapters::{AdapterError, AdapterOutput};
+        let input: tutti_core::Input = serde_json::from_value(message.clone())
+            .map_err(|e| AdapterError::Malformed(e.to_string()))?;
+        match input {
+            tutti_core::Input::Event(e) => Ok(AdapterOutput {
+                events: vec![e],
+                ..Default::default()
+            }),
+            tutti_core::Input::Runtime(a) => Ok(AdapterOutput {
+                answers: vec![a],
+                ..Default::default()
+            }),
+            tutti_core::Input::Command(_) => Err(AdapterError::Malformed(
+                "a provider does not send commands".into(),
+            )),
+        }
+    }
+
+    fn on_timer(&mut self, _now: Millis, _id: &str) -> tutti_core::adapters::AdapterOutput {
+        tutti_core::adapters::AdapterOutput::default()
+    }
+
+    fn on_dropped(
+        &mut self,
+        _now: Millis,
+        event: &tutti_core::NormalizedEvent,
+    ) -> tutti_core::adapters::AdapterOutput {
+        let native = serde_json::to_value(event)
+            .map(|v| json!({"type": "dropped", "event": v}))
+            .into_iter()
+            .collect();
+        tutti_core::adapters::AdapterOutput {
+            native,
+            ..Default::default()
+        }
+    }
+}

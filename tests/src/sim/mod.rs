@@ -48,30 +48,22 @@ pub mod acp;
 pub mod claude;
 pub mod codex;
 pub mod direct;
-pub mod roundtrip;
 
-/// `tutti_core::fuzzing`, included by source so this crate needs no feature of tutti-core: the
-/// module only names `super::` items, which the glob import below provides.
-#[allow(dead_code)]
-#[path = "../../../core/src/fuzzing.rs"]
-pub mod fuzzing;
-#[allow(unused_imports)]
-use tutti_core::*;
-
-use fuzzing::{check_all, check_one, unsettled, History};
+use tutti_testkit::{check_all, unsettled, History};
 
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
-use tutti_core::adapters::{take_due, Adapter, AdapterOutput, AdapterTimer};
-use tutti_core::input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
+use tutti_core::adapters::Adapter;
+use tutti_core::driver::{Driver, LaunchSpec, Output, Record};
+use tutti_core::input::{Command, Input};
 use tutti_core::model::{
     CancelOperation, Id, Interaction, Message, Millis, Session, SessionKind, Turn,
 };
 use tutti_core::projection::SessionDetail;
-use tutti_core::step::{PersistBatch, ProviderRequest, TimerRequest};
-use tutti_core::store::{MemoryStore, OutboxRow, Store};
+use tutti_core::step::PersistBatch;
+use tutti_core::store::{HostStore, MemoryStore, OutboxRow, Store};
 use tutti_core::{Engine, EngineConfig, TreeSnapshot};
 use tutti_sqlite::SqliteStore;
 
@@ -332,26 +324,13 @@ impl Kind {
 /// The kinds a seed may use (all four).
 pub const KINDS: [Kind; 4] = [Kind::Direct, Kind::Acp, Kind::Codex, Kind::Claude];
 
-/// One live provider process with its adapter and pipes.
+/// One live provider process and its pipes (its adapter lives in the driver).
 struct Link {
-    adapter: Option<Box<dyn Adapter>>,
     provider: Box<dyn Provider>,
     /// Runtime -> provider.
     down: VecDeque<Value>,
     /// Provider -> runtime.
     up: VecDeque<Value>,
-    timers: Vec<AdapterTimer>,
-    /// Engine -> runtime, not yet handed to the adapter (requests and dropped events, in order).
-    requests: VecDeque<ToRuntime>,
-}
-
-/// What the daemon sends a runtime (`io-tokio`'s `RuntimeMsg`).
-#[derive(Debug, Clone)]
-enum ToRuntime {
-    /// A provider request the engine decided.
-    Request(ProviderRequest),
-    /// An `interactionRequested` the engine did not take: the adapter answers it natively.
-    Dropped(NormalizedEvent),
 }
 
 struct TreeSim {
@@ -361,41 +340,64 @@ struct TreeSim {
     link: Option<Link>,
     turns: u32,
     ops: u32,
+    created: bool,
     deleted: bool,
-    /// Requests that arrived while no provider process runs.
-    link_less: VecDeque<ProviderRequest>,
 }
 
-fn new_link(kind: Kind, root: &Id, incarnation: u32, rng: &mut Rng) -> Link {
+fn new_provider(kind: Kind, root: &Id, incarnation: u32, rng: &mut Rng) -> Box<dyn Provider> {
     let tag = format!("{root}i{incarnation}");
-    let (adapter, provider): (Option<Box<dyn Adapter>>, Box<dyn Provider>) = match kind {
-        Kind::Direct => (
-            None,
-            Box::new(direct::DirectProvider::new(root.clone(), tag, rng)),
-        ),
-        Kind::Acp => (
-            Some(Box::new(AcpAdapter::new(
-                root.clone(),
-                AcpConfig::default(),
-            ))),
-            Box::new(acp::AcpAgent::new(tag, rng)),
-        ),
-        Kind::Codex => (
-            Some(codex::adapter(root)),
-            Box::new(codex::CodexServer::new(tag, rng)),
-        ),
-        Kind::Claude => (
-            Some(claude::adapter(root)),
-            Box::new(claude::ClaudeSidecar::new(tag, rng)),
-        ),
-    };
-    Link {
-        adapter,
-        provider,
-        down: VecDeque::new(),
-        up: VecDeque::new(),
-        timers: Vec::new(),
-        requests: VecDeque::new(),
+    match kind {
+        Kind::Direct => Box::new(direct::DirectProvider::new(root.clone(), tag, rng)),
+        Kind::Acp => Box::new(acp::AcpAgent::new(tag, rng)),
+        Kind::Codex => Box::new(codex::CodexServer::new(tag, rng)),
+        Kind::Claude => Box::new(claude::ClaudeSidecar::new(tag, rng)),
+    }
+}
+
+/// The adapter of a provider kind: the driver's factory, as the daemon's.
+fn new_adapter(kind: Kind, root: &Id) -> Box<dyn Adapter> {
+    match kind {
+        Kind::Direct => Box::new(direct::DirectAdapter),
+        Kind::Acp => Box::new(AcpAdapter::new(root.clone(), AcpConfig::default())),
+        Kind::Codex => codex::adapter(root),
+        Kind::Claude => claude::adapter(root),
+    }
+}
+
+fn kind_of(provider: &str) -> Option<Kind> {
+    KINDS.iter().copied().find(|k| k.name() == provider)
+}
+
+/// A driver around `engine` that makes each launched root's adapter by provider kind and records
+/// what it does (for the trace).
+fn new_driver(engine: Engine) -> Driver {
+    let mut d = Driver::with_engine(engine);
+    d.set_recording(true);
+    d.set_factory(Box::new(|spec: &LaunchSpec| {
+        kind_of(&spec.provider).map(|k| new_adapter(k, &spec.root))
+    }));
+    d
+}
+
+impl tutti_core::driver::Trees for SimStore {
+    fn root_of(&self, session: &str) -> Option<Id> {
+        match self {
+            SimStore::Memory(m) => HostStore::root_of(m, session).ok().flatten(),
+            SimStore::Sqlite { db: Some(d), .. } => HostStore::root_of(d, session).ok().flatten(),
+            SimStore::Sqlite { db: None, .. } => None,
+        }
+    }
+    fn root_of_operation(&self, operation: &str) -> Option<Id> {
+        match self {
+            SimStore::Memory(m) => m.root_of_cancel_operation(operation).ok().flatten(),
+            SimStore::Sqlite { db: Some(d), .. } => {
+                d.root_of_cancel_operation(operation).ok().flatten()
+            }
+            SimStore::Sqlite { db: None, .. } => None,
+        }
+    }
+    fn load_tree(&self, root: &str) -> Option<TreeSnapshot> {
+        Store::load_tree(self, root).ok().flatten()
     }
 }
 
@@ -423,15 +425,18 @@ pub struct Stats {
     pub sqlite: bool,
 }
 
+/// The daemon is the [`Driver`] plus what the simulation plays: the provider processes and
+/// their pipes, the store (commits are a scheduler action of their own, so provider lines and
+/// user commands reach the driver between a decision and its commit, as with the daemon's group
+/// commits), the clock and the user.
 struct World {
     rng: Rng,
     now: Millis,
-    engine: Engine,
+    driver: Driver,
     store: SimStore,
     history: History,
     trees: Vec<TreeSim>,
     tree_of: BTreeMap<Id, usize>,
-    timers: Vec<TimerRequest>,
     faults: bool,
     stats: Stats,
     trace: Option<Vec<String>>,
@@ -446,200 +451,190 @@ impl World {
         }
     }
 
-    /// Loads a tree that is not in memory (evicted, or not yet reloaded after a restart).
-    fn ensure_loaded(&mut self, t: usize) -> R {
-        let root = self.trees[t].root.clone();
-        if self.engine.root_of(&root).is_some() {
-            return Ok(());
-        }
-        if let Some(snap) = self.store.load_tree(&root).map_err(|e| e.to_string())? {
-            self.engine
-                .restore(snap)
-                .map_err(|e| format!("stored tree {root} does not restore: {e}"))?;
-        }
+    /// A host input for the driver (decided now, committed by a later [`World::commit`]).
+    fn feed(&mut self, input: Input) -> R {
+        self.driver.handle_input(self.now, input, None, &self.store);
+        self.after();
         Ok(())
     }
 
-    /// Feeds one input for tree `t`: decide, maybe crash before the commit, commit, check.
-    fn feed(&mut self, t: usize, input: Input) -> R {
-        self.ensure_loaded(t)?;
-        self.now += 1;
-        self.stats.inputs += 1;
-        if let Some(tr) = &mut self.trace {
-            tr.push(json!({"at": self.now, "input": input}).to_string());
-        }
-        let step = match self.engine.handle(self.now, &input) {
-            Ok(s) => s,
-            Err(e) => {
-                self.note(|| format!("rejected: {e}"));
-                self.tell_dropped(t, &input);
-                return Ok(());
-            }
-        };
-        if step.ignored.is_some() {
-            self.tell_dropped(t, &input);
-        }
-        if self.faults && !step.persist.is_empty() && self.rng.chance(3) {
-            // The process dies after deciding the step and before committing it.
-            self.note(|| "crash before the commit: the step above is lost".into());
-            return self.daemon_crash();
-        }
-        if let Err(err) = self.store.apply(&step.persist) {
-            return Err(format!(
-                "the store refused a step of its only writer ({}): {err}",
-                input.kind()
-            ));
-        }
-        self.timers.extend(step.timers.iter().cloned());
-        for r in step.provider {
-            let root = r.root_agent_session_id().clone();
-            let Some(&i) = self.tree_of.get(&root) else {
-                return Err(format!("provider request for unknown root {root}"));
-            };
-            self.route_request(i, r);
-        }
-        let root = self.trees[t].root.clone();
-        check_one(&self.engine, &self.store, &mut self.history, &root)
-            .map_err(|e| format!("after {}: {e}", input.kind()))
-    }
-
-    /// As the daemon does: an interaction request the engine did not take (rejected, or accepted
-    /// as ignored) goes back to the runtime of its tree, whose adapter answers it natively.
-    fn tell_dropped(&mut self, t: usize, input: &Input) {
-        if let Input::Event(e @ NormalizedEvent::InteractionRequested { .. }) = input {
-            if let Some(l) = &mut self.trees[t].link {
-                l.requests.push_back(ToRuntime::Dropped(e.clone()));
-            }
-        }
-    }
-
-    /// Hands a provider request to the runtime of its tree, starting a provider process for a
-    /// `start` when none runs (the previous one died with a crash or exited).
-    fn route_request(&mut self, t: usize, r: ProviderRequest) {
-        if self.trees[t].link.is_none() && matches!(r, ProviderRequest::Start { .. }) {
-            let tree = &mut self.trees[t];
-            tree.incarnation += 1;
-            let link = new_link(tree.kind, &tree.root, tree.incarnation, &mut self.rng);
-            self.trees[t].link = Some(link);
-            if let Some(l) = &mut self.trees[t].link {
-                if let Some(a) = &mut l.adapter {
-                    let out = a.open(self.now);
-                    l.down.extend(out.native);
-                    l.timers.extend(out.timers);
+    /// Carries out what the driver released (a launch starts a provider process, a transmit
+    /// goes down its pipe) and notes what it decided.
+    fn after(&mut self) {
+        while let Some(o) = self.driver.poll_output() {
+            match o {
+                Output::Launch(spec) => {
+                    let Some(&t) = self.tree_of.get(&spec.root) else {
+                        continue;
+                    };
+                    let tree = &mut self.trees[t];
+                    tree.incarnation += 1;
+                    let mut provider =
+                        new_provider(tree.kind, &tree.root, tree.incarnation, &mut self.rng);
+                    if !self.faults {
+                        // Launched during the liveness phase: no hanging work from the start.
+                        provider.calm();
+                    }
+                    tree.link = Some(Link {
+                        provider,
+                        down: VecDeque::new(),
+                        up: VecDeque::new(),
+                    });
+                    let n = self.trees[t].incarnation;
+                    self.note(|| format!("runtime {t} starts provider incarnation {n}"));
                 }
+                Output::Transmit(tx) => {
+                    let Some(&t) = self.tree_of.get(&tx.root) else {
+                        continue;
+                    };
+                    if let Some(l) = &mut self.trees[t].link {
+                        l.down.extend(tx.messages);
+                    }
+                }
+                Output::Publish(_) | Output::Reply { .. } | Output::Diagnostic(_) => {}
             }
         }
-        match &mut self.trees[t].link {
-            Some(l) => l.requests.push_back(ToRuntime::Request(r)),
-            None => self.trees[t].link_less.push_back(r),
+        for r in self.driver.take_records() {
+            match r {
+                Record::Decided { input, outcome } => {
+                    self.stats.inputs += 1;
+                    if let Some(tr) = &mut self.trace {
+                        tr.push(json!({"at": self.now, "input": input}).to_string());
+                        if let Err(e) = outcome {
+                            tr.push(format!("# rejected: {e}"));
+                        }
+                    }
+                }
+                Record::Dropped { root, event } => self.note(|| {
+                    format!(
+                        "runtime of {root} tells the adapter the engine dropped {}",
+                        serde_json::to_string(&event).unwrap_or_default()
+                    )
+                }),
+                Record::Adapter { .. } => {}
+            }
         }
     }
 
-    /// Feeds an adapter output: native lines to the provider, events and answers to the engine.
-    fn absorb(&mut self, t: usize, out: AdapterOutput) -> R {
-        if let Some(l) = &mut self.trees[t].link {
-            l.down.extend(out.native);
-            l.timers.extend(out.timers);
+    /// Commits every decided batch in order (each acknowledged, which releases what it caused),
+    /// until none is left; then every check. With faults, the daemon may die before a commit,
+    /// which loses every batch not committed yet.
+    fn commit(&mut self, may_crash: bool) -> R {
+        while let Some(id) = self.driver.poll_batch() {
+            if may_crash && self.faults && self.rng.chance(3) {
+                self.note(|| "crash before a commit: the batches not committed are lost".into());
+                return self.daemon_crash();
+            }
+            if let Some(batch) = self.driver.batch(id) {
+                if let Err(err) = self.store.apply(batch) {
+                    return Err(format!(
+                        "the store refused a batch of its only writer: {err}"
+                    ));
+                }
+                self.driver.ack_commit(id, Vec::new(), &self.store);
+            }
+            self.after();
         }
-        for ev in out.events {
-            self.feed(t, Input::Event(ev))?;
-        }
-        for a in out.answers {
-            self.feed(t, Input::Runtime(a))?;
+        check_all(self.driver.engine(), &self.store, &mut self.history)
+            .map_err(|e| format!("after a commit: {e}"))?;
+        for t in 0..self.trees.len() {
+            let tree = &self.trees[t];
+            if tree.created
+                && !tree.deleted
+                && self
+                    .store
+                    .session(&tree.root)
+                    .map_err(|e| e.to_string())?
+                    .is_none()
+            {
+                self.trees[t].deleted = true;
+            }
         }
         Ok(())
     }
 
     // ----- crashes -----
 
-    /// The daemon dies: engine, runtimes and provider processes. On restart the file is reopened,
-    /// live trees are reloaded and settled with `providerExited` (their processes are gone).
+    /// The daemon dies: driver (engine, adapters, timers, undecided work) and provider
+    /// processes. On restart the file is reopened, live trees are reloaded and settled with
+    /// `providerExited` (their processes are gone).
     fn daemon_crash(&mut self) -> R {
         self.stats.crashes += 1;
         self.note(|| {
-            "daemon crash: engine, runtimes and providers dropped; reload from the store".into()
+            "daemon crash: driver, runtimes and providers dropped; reload from the store".into()
         });
         for tree in &mut self.trees {
             tree.link = None;
-            tree.link_less.clear();
         }
-        self.timers.clear();
-        self.engine = Engine::with_config(EngineConfig::default());
         self.store.reopen()?;
-        let live = self.reload_live()?;
+        let (engine, live) = self.reload_live()?;
+        self.driver = new_driver(engine);
         for root in live {
-            let Some(&t) = self.tree_of.get(&root) else {
-                continue;
-            };
-            self.feed(
-                t,
-                Input::Runtime(RuntimeAnswer::ProviderExited {
-                    root_agent_session_id: root.clone(),
-                    error: "the daemon restarted; the provider process is gone".into(),
-                }),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// The engine (and its store connection) restarts; provider runtimes survive. Prepared
-    /// cancels are replayed to them and their deadlines re-armed.
-    fn engine_restart(&mut self) -> R {
-        self.stats.crashes += 1;
-        self.note(|| "engine restart: engine dropped, store reopened, runtimes kept; prepared cancels replayed".into());
-        self.timers.clear();
-        self.engine = Engine::with_config(EngineConfig::default());
-        self.store.reopen()?;
-        self.reload_live()?;
-        for op in self.engine.prepared_cancels() {
-            self.timers.push(TimerRequest {
-                timer: TimerId::CancelDeadline {
-                    operation_id: op.id.clone(),
-                },
-                at: op.deadline,
-            });
-            let Some(&t) = self.tree_of.get(&op.root_agent_session_id) else {
-                continue;
-            };
-            self.route_request(
-                t,
-                ProviderRequest::Cancel {
-                    operation_id: op.id.clone(),
-                    root_agent_session_id: op.root_agent_session_id.clone(),
-                    targets: op.targets.clone(),
-                },
+            self.driver.handle_exit(
+                self.now,
+                &root,
+                "the daemon restarted; the provider process is gone",
+                &self.store,
             );
+            self.after();
         }
         Ok(())
     }
 
-    /// Restores every live tree; checks that the reloaded state equals the stored state.
-    fn reload_live(&mut self) -> R<Vec<Id>> {
+    /// The driver's in-memory trees are dropped and reloaded from the store while the runtimes
+    /// (adapters, timers, provider processes) survive (crash-only recovery of the engine state).
+    /// Only with nothing waiting for a commit.
+    fn engine_reload(&mut self) -> R {
+        if self.driver.is_busy() {
+            return Ok(());
+        }
+        self.stats.crashes += 1;
+        self.note(|| "engine state reloaded from the store; runtimes kept".into());
+        for root in self.driver.engine().roots() {
+            if !self.driver.reload(&root, &self.store) {
+                return Err(format!("stored tree {root} does not reload"));
+            }
+            let stored = Store::load_tree(&self.store, &root).map_err(|e| e.to_string())?;
+            if self.driver.engine().snapshot(&root) != stored {
+                return Err(format!("tree {root} reloaded differs from the stored one"));
+            }
+        }
+        check_all(self.driver.engine(), &self.store, &mut self.history)
+            .map_err(|e| format!("after reload: {e}"))
+    }
+
+    /// An engine with every live tree restored; checks that the reloaded state equals the stored
+    /// state.
+    fn reload_live(&mut self) -> R<(Engine, Vec<Id>)> {
         let live = self.store.load_live_trees().map_err(|e| e.to_string())?;
+        let mut engine = Engine::with_config(EngineConfig::default());
         let mut roots = Vec::new();
         for snap in live {
             let root = snap
                 .root()
                 .map(|r| r.id.clone())
                 .ok_or("a live tree without root")?;
-            self.engine
+            engine
                 .restore(snap.clone())
                 .map_err(|e| format!("live tree {root} does not restore: {e}"))?;
-            if self.engine.snapshot(&root).as_ref() != Some(&snap) {
+            if engine.snapshot(&root).as_ref() != Some(&snap) {
                 return Err(format!("tree {root} reloaded differs from the stored one"));
             }
             roots.push(root);
         }
-        check_all(&self.engine, &self.store, &mut self.history)
+        check_all(&engine, &self.store, &mut self.history)
             .map_err(|e| format!("after reload: {e}"))?;
-        Ok(roots)
+        Ok((engine, roots))
     }
 
     // ----- the user -----
 
     fn snapshot(&mut self, t: usize) -> R<Option<TreeSnapshot>> {
-        self.ensure_loaded(t)?;
-        Ok(self.engine.snapshot(&self.trees[t].root))
+        let root = &self.trees[t].root;
+        match self.driver.engine().snapshot(root) {
+            Some(s) => Ok(Some(s)),
+            None => Store::load_tree(&self.store, root).map_err(|e| e.to_string()),
+        }
     }
 
     fn user(&mut self, t: usize) -> R {
@@ -655,27 +650,21 @@ impl World {
             0..=2 => {
                 self.trees[t].turns += 1;
                 let turn = format!("{root}-t{}", self.trees[t].turns);
-                self.feed(
-                    t,
-                    Input::Command(Command::Submit {
-                        agent_session_id: root,
-                        turn_id: turn.into(),
-                        text: "continue".into(),
-                    }),
-                )
+                self.feed(Input::Command(Command::Submit {
+                    agent_session_id: root,
+                    turn_id: turn.into(),
+                    text: "continue".into(),
+                }))
             }
             3 | 4 => {
                 let Some(turn) = active else { return Ok(()) };
                 self.trees[t].ops += 1;
                 let op = format!("{root}-op{}", self.trees[t].ops);
-                self.feed(
-                    t,
-                    Input::Command(Command::CancelTurn {
-                        operation_id: op.into(),
-                        agent_session_id: root,
-                        turn_id: turn,
-                    }),
-                )
+                self.feed(Input::Command(Command::CancelTurn {
+                    operation_id: op.into(),
+                    agent_session_id: root,
+                    turn_id: turn,
+                }))
             }
             5 => {
                 let kids: Vec<(Id, Id)> = snap
@@ -690,14 +679,11 @@ impl World {
                 let (s, turn) = kids[self.rng.below(kids.len())].clone();
                 self.trees[t].ops += 1;
                 let op = format!("{root}-op{}", self.trees[t].ops);
-                self.feed(
-                    t,
-                    Input::Command(Command::CancelTurn {
-                        operation_id: op.into(),
-                        agent_session_id: s,
-                        turn_id: turn,
-                    }),
-                )
+                self.feed(Input::Command(Command::CancelTurn {
+                    operation_id: op.into(),
+                    agent_session_id: s,
+                    turn_id: turn,
+                }))
             }
             6..=8 => self.answer(t),
             _ => {
@@ -710,43 +696,31 @@ impl World {
                 if ids.is_empty() {
                     return Ok(());
                 }
+                // A deleted root is marked once its deletion is committed (`commit`).
                 let s = ids[self.rng.below(ids.len())].clone();
-                let is_root = s == root;
-                let before = self.history.outbox_seen();
-                self.feed(
-                    t,
-                    Input::Command(Command::DeleteSession {
-                        agent_session_id: s.clone(),
-                    }),
-                )?;
-                if is_root
-                    && self.history.outbox_seen() > before
-                    && self.store.session(&s).map_err(|e| e.to_string())?.is_none()
-                {
-                    self.trees[t].deleted = true;
-                }
-                Ok(())
+                self.feed(Input::Command(Command::DeleteSession {
+                    agent_session_id: s,
+                }))
             }
         }
     }
 
     fn answer(&mut self, t: usize) -> R {
-        self.ensure_loaded(t)?;
-        let pending = self.engine.pending_interactions(&self.trees[t].root);
+        let pending = self
+            .driver
+            .engine()
+            .pending_interactions(&self.trees[t].root);
         if pending.is_empty() {
             return Ok(());
         }
         let i = pending[self.rng.below(pending.len())].clone();
         let allow = !self.faults || !self.rng.chance(300);
-        self.feed(
-            t,
-            Input::Command(Command::RespondInteraction {
-                agent_session_id: i.agent_session_id,
-                turn_id: i.turn_id,
-                request_id: i.request_id,
-                response: json!(if allow { "allow" } else { "deny" }),
-            }),
-        )
+        self.feed(Input::Command(Command::RespondInteraction {
+            agent_session_id: i.agent_session_id,
+            turn_id: i.turn_id,
+            request_id: i.request_id,
+            response: json!(if allow { "allow" } else { "deny" }),
+        }))
     }
 
     // ----- the scheduler -----
@@ -755,9 +729,6 @@ impl World {
     fn enabled(&self, users: bool) -> Vec<(usize, Action)> {
         let mut v = Vec::new();
         for (i, tree) in self.trees.iter().enumerate() {
-            if !tree.link_less.is_empty() {
-                v.push((i, Action::LinkLess));
-            }
             if let Some(l) = &tree.link {
                 if !l.up.is_empty() {
                     v.push((i, Action::Up));
@@ -765,44 +736,30 @@ impl World {
                 if !l.down.is_empty() {
                     v.push((i, Action::Down));
                 }
-                if !l.requests.is_empty() {
-                    v.push((i, Action::Request));
-                }
                 if l.provider.busy() {
                     v.push((i, Action::Work));
-                }
-                if l.timers.iter().any(|x| x.at <= self.now) {
-                    v.push((i, Action::AdapterTimer));
                 }
             }
             if users && !tree.deleted {
                 v.push((i, Action::User));
             }
         }
-        if self.timers.iter().any(|x| x.at <= self.now) {
-            v.push((0, Action::EngineTimer));
+        if self.driver.is_busy() {
+            v.push((0, Action::Commit));
+        }
+        if self.driver.poll_timeout().is_some_and(|at| at <= self.now) {
+            v.push((0, Action::Timer));
         }
         v
     }
 
-    fn next_timer(&self) -> Option<Millis> {
-        self.trees
-            .iter()
-            .filter_map(|t| t.link.as_ref())
-            .flat_map(|l| l.timers.iter().map(|x| x.at))
-            .chain(self.timers.iter().map(|x| x.at))
-            .min()
-    }
-
-    /// One scheduler step, then the engine's own index checks on every loaded tree and the outbox
-    /// check. Returns false when nothing at all is left to do.
+    /// One scheduler step, then the engine's own index checks and the outbox check. Returns false
+    /// when nothing at all is left to do.
     fn step(&mut self, users: bool) -> R<bool> {
         let before = self.stats.inputs;
         let more = self.step_inner(users)?;
         if self.stats.inputs != before {
-            // Per input, `feed` checked the changed tree against the store; here the engine's
-            // own indexes on every loaded tree, and the outbox.
-            let v = self.engine.check_invariants();
+            let v = self.driver.engine().check_invariants();
             if !v.is_empty() {
                 return Err(format!("invariants (engine): {v:?}"));
             }
@@ -815,31 +772,25 @@ impl World {
         self.stats.steps += 1;
         self.now += self.rng.below(40) as Millis;
         if self.faults {
-            // Rare faults at a commit boundary.
-            // (A zero draw, which shrinking prefers, is "no fault".)
+            // Rare faults. (A zero draw, which shrinking prefers, is "no fault".)
             match 999 - self.rng.below(1000) {
                 0..=3 => return self.daemon_crash().map(|_| true),
-                4..=7 => return self.engine_restart().map(|_| true),
+                4..=7 => return self.engine_reload().map(|_| true),
                 8..=10 => {
                     let t = self.rng.below(self.trees.len());
                     if self.trees[t].link.is_some() {
                         self.note(|| format!("provider of tree {t} exits"));
                         self.trees[t].link = None;
                         let root = self.trees[t].root.clone();
-                        return self
-                            .feed(
-                                t,
-                                Input::Runtime(RuntimeAnswer::ProviderExited {
-                                    root_agent_session_id: root,
-                                    error: "exit status 1".into(),
-                                }),
-                            )
-                            .map(|_| true);
+                        self.driver
+                            .handle_exit(self.now, &root, "exit status 1", &self.store);
+                        self.after();
+                        return Ok(true);
                     }
                 }
                 11..=30 => {
                     // Jump to the next timer even though other work is ready.
-                    if let Some(at) = self.next_timer() {
+                    if let Some(at) = self.driver.poll_timeout() {
                         self.now = self.now.max(at);
                     }
                 }
@@ -858,7 +809,7 @@ impl World {
             .filter(|(_, a)| *a == Action::User)
             .collect();
         let (t, action) = if busy.is_empty() {
-            let timer = self.next_timer();
+            let timer = self.driver.poll_timeout();
             if !people.is_empty() && (timer.is_none() || !self.rng.chance(300)) {
                 people[self.rng.below(people.len())]
             } else if let Some(at) = timer {
@@ -882,78 +833,11 @@ impl World {
         let faults = self.faults;
         match action {
             Action::User => self.user(t),
-            Action::LinkLess => {
-                // No provider process: the runtime answers what it cannot deliver.
-                let Some(r) = self.trees[t].link_less.pop_front() else {
-                    return Ok(());
-                };
-                match r {
-                    ProviderRequest::Cancel { operation_id, .. } => self.feed(
-                        t,
-                        Input::Runtime(RuntimeAnswer::CancelFailed {
-                            operation_id,
-                            error: "no provider process".into(),
-                        }),
-                    ),
-                    ProviderRequest::Guide {
-                        agent_session_id,
-                        turn_id,
-                        ..
-                    } => self.feed(
-                        t,
-                        Input::Runtime(RuntimeAnswer::GuideFailed {
-                            agent_session_id,
-                            turn_id,
-                            error: "no provider process".into(),
-                        }),
-                    ),
-                    _ => Ok(()),
-                }
-            }
-            Action::Request => {
-                let Some(l) = &mut self.trees[t].link else {
-                    return Ok(());
-                };
-                let Some(msg) = l.requests.pop_front() else {
-                    return Ok(());
-                };
-                if let Some(tr) = &mut self.trace {
-                    let what = match &msg {
-                        ToRuntime::Request(r) => {
-                            format!("delivers {}", serde_json::to_string(r).unwrap_or_default())
-                        }
-                        ToRuntime::Dropped(e) => format!(
-                            "tells the adapter the engine dropped {}",
-                            serde_json::to_string(e).unwrap_or_default()
-                        ),
-                    };
-                    tr.push(format!("# runtime {t} {what}"));
-                }
-                let Some(l) = &mut self.trees[t].link else {
-                    return Ok(());
-                };
-                match (&mut l.adapter, msg) {
-                    (Some(a), ToRuntime::Request(r)) => {
-                        let out = a.on_request(now, &r);
-                        self.absorb(t, out)
-                    }
-                    (Some(a), ToRuntime::Dropped(e)) => {
-                        let out = a.on_dropped(now, &e);
-                        self.absorb(t, out)
-                    }
-                    // The direct provider reads engine requests as they are, and answers a
-                    // dropped callback itself.
-                    (None, ToRuntime::Request(r)) => {
-                        l.down
-                            .push_back(serde_json::to_value(&r).map_err(|e| e.to_string())?);
-                        Ok(())
-                    }
-                    (None, ToRuntime::Dropped(e)) => {
-                        let v = serde_json::to_value(&e).map_err(|e| e.to_string())?;
-                        l.down.push_back(json!({"type": "dropped", "event": v}));
-                        Ok(())
-                    }
-                }
+            Action::Commit => self.commit(true),
+            Action::Timer => {
+                self.driver.handle_timeout(now, &self.store);
+                self.after();
+                Ok(())
             }
             Action::Down => {
                 let Some(l) = &mut self.trees[t].link else {
@@ -989,54 +873,13 @@ impl World {
                 if let Some(tr) = &mut self.trace {
                     tr.push(format!("# {} {t} << {msg}", self.trees[t].kind.name()));
                 }
-                let Some(l) = &mut self.trees[t].link else {
-                    return Ok(());
-                };
-                match &mut l.adapter {
-                    Some(a) => match a.on_native(now, &msg) {
-                        Ok(out) => self.absorb(t, out),
-                        Err(err) => {
-                            self.note(|| format!("adapter error (typed): {err}"));
-                            Ok(())
-                        }
-                    },
-                    None => {
-                        let input: Input = serde_json::from_value(msg)
-                            .map_err(|e| format!("direct provider wrote a bad input: {e}"))?;
-                        self.feed(t, input)
-                    }
+                let root = self.trees[t].root.clone();
+                match self.driver.handle_native(now, &root, &msg, &self.store) {
+                    Ok(()) => {}
+                    Err(err) => self.note(|| format!("adapter error (typed): {err}")),
                 }
-            }
-            Action::AdapterTimer => {
-                let Some(l) = &mut self.trees[t].link else {
-                    return Ok(());
-                };
-                let Some(timer) = take_due(&mut l.timers, now, |x| x.at) else {
-                    return Ok(());
-                };
-                let Some(a) = &mut l.adapter else {
-                    return Ok(());
-                };
-                let out = a.on_timer(now, &timer.id);
-                self.absorb(t, out)
-            }
-            Action::EngineTimer => {
-                let Some(timer) = take_due(&mut self.timers, now, |x| x.at) else {
-                    return Ok(());
-                };
-                let TimerId::CancelDeadline { operation_id } = &timer.timer;
-                let root = self
-                    .store
-                    .cancel_operation(operation_id)
-                    .map_err(|e| e.to_string())?
-                    .map(|o| o.root_agent_session_id);
-                let Some(t) = root.and_then(|r| self.tree_of.get(&r).copied()) else {
-                    return Ok(());
-                };
-                self.feed(
-                    t,
-                    Input::Runtime(RuntimeAnswer::TimerFired { timer: timer.timer }),
-                )
+                self.after();
+                Ok(())
             }
         }
     }
@@ -1044,10 +887,8 @@ impl World {
     /// The liveness verdict: every stored tree settled, nothing prepared or pending.
     fn settled(&self) -> R {
         for tree in &self.trees {
-            let Some(snap) = self
-                .store
-                .load_tree(&tree.root)
-                .map_err(|e| e.to_string())?
+            let Some(snap) =
+                Store::load_tree(&self.store, &tree.root).map_err(|e| e.to_string())?
             else {
                 continue;
             };
@@ -1066,13 +907,11 @@ impl World {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
     User,
-    LinkLess,
-    Request,
+    Commit,
+    Timer,
     Down,
     Work,
     Up,
-    AdapterTimer,
-    EngineTimer,
 }
 
 /// Runs one seed (or replays a tape). `trace` records every engine input.
@@ -1108,12 +947,11 @@ pub fn run(
     let mut w = World {
         rng,
         now: 1_000,
-        engine: Engine::new(),
+        driver: new_driver(Engine::new()),
         store,
         history: History::new(),
         trees: Vec::new(),
         tree_of: BTreeMap::new(),
-        timers: Vec::new(),
         faults: true,
         stats: Stats {
             sqlite,
@@ -1144,29 +982,27 @@ fn simulate(w: &mut World) -> R {
             link: None,
             turns: 1,
             ops: 0,
+            created: false,
             deleted: false,
-            link_less: VecDeque::new(),
         });
-        w.feed(
-            i,
-            Input::Command(Command::CreateSession {
-                agent_session_id: root.clone(),
-                workspace_id: "w".into(),
-                provider: kind.name().into(),
-                title: None,
-                capabilities: Some(tutti_core::model::Capabilities {
-                    guide_while_children_only: guide,
-                }),
+        w.feed(Input::Command(Command::CreateSession {
+            agent_session_id: root.clone(),
+            workspace_id: "w".into(),
+            provider: kind.name().into(),
+            title: None,
+            capabilities: Some(tutti_core::model::Capabilities {
+                guide_while_children_only: guide,
             }),
-        )?;
-        w.feed(
-            i,
-            Input::Command(Command::Submit {
-                agent_session_id: root.clone(),
-                turn_id: format!("{root}-t1").into(),
-                text: "go".into(),
-            }),
-        )?;
+        }))?;
+        w.feed(Input::Command(Command::Submit {
+            agent_session_id: root.clone(),
+            turn_id: format!("{root}-t1").into(),
+            text: "go".into(),
+        }))?;
+    }
+    w.commit(false)?;
+    for tree in &mut w.trees {
+        tree.created = true;
     }
     let safety = w.rng.range(40, 140);
     for _ in 0..safety {

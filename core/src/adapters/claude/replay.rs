@@ -2,14 +2,13 @@
 //! through the adapter and an engine, purely.
 
 use super::{ClaudeAdapter, ClaudeConfig};
-use crate::adapters::{Adapter, AdapterOutput, AdapterTimer};
+use crate::driver::{Driver, Output, Record};
 use crate::input::{Command, Input, NormalizedEvent};
 use crate::model::{Id, Millis};
 use crate::snapshot::TreeSnapshot;
-use crate::Engine;
+use crate::store::MemoryStore;
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::VecDeque;
 
 /// What a replay produced.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -70,88 +69,77 @@ pub fn sidecar_line(captured: &Value, seq: usize) -> Option<Value> {
     None
 }
 
-/// A minimal pure driver: the engine, the adapter, and the adapter's timers.
-struct Driver {
-    engine: Engine,
-    adapter: ClaudeAdapter,
-    timers: Vec<AdapterTimer>,
+/// A replay: a [`Driver`] host whose only I/O is a [`MemoryStore`] (issue 19: "every loop uses
+/// it"), reporting what passed between the adapter and the engine from the driver's
+/// [`Record`]s.
+struct Replay {
+    driver: Driver,
+    store: MemoryStore,
     out: ReplayOutput,
 }
 
-impl Driver {
-    fn engine_input(&mut self, now: Millis, input: Input) -> Vec<crate::step::ProviderRequest> {
-        let kind = input.kind();
-        match self.engine.handle(now, &input) {
-            Ok(step) => step.provider,
-            Err(e) => {
-                self.out
-                    .diagnostics
-                    .push(format!("engine rejected {kind}: {e}"));
-                Vec::new()
+impl Replay {
+    /// Commits what the driver decided; collects native commands, events, diagnostics and
+    /// rejections. `Err` when the input given `reply` was rejected.
+    fn settle(&mut self, reply: Option<u64>) -> Result<(), String> {
+        let mut refused = None;
+        for o in self.driver.commit_pending(&mut self.store) {
+            match o {
+                Output::Transmit(t) => self.out.native.extend(t.messages),
+                Output::Reply { to, result: Err(e) } if Some(to) == reply => {
+                    refused = Some(e.to_string());
+                }
+                _ => {}
             }
         }
-    }
-
-    /// Feeds an adapter output to the engine, and the engine's provider requests back to the
-    /// adapter, until nothing is left.
-    fn apply(&mut self, now: Millis, out: AdapterOutput) {
-        let mut queue = VecDeque::from([out]);
-        while let Some(out) = queue.pop_front() {
-            self.out.native.extend(out.native);
-            self.out.diagnostics.extend(out.diagnostics);
-            self.timers.extend(out.timers);
-            let mut requests = Vec::new();
-            for e in out.events {
-                self.out.events.push(e.clone());
-                requests.extend(self.engine_input(now, Input::Event(e)));
+        for r in self.driver.take_records() {
+            match r {
+                Record::Adapter { output, .. } => {
+                    self.out.diagnostics.extend(output.diagnostics);
+                    self.out.events.extend(output.events);
+                }
+                // A refused command is the replay's error (above), not a diagnostic.
+                Record::Decided {
+                    input,
+                    outcome: Err(e),
+                } if !matches!(input, Input::Command(_)) => {
+                    self.out
+                        .diagnostics
+                        .push(format!("engine rejected {}: {e}", input.kind()));
+                }
+                _ => {}
             }
-            for a in out.answers {
-                requests.extend(self.engine_input(now, Input::Runtime(a)));
-            }
-            for r in requests {
-                queue.push_back(self.adapter.on_request(now, &r));
-            }
+        }
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
     fn command(&mut self, now: Millis, c: Command) -> Result<(), String> {
         let kind = Input::Command(c.clone()).kind();
-        let step = self
-            .engine
-            .handle(now, &Input::Command(c))
-            .map_err(|e| format!("engine rejected {kind}: {e}"))?;
-        for r in step.provider {
-            let out = self.adapter.on_request(now, &r);
-            self.apply(now, out);
-        }
-        Ok(())
-    }
-
-    /// Fires the adapter timers due at `now`, earliest first.
-    fn fire_due(&mut self, now: Millis) {
-        loop {
-            let Some(t) = crate::adapters::take_due(&mut self.timers, now, |t| t.at) else {
-                return;
-            };
-            let out = self.adapter.on_timer(t.at, &t.id);
-            self.apply(t.at, out);
-        }
+        self.driver
+            .handle_input(now, Input::Command(c), Some(1), &self.store);
+        self.settle(Some(1))
+            .map_err(|e| format!("engine rejected {kind}: {e}"))
     }
 }
 
 /// Replays a captured Claude message log (one SDKMessage a line, plus `__hook` / `__canUseTool`
 /// rows, or sidecar lines) as for Codex: creates an engine with a root session `root`, submits
 /// root turn `turn-1` (whose `start` the adapter answers), feeds every line to a
-/// [`ClaudeAdapter`], and the adapter's events and answers to the engine. Time comes from each
-/// row's `__t` (ms) when present; adapter timers due by then fire first. Timers still armed after
-/// the last line do not fire (the capture ends there). Rejections and refused lines become
+/// [`ClaudeAdapter`], and the adapter's events and answers to the engine (all through a
+/// [`Driver`], so an interaction the engine did not take is denied natively, as live). Time comes
+/// from each row's `__t` (ms) when present; timers due by then fire first. Timers still armed
+/// after the last line do not fire (the capture ends there). Rejections and refused lines become
 /// diagnostics; only a line that is not JSON at all is an error.
 pub fn replay_transcript(lines: &str) -> Result<ReplayOutput, String> {
     let root: Id = ROOT.into();
-    let mut d = Driver {
-        engine: Engine::new(),
-        adapter: ClaudeAdapter::new(root.clone(), ClaudeConfig::default()),
-        timers: Vec::new(),
+    let mut driver = Driver::new();
+    driver.set_recording(true);
+    let mut d = Replay {
+        driver,
+        store: MemoryStore::new(),
         out: ReplayOutput::default(),
     };
     d.command(
@@ -164,6 +152,10 @@ pub fn replay_transcript(lines: &str) -> Result<ReplayOutput, String> {
             capabilities: None,
         },
     )?;
+    let adapter = ClaudeAdapter::new(root.clone(), ClaudeConfig::default());
+    d.driver
+        .attach(0, root.clone(), Box::new(adapter), &d.store);
+    d.settle(None)?;
     d.command(
         0,
         Command::Submit {
@@ -183,18 +175,21 @@ pub fn replay_transcript(lines: &str) -> Result<ReplayOutput, String> {
         if let Some(t) = v.get("__t").and_then(Value::as_i64) {
             now = now.max(t);
         }
-        d.fire_due(now);
+        if d.driver.poll_timeout().is_some_and(|at| at <= now) {
+            d.driver.handle_timeout(now, &d.store);
+            d.settle(None)?;
+        }
         let Some(sidecar) = sidecar_line(&v, n + 1) else {
             d.out
                 .diagnostics
                 .push(format!("line {}: not a captured Claude row", n + 1));
             continue;
         };
-        match d.adapter.on_native(now, &sidecar) {
-            Ok(out) => d.apply(now, out),
+        match d.driver.handle_native(now, ROOT, &sidecar, &d.store) {
+            Ok(()) => d.settle(None)?,
             Err(e) => d.out.diagnostics.push(format!("line {}: {e}", n + 1)),
         }
     }
-    d.out.snapshot = d.engine.snapshot(ROOT).unwrap_or_default();
+    d.out.snapshot = d.driver.engine().snapshot(ROOT).unwrap_or_default();
     Ok(d.out)
 }

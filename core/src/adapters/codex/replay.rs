@@ -19,26 +19,38 @@
 //! answer to a server request a `respondInteraction` of the pending interaction with that
 //! request id. Otherwise `>>` lines only teach request ids.
 //!
-//! Time is a counter (one tick per input); adapter timers still armed when the transcript ends
-//! fire then (a cancel answers with the subset acknowledged by the transcript). Nothing panics:
-//! garbage lines, adapter errors and engine rejections become diagnostics, and the invariant
-//! checker runs after every engine step (its findings are `violations`).
+//! The replay is a host of [`Driver`] like any other (issue 19: "every loop uses it"): the driver
+//! owns the engine and the adapter, every decided batch is committed to a [`MemoryStore`] before
+//! anything it caused happens, and the driver's [`Record`]s say what passed between the adapter
+//! and the engine.
+//!
+//! Time is a counter (one tick per transcript line or host action); timers still armed when the
+//! transcript ends fire then, earliest first (an adapter's cancel timer answers with the subset
+//! acknowledged by the transcript). Nothing panics: garbage lines, adapter errors and engine
+//! rejections become diagnostics, and the invariant checker runs after every line (its findings
+//! are `violations`).
 
 use super::protocol::id_key as protocol_id_key;
 use super::{CodexAdapter, CodexConfig};
-use crate::adapters::{parse_line, Adapter, AdapterOutput, AdapterTimer};
+use crate::adapters::parse_line;
+use crate::driver::{Driver, Output, Record};
 use crate::input::{Command, Input, NormalizedEvent, RuntimeAnswer};
 use crate::model::{Id, Millis};
 use crate::snapshot::TreeSnapshot;
+use crate::store::MemoryStore;
 use crate::Engine;
 use serde::Serialize;
 use serde_json::{json, Value};
+use std::any::Any;
 use std::collections::BTreeMap;
 
 /// The root session a replay creates.
 pub const REPLAY_ROOT: &str = "root";
 /// The root turn a replay submits.
 pub const REPLAY_TURN: &str = "turn-1";
+
+/// Timer rounds [`CodexReplay::finish`] fires at most (a timer may arm another).
+const FINISH_ROUNDS: usize = 64;
 
 /// How to replay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -62,15 +74,15 @@ pub struct ReplayOutput {
     pub snapshot: TreeSnapshot,
     /// Adapter diagnostics, adapter errors, engine rejections and skipped lines.
     pub diagnostics: Vec<String>,
-    /// Invariant violations found after any engine step (empty when all is well).
+    /// Invariant violations found after any line (empty when all is well).
     pub violations: Vec<String>,
 }
 
 /// A replay in progress, one line at a time (tests inspect the engine between lines).
 #[derive(Debug)]
 pub struct CodexReplay {
-    engine: Engine,
-    adapter: CodexAdapter,
+    driver: Driver,
+    store: MemoryStore,
     options: ReplayOptions,
     now: Millis,
     out: ReplayOutput,
@@ -78,7 +90,6 @@ pub struct CodexReplay {
     unanswered: Vec<(i64, String, Option<String>)>,
     /// Transcript request id (JSON text) -> adapter request id.
     ids: BTreeMap<String, i64>,
-    timers: Vec<AdapterTimer>,
     lines: usize,
     received: usize,
     turns: u32,
@@ -89,15 +100,16 @@ impl CodexReplay {
     /// Creates the root session, opens the adapter and submits [`REPLAY_TURN`].
     pub fn new(options: ReplayOptions) -> CodexReplay {
         let root: Id = REPLAY_ROOT.into();
+        let mut driver = Driver::new();
+        driver.set_recording(true);
         let mut r = CodexReplay {
-            engine: Engine::new(),
-            adapter: CodexAdapter::new(root.clone(), CodexConfig::default()),
+            driver,
+            store: MemoryStore::new(),
             options,
             now: 0,
             out: ReplayOutput::default(),
             unanswered: Vec::new(),
             ids: BTreeMap::new(),
-            timers: Vec::new(),
             lines: 0,
             received: 0,
             turns: 1,
@@ -111,8 +123,10 @@ impl CodexReplay {
             capabilities: None,
         }));
         r.now += 1;
-        let open = r.adapter.open(r.now);
-        r.absorb(open);
+        let adapter = CodexAdapter::new(root.clone(), CodexConfig::default());
+        r.driver
+            .attach(r.now, root.clone(), Box::new(adapter), &r.store);
+        r.settle();
         r.engine_input(Input::Command(Command::Submit {
             agent_session_id: root,
             turn_id: REPLAY_TURN.into(),
@@ -123,12 +137,13 @@ impl CodexReplay {
 
     /// The engine.
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        self.driver.engine()
     }
 
-    /// The adapter.
-    pub fn adapter(&self) -> &CodexAdapter {
-        &self.adapter
+    /// The adapter (`None` once the driver dropped it, which a replay never asks for).
+    pub fn adapter(&self) -> Option<&CodexAdapter> {
+        let a: &dyn Any = self.driver.adapter(REPLAY_ROOT)?;
+        a.downcast_ref::<CodexAdapter>()
     }
 
     /// What was produced so far (the snapshot is filled in by [`CodexReplay::finish`]).
@@ -152,21 +167,17 @@ impl CodexReplay {
         }
     }
 
-    /// Fires the adapter timers still armed and returns the output with the final snapshot.
+    /// Fires the timers still armed and returns the output with the final snapshot.
     pub fn finish(mut self) -> ReplayOutput {
-        for _ in 0..64 {
-            if self.timers.is_empty() {
+        for _ in 0..FINISH_ROUNDS {
+            let Some(at) = self.driver.poll_timeout() else {
                 break;
-            }
-            let mut timers = std::mem::take(&mut self.timers);
-            timers.sort_by(|a, b| (a.at, &a.id).cmp(&(b.at, &b.id)));
-            for t in timers {
-                self.now = self.now.max(t.at);
-                let out = self.adapter.on_timer(self.now, &t.id);
-                self.absorb(out);
-            }
+            };
+            self.now = self.now.max(at);
+            self.driver.handle_timeout(self.now, &self.store);
+            self.settle();
         }
-        self.out.snapshot = self.engine.snapshot(REPLAY_ROOT).unwrap_or_default();
+        self.out.snapshot = self.engine().snapshot(REPLAY_ROOT).unwrap_or_default();
         self.out
     }
 
@@ -175,65 +186,54 @@ impl CodexReplay {
         self.out.diagnostics.push(format!("line {line}: {text}"));
     }
 
-    /// Feeds the engine; true if it took the input (accepted and not ignored).
-    fn engine_input(&mut self, input: Input) -> bool {
-        self.now += 1;
-        match self.engine.handle(self.now, &input) {
-            Ok(step) => {
-                for v in self.engine.check_invariants() {
-                    let line = self.lines;
-                    self.out
-                        .violations
-                        .push(format!("line {line}: after {}: {v}", input.kind()));
+    /// Commits what the driver decided, then reports what passed between the adapter and the
+    /// engine, and checks the invariants.
+    fn settle(&mut self) {
+        for o in self.driver.commit_pending(&mut self.store) {
+            if let Output::Transmit(t) = o {
+                for n in t.messages {
+                    if let (Some(id), Some(method)) = (
+                        n.get("id").and_then(Value::as_i64),
+                        n.get("method").and_then(Value::as_str),
+                    ) {
+                        let thread = n
+                            .pointer("/params/threadId")
+                            .and_then(Value::as_str)
+                            .map(str::to_string);
+                        self.unanswered.push((id, method.to_string(), thread));
+                    }
+                    self.out.native.push(n);
                 }
-                let taken = step.ignored.is_none();
-                if let Some(why) = step.ignored {
-                    self.diag(format!("engine ignored {}: {why:?}", input.kind()));
-                }
-                for req in step.provider {
-                    let out = self.adapter.on_request(self.now, &req);
-                    self.absorb(out);
-                }
-                taken
             }
-            Err(e) => {
-                self.diag(format!("engine rejected {}: {e}", input.kind()));
-                false
+        }
+        for r in self.driver.take_records() {
+            match r {
+                Record::Adapter { output, .. } => {
+                    for d in output.diagnostics {
+                        self.diag(format!("adapter: {d}"));
+                    }
+                    self.out.events.extend(output.events);
+                    self.out.answers.extend(output.answers);
+                }
+                Record::Decided { input, outcome } => match outcome {
+                    Ok(None) => {}
+                    Ok(Some(why)) => self.diag(format!("engine ignored {}: {why:?}", input.kind())),
+                    Err(e) => self.diag(format!("engine rejected {}: {e}", input.kind())),
+                },
+                Record::Dropped { .. } => {}
             }
+        }
+        for v in self.engine().check_invariants() {
+            let line = self.lines;
+            self.out.violations.push(format!("line {line}: {v}"));
         }
     }
 
-    fn absorb(&mut self, out: AdapterOutput) {
-        for n in out.native {
-            if let (Some(id), Some(method)) = (
-                n.get("id").and_then(Value::as_i64),
-                n.get("method").and_then(Value::as_str),
-            ) {
-                let thread = n
-                    .pointer("/params/threadId")
-                    .and_then(Value::as_str)
-                    .map(str::to_string);
-                self.unanswered.push((id, method.to_string(), thread));
-            }
-            self.out.native.push(n);
-        }
-        self.timers.extend(out.timers);
-        for d in out.diagnostics {
-            self.diag(format!("adapter: {d}"));
-        }
-        for e in out.events {
-            self.out.events.push(e.clone());
-            let taken = self.engine_input(Input::Event(e.clone()));
-            // As the daemon does: a request the engine did not take is answered by the adapter.
-            if !taken && matches!(e, NormalizedEvent::InteractionRequested { .. }) {
-                let out = self.adapter.on_dropped(self.now, &e);
-                self.absorb(out);
-            }
-        }
-        for a in out.answers {
-            self.out.answers.push(a.clone());
-            let _ = self.engine_input(Input::Runtime(a));
-        }
+    /// Hands a host command to the driver and settles.
+    fn engine_input(&mut self, input: Input) {
+        self.now += 1;
+        self.driver.handle_input(self.now, input, None, &self.store);
+        self.settle();
     }
 
     fn receive(&mut self, text: &str) {
@@ -262,7 +262,8 @@ impl CodexReplay {
                 }
             }
         }
-        if self.adapter.root_thread_id().is_none()
+        let root_thread_known = self.adapter().is_some_and(|a| a.root_thread_id().is_some());
+        if !root_thread_known
             && msg.get("method").and_then(Value::as_str) == Some("thread/started")
             && msg
                 .pointer("/params/thread/parentThreadId")
@@ -270,15 +271,31 @@ impl CodexReplay {
         {
             if let Some(thread) = msg.pointer("/params/thread/id").and_then(Value::as_str) {
                 self.now += 1;
-                let out = self.adapter.attach_root_thread(self.now, thread);
-                self.absorb(out);
+                let attached = self.driver.call_adapter(
+                    self.now,
+                    REPLAY_ROOT,
+                    |a, now| {
+                        let a: &mut dyn Any = a;
+                        a.downcast_mut::<CodexAdapter>()
+                            .map(|c| c.attach_root_thread(now, thread))
+                            .unwrap_or_default()
+                    },
+                    &self.store,
+                );
+                if let Err(e) = attached {
+                    self.diag(format!("adapter error: {e}"));
+                }
+                self.settle();
             }
         }
         // The clock advances only for accepted lines: garbage changes nothing at all.
-        match self.adapter.on_native(self.now + 1, &msg) {
-            Ok(out) => {
+        match self
+            .driver
+            .handle_native(self.now + 1, REPLAY_ROOT, &msg, &self.store)
+        {
+            Ok(()) => {
                 self.now += 1;
-                self.absorb(out);
+                self.settle();
             }
             Err(e) => self.diag(format!("adapter error: {e}")),
         }
@@ -339,16 +356,18 @@ impl CodexReplay {
     /// The capturing client's own action, as the engine command that causes it.
     fn mirror(&mut self, method: &str, thread: Option<&str>, msg: &Value) {
         let root: Id = REPLAY_ROOT.into();
-        let is_root = thread.is_some() && thread == self.adapter.root_thread_id();
+        let adapter = self.adapter();
+        let is_root = thread.is_some() && thread == adapter.and_then(CodexAdapter::root_thread_id);
         match method {
             "turn/interrupt" => {
                 let session = if is_root {
                     Some(root)
                 } else {
-                    thread.and_then(|t| self.adapter.child_session_for_thread(t).cloned())
+                    thread
+                        .and_then(|t| adapter.and_then(|a| a.child_session_for_thread(t).cloned()))
                 };
                 let active = session.as_ref().and_then(|s| {
-                    self.engine
+                    self.engine()
                         .session(s)
                         .and_then(|x| x.active_turn_id.clone())
                         .map(|t| (s.clone(), t))
@@ -356,7 +375,7 @@ impl CodexReplay {
                 match active {
                     Some((agent_session_id, turn_id)) => {
                         self.ops += 1;
-                        let _ = self.engine_input(Input::Command(Command::CancelTurn {
+                        self.engine_input(Input::Command(Command::CancelTurn {
                             operation_id: format!("replay-cancel-{}", self.ops).into(),
                             agent_session_id,
                             turn_id,
@@ -378,7 +397,7 @@ impl CodexReplay {
                     })
                     .unwrap_or_default();
                 self.turns += 1;
-                let _ = self.engine_input(Input::Command(Command::Submit {
+                self.engine_input(Input::Command(Command::Submit {
                     agent_session_id: root,
                     turn_id: format!("turn-{}", self.turns).into(),
                     text,
@@ -400,13 +419,13 @@ impl CodexReplay {
             return;
         };
         let pending = self
-            .engine
+            .engine()
             .pending_interactions(REPLAY_ROOT)
             .into_iter()
             .find(|i| *i.request_id == *key);
         match pending {
             Some(i) => {
-                let _ = self.engine_input(Input::Command(Command::RespondInteraction {
+                self.engine_input(Input::Command(Command::RespondInteraction {
                     agent_session_id: i.agent_session_id,
                     turn_id: i.turn_id,
                     request_id: i.request_id,

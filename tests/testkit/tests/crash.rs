@@ -9,17 +9,16 @@
 //!
 //! Set `TUTTI_CRASH_SEED` to replay one run's kill moments.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::compare::locate;
-use support::workload::Rng;
 use tutti_core::invariants::check_tree;
 use tutti_core::store::Store;
 use tutti_core::Engine;
 use tutti_sqlite::SqliteStore;
+use tutti_testkit::compare::locate;
+use tutti_testkit::temp_db;
+use tutti_testkit::workload::Rng;
 
 const FILES: u64 = 10;
 /// Kills that land after progress, per file.
@@ -84,7 +83,7 @@ fn sigkill_at_random_moments_never_tears_a_batch() {
     let mut kills = 0;
     let mut mid_run = 0;
     for f in 0..FILES {
-        let (_dir, path) = support::temp_db();
+        let (_dir, path) = temp_db();
         let seed = run_seed.rotate_left(7) ^ f;
         let mut committed = 0;
         // Kills count only when they land after progress (the file holds more whole batches

@@ -1,4 +1,4 @@
-//! Test helper for the crash-safety test (`tests/crash.rs`): applies a deterministic stream of
+//! Test helper for the crash-safety test (`tests/testkit/tests/crash.rs`): applies a deterministic stream of
 //! realistic engine steps (from `--seed`) to a database file, in group commits of random sizes,
 //! until it is killed (or `--max-secs` pass).
 //!
@@ -8,10 +8,7 @@
 //!
 //! Usage: `tutti-sqlite-crashloop --db FILE --seed N [--max-group G] [--max-secs S]`
 
-#[path = "../../tests/support/compare.rs"]
-mod compare;
-#[path = "../../tests/support/workload.rs"]
-mod workload;
+use tutti_testkit::{compare, workload};
 
 use std::io::Write;
 use std::process::ExitCode;

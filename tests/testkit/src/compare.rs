@@ -1,8 +1,7 @@
 //! Comparing an [`SqliteStore`] with the reference [`MemoryStore`]: every tree, every read, the
 //! outbox. Shared by the tests and the crash loop binary.
-#![allow(dead_code)]
 
-use super::workload::{Mix, Stream};
+use crate::workload::{Mix, Stream};
 use std::collections::BTreeSet;
 use tutti_core::model::SessionKind;
 use tutti_core::store::{MemoryStore, Store};

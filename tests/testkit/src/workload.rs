@@ -1,11 +1,9 @@
 //! A generator of plausible engine inputs, shared by the equivalence proptest, the crash loop
-//! binary and the benchmark (included with `#[path]`, so it only uses std, serde_json and
-//! tutti-core).
+//! binary and the benchmark.
 //!
 //! Abstract [`Op`]s name sessions by index; a [`Driver`] resolves them against what it created so
 //! far and the engine's current state, feeds the input to the engine and returns the step.
 //! Everything is deterministic: the same ops on a fresh engine give the same steps.
-#![allow(dead_code)]
 
 use serde_json::json;
 use tutti_core::input::{Command, Input, NormalizedEvent, RuntimeAnswer, TimerId};
@@ -17,6 +15,8 @@ use tutti_core::{Engine, Step};
 pub struct Rng(pub u64);
 
 impl Rng {
+    // Not an iterator: an endless draw, named as every generator in the tests names it.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

@@ -1,5 +1,5 @@
 //! The `store_roundtrip` fuzz target: an engine workload decoded from the bytes (a tree, its
-//! provider facts interleaved with commands: [`super::fuzzing::engine_workload`]) committed to
+//! provider facts interleaved with commands: [`engine_workload`]) committed to
 //! the reference store and, batch by batch, to a real SQLite file: single commits, group commits
 //! (`apply_many`), retries of the last committed step (they must change nothing and publish
 //! nothing) and reopenings of
@@ -8,11 +8,9 @@
 //! cancel operations) and the outbox row by row; and every stored tree must restore into an
 //! engine unchanged.
 //!
-//! It lives here (not in `tutti_core::fuzzing`) because it needs SQLite; the cargo-fuzz target
-//! includes this file with `#[path]`, next to a `use tutti_core::fuzzing;`, so `super::fuzzing`
-//! names the same module in both crates. `tests/tests/fuzz_corpus.rs` replays its seeds on stable.
+//! `tests/tests/fuzz_corpus.rs` replays its seeds on stable.
 
-use super::fuzzing::engine_workload;
+use crate::orderings::engine_workload;
 use std::path::Path;
 use tutti_core::store::{MemoryStore, Store};
 use tutti_core::Engine;

@@ -1,0 +1,867 @@
+//! The ACP agents people already use, through a real `tuttid` (issue 23): npm
+//! `@zed-industries/claude-code-acp` (pinned in `tutti_tests::acp_agents`, an ACP agent on the
+//! Claude Agent SDK, driven by the scripted Anthropic Messages server of
+//! `tutti_tests::mock_messages`) and npm `@zed-industries/codex-acp` (an ACP agent built on Codex,
+//! driven by the scripted Responses server of `tutti_tests::mock_responses` with the same offline
+//! `CODEX_HOME/config.toml` the Codex tests use). codex-acp runs offline: it only ever calls
+//! `POST /v1/responses` of the configured provider, so no Gemini fallback is needed.
+//!
+//! Each test starts its own scripted model server, its own temp `HOME`/`CODEX_HOME` and work dir,
+//! and its own daemon whose config names the agent as a `kind = "acp"` provider, exactly as the
+//! README's "Using an existing ACP agent" section shows. The agents are installed from npm on
+//! first use (`ensure_claude_code_acp`, `ensure_codex_acp`); an install failure fails the test.
+//!
+//! Rules checked for each agent (the test names say which):
+//! - a plain prompt completes with the agent's text recorded;
+//! - `{"response": "allow"}` allows once: the next use of the same tool asks again;
+//! - a cancel settles the turn canceled, keeps the text streamed before it, closes the open tool
+//!   call as `interrupted`, and the agent answers the next submit;
+//! - guidance during a turn joins that turn and reaches the model;
+//! - a `Task`-like delegation tool creates no child session ("agents that do not opt in get no
+//!   child sessions");
+//! - the agent killed mid-turn settles the turn `interrupted`, and the next submit continues the
+//!   same conversation (`session/load`; the model server receives the earlier history);
+//! - `SIGTERM` to the daemon leaves no process of the agent's tree behind.
+//!
+//! Determinism: the test acts only after it observed what it needs (a model request recorded by
+//! the scripted server, a message, tool call or interaction in the daemon); model replies that
+//! must still be running are held by a [`Gate`] or never finish. Waits are bounds for a slow
+//! machine, not timed assertions.
+
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tutti_tests::acp_agents::{claude_code_acp_env, ensure_claude_code_acp, ensure_codex_acp};
+use tutti_tests::codex_client::CodexConfig;
+use tutti_tests::daemon::{children, turn_of, TestDaemon};
+use tutti_tests::mock_messages::{self as mm, MockMessages};
+use tutti_tests::mock_responses::{self as mr, Gate, MockResponses, MULTI_AGENT_V1};
+use tutti_tests::procs;
+
+const EXE: &str = env!("CARGO_BIN_EXE_tuttid-test");
+const WS: &str = "w1";
+/// Bound of one wait (an agent start plus a model round trip on a loaded 2-core machine).
+const WAIT: Duration = Duration::from_secs(90);
+
+// ---- the rig --------------------------------------------------------------------------------
+
+/// One daemon configured with one third-party ACP agent as provider `agent`.
+struct Rig {
+    d: TestDaemon,
+    work: tempfile::TempDir,
+    _home: tempfile::TempDir,
+}
+
+/// The `[providers.agent]` table of the daemon's config (the README's shape).
+fn provider_toml(command: &[String], env: &[(String, String)]) -> String {
+    let q = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    let command: Vec<String> = command.iter().map(|c| q(c)).collect();
+    let env: Vec<String> = env
+        .iter()
+        .map(|(k, v)| format!("{} = {}", q(k), q(v)))
+        .collect();
+    format!(
+        "[providers.agent]\nkind = \"acp\"\ncommand = [{}]\nenv = {{ {} }}\n",
+        command.join(", "),
+        env.join(", ")
+    )
+}
+
+impl Rig {
+    fn start(toml: &str, home: tempfile::TempDir, work: tempfile::TempDir) -> Rig {
+        let d = TestDaemon::start(EXE, Some(toml), &[]);
+        Rig {
+            d,
+            work,
+            _home: home,
+        }
+    }
+
+    /// A root session of the agent, working in the rig's work dir.
+    fn create(&self) -> String {
+        let (st, v) = self.d.call(
+            "POST",
+            &format!("/v1/workspaces/{WS}/agent-sessions"),
+            Some(json!({"provider": "agent", "title": "e2e", "cwd": self.work.path()})),
+        );
+        assert_eq!(st, 201, "create: {v}");
+        v["session"]["id"].as_str().expect("session id").to_string()
+    }
+
+    fn submit(&self, id: &str, text: &str) -> (String, String) {
+        self.d.submit(WS, id, text)
+    }
+
+    fn wait(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        self.d.wait_for(WS, id, WAIT.as_secs(), what, pred)
+    }
+
+    /// Waits until turn `turn` of `id` has an outcome; returns it.
+    fn settle(&self, id: &str, turn: &str) -> String {
+        let d = self.wait(id, &format!("turn {turn} settled"), |v| {
+            turn_of(v, id).is_some_and(|t| t["id"] == turn && t["outcome"].is_string())
+        });
+        turn_of(&d, id).expect("the turn")["outcome"]
+            .as_str()
+            .expect("an outcome")
+            .to_string()
+    }
+
+    fn messages(&self, id: &str) -> Vec<Value> {
+        let (st, v) = self.d.call(
+            "GET",
+            &format!("/v1/workspaces/{WS}/agent-sessions/{id}/messages"),
+            None,
+        );
+        assert_eq!(st, 200, "messages: {v}");
+        v["messages"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The texts of the assistant messages of `turn`.
+    fn assistant_texts(&self, id: &str, turn: &str) -> Vec<String> {
+        self.messages(id)
+            .iter()
+            .filter(|m| m["role"] == "assistant" && m["turnId"] == turn)
+            .filter_map(|m| m["text"].as_str().map(String::from))
+            .collect()
+    }
+
+    /// Waits for a pending interaction whose request id is not in `seen`.
+    fn next_pending(&self, id: &str, seen: &[String]) -> Value {
+        let d = self.wait(id, "a new pending interaction", |v| {
+            v["interactions"].as_array().is_some_and(|a| {
+                a.iter().any(|i| {
+                    i["status"] == "pending" && !seen.iter().any(|s| i["requestId"] == s.as_str())
+                })
+            })
+        });
+        d["interactions"]
+            .as_array()
+            .expect("interactions")
+            .iter()
+            .find(|i| {
+                i["status"] == "pending" && !seen.iter().any(|s| i["requestId"] == s.as_str())
+            })
+            .expect("the pending interaction")
+            .clone()
+    }
+
+    fn answer(&self, i: &Value, response: Value) {
+        let (st, v) = self.d.call(
+            "POST",
+            &format!(
+                "/v1/workspaces/{WS}/agent-sessions/{}/turns/{}/interactions/{}",
+                i["agentSessionId"].as_str().expect("owner"),
+                i["turnId"].as_str().expect("turn"),
+                i["requestId"].as_str().expect("request id"),
+            ),
+            Some(json!({ "response": response })),
+        );
+        assert_eq!(st, 200, "answer: {v}");
+    }
+
+    fn cancel(&self, id: &str, turn: &str) {
+        let (st, v) = self.d.call(
+            "POST",
+            &format!("/v1/workspaces/{WS}/agent-sessions/{id}/turns/{turn}/cancel"),
+            Some(json!({})),
+        );
+        assert_eq!(st, 202, "cancel: {v}");
+    }
+
+    /// Every published tool call row (payloads, in outbox order).
+    fn tool_call_rows(&self) -> Vec<Value> {
+        self.d
+            .events(Some(0), None, usize::MAX, 1)
+            .into_iter()
+            .filter(|e| e["kind"] == "toolCall")
+            .map(|e| e["payload"].clone())
+            .collect()
+    }
+
+    /// The agent process (the daemon's child), once it runs.
+    fn agent_pid(&self) -> u32 {
+        let daemon = self.d.pid().expect("the daemon runs");
+        procs::poll(WAIT.as_secs(), || {
+            procs::children_of(daemon).first().copied()
+        })
+        .expect("the daemon started the agent")
+    }
+
+    /// SIGKILLs the agent's whole process group (the agent crashed, taking its children along).
+    fn kill_agent_group(&self) -> u32 {
+        let pid = self.agent_pid();
+        let pgrp = procs::processes()
+            .iter()
+            .find(|p| p.0 == pid)
+            .map(|p| p.2)
+            .expect("the agent's process group");
+        assert_eq!(pgrp, pid, "the agent leads its own process group");
+        // SAFETY: kill(2) of the process group of a provider this test's daemon started.
+        unsafe { libc::kill(-(pgrp as libc::pid_t), libc::SIGKILL) };
+        pid
+    }
+
+    fn provider_session_id(&self, id: &str) -> Option<String> {
+        self.d.detail(WS, id)["session"]["providerSessionId"]
+            .as_str()
+            .map(String::from)
+    }
+}
+
+impl Drop for Rig {
+    /// A graceful stop, so the daemon ends the agent's process group: codex-acp does not exit
+    /// when its input closes, and a SIGKILLed daemon would leave it running.
+    fn drop(&mut self) {
+        if self.d.pid().is_some() {
+            let _ = self.d.signal_and_wait(libc::SIGTERM, 15);
+        }
+    }
+}
+
+/// Every live descendant of `pid` (children, their children, ...).
+fn descendants(pid: u32) -> Vec<u32> {
+    let all = procs::processes();
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for c in all.iter().filter(|q| q.1 == p && q.3 != 'Z') {
+            out.push(c.0);
+            frontier.push(c.0);
+        }
+    }
+    out
+}
+
+/// Waits until `pred` holds for the model server's recorded requests.
+fn wait_model<T>(what: &str, mut f: impl FnMut() -> Option<T>, describe: impl Fn() -> String) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > WAIT {
+            panic!(
+                "timed out waiting for {what}; model requests:\n{}",
+                describe()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
+
+/// `SIGTERM` to the daemon while a turn runs: the daemon exits and every process of the agent's
+/// tree (all descendants seen before the signal) is gone afterwards.
+fn sigterm_leaves_nothing(rig: &mut Rig, at_least: usize) {
+    let daemon = rig.d.pid().expect("the daemon runs");
+    let before = descendants(daemon);
+    assert!(
+        before.len() >= at_least,
+        "the agent's tree runs before the signal: {before:?}"
+    );
+    let status = rig.d.signal_and_wait(libc::SIGTERM, WAIT.as_secs());
+    assert!(status.is_some(), "the daemon exits on SIGTERM");
+    let left = procs::poll(10, || {
+        let alive: Vec<u32> = before
+            .iter()
+            .copied()
+            .filter(|p| procs::alive(*p))
+            .collect();
+        alive.is_empty().then_some(())
+    });
+    let alive: Vec<u32> = before
+        .iter()
+        .copied()
+        .filter(|p| procs::alive(*p))
+        .collect();
+    assert!(
+        left.is_some(),
+        "processes outlived the daemon: {alive:?} of {before:?}"
+    );
+}
+
+// ---- claude-code-acp ------------------------------------------------------------------------
+
+/// claude-code-acp against the scripted Anthropic Messages server.
+struct Claude {
+    rig: Rig,
+    mock: MockMessages,
+}
+
+impl Claude {
+    fn start(script: mm::Script) -> Claude {
+        let entry = ensure_claude_code_acp()
+            .unwrap_or_else(|e| panic!("these tests need the real claude-code-acp: {e}"));
+        let mock = MockMessages::start(script).expect("start the scripted Messages server");
+        let home = tempfile::tempdir().expect("temp HOME");
+        let work = tempfile::tempdir().expect("temp work dir");
+        let env = claude_code_acp_env(&mock.base_url(), &home.path().to_string_lossy());
+        let command = vec!["node".to_string(), entry.to_string_lossy().to_string()];
+        let rig = Rig::start(&provider_toml(&command, &env), home, work);
+        Claude { rig, mock }
+    }
+
+    /// Waits until the server recorded a root request whose last message contains `needle`.
+    fn wait_request(&self, needle: &str) -> mm::RecordedRequest {
+        wait_model(
+            &format!("a model request with {needle:?}"),
+            || {
+                self.mock
+                    .message_requests()
+                    .into_iter()
+                    .find(|r| r.last_message_text().contains(needle))
+            },
+            || self.mock.describe_requests(),
+        )
+    }
+}
+
+#[test]
+fn claude_code_acp_plain_prompt_completes_with_the_text_recorded() {
+    let c = Claude::start(
+        mm::Script::new().fallback(mm::Reply::text("Hello from the scripted model.")),
+    );
+    let id = c.rig.create();
+    let (reply, turn) = c.rig.submit(&id, "hi there");
+    assert_eq!(reply, "started");
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    let texts = c.rig.assistant_texts(&id, &turn);
+    assert!(
+        texts.iter().any(|t| t == "Hello from the scripted model."),
+        "the agent's text is recorded on the turn: {texts:?}"
+    );
+    assert!(
+        c.rig.provider_session_id(&id).is_some(),
+        "the ACP session id is recorded"
+    );
+    assert!(children(&c.rig.d.detail(WS, &id)).is_empty());
+}
+
+/// claude-code-acp lists `allow_always` ("Always Allow") before `allow_once`: the shortcut
+/// `"allow"` must still pick `allow_once`, so the second `Write` asks again.
+#[test]
+fn claude_code_acp_permission_allow_is_once_and_the_next_use_asks_again() {
+    let c = Claude::start(mm::Script::new());
+    let a = c.rig.work.path().join("a.txt");
+    let b = c.rig.work.path().join("b.txt");
+    c.mock.set_script(
+        mm::Script::new()
+            .on(
+                "first write",
+                mm::Match::any()
+                    .first_user_contains("write both")
+                    .tool_results(0),
+                mm::Reply::write_file(&a.to_string_lossy(), "one"),
+            )
+            .on(
+                "second write",
+                mm::Match::any()
+                    .first_user_contains("write both")
+                    .tool_results(1),
+                mm::Reply::write_file(&b.to_string_lossy(), "two"),
+            )
+            .fallback(mm::Reply::text("Both written.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "write both files");
+    let first = c.rig.next_pending(&id, &[]);
+    let kinds: Vec<&str> = first["payload"]["options"]
+        .as_array()
+        .expect("ACP permission options")
+        .iter()
+        .filter_map(|o| o["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds.first(),
+        Some(&"allow_always"),
+        "the agent offers 'always' first (the trap the shortcut must avoid): {first:#}"
+    );
+    assert!(kinds.contains(&"allow_once"), "{kinds:?}");
+    c.rig.answer(&first, json!("allow"));
+    let second = c.rig.next_pending(
+        &id,
+        &[first["requestId"].as_str().unwrap_or("").to_string()],
+    );
+    assert_ne!(second["requestId"], first["requestId"]);
+    c.rig.answer(&second, json!("allow"));
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    assert_eq!(std::fs::read_to_string(&a).ok().as_deref(), Some("one"));
+    assert_eq!(std::fs::read_to_string(&b).ok().as_deref(), Some("two"));
+}
+
+/// The model's reply is cut off mid-stream: text, then the start of a `Bash` tool use, then
+/// nothing. The agent streams the text and opens the tool call (whose arrival makes the text a
+/// message in the daemon); the cancel settles the turn canceled with the text kept and the tool
+/// call closed as `interrupted`, and the agent answers the next prompt. (The text still buffered
+/// in the adapter at the cancel is covered by `acp_real`'s plain-agent test: a real agent gives
+/// no signal that the daemon has read a chunk.)
+#[test]
+fn claude_code_acp_cancel_mid_stream_keeps_the_text_and_the_agent_answers_again() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "stall",
+                mm::Match::any().last_message_contains("look around"),
+                mm::Reply::stall("Working on it...", Some("Bash")),
+            )
+            .fallback(mm::Reply::text("Back again.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "look around");
+    let open = wait_model(
+        "the open tool call",
+        || {
+            c.rig
+                .tool_call_rows()
+                .into_iter()
+                .find(|t| t["turnId"] == turn.as_str())
+        },
+        || c.mock.describe_requests(),
+    );
+    c.rig.cancel(&id, &turn);
+    assert_eq!(c.rig.settle(&id, &turn), "canceled");
+    let texts = c.rig.assistant_texts(&id, &turn);
+    assert!(
+        texts.iter().any(|t| t.contains("Working on it...")),
+        "the text streamed before the cancel is kept: {texts:?}"
+    );
+    let rows = c.rig.tool_call_rows();
+    let last = rows
+        .iter()
+        .rfind(|t| t["toolCallId"] == open["toolCallId"])
+        .expect("the tool call's rows");
+    assert_eq!(last["status"], "interrupted", "{rows:#?}");
+
+    let (reply, next) = c.rig.submit(&id, "and now?");
+    assert_eq!(reply, "started");
+    assert_eq!(c.rig.settle(&id, &next), "completed");
+    assert!(
+        c.rig
+            .assistant_texts(&id, &next)
+            .iter()
+            .any(|t| t == "Back again."),
+        "the agent answers after the cancel"
+    );
+}
+
+#[test]
+fn claude_code_acp_guidance_during_a_turn_joins_it_and_reaches_the_model() {
+    let gate = Gate::new();
+    let c = Claude::start(
+        mm::Script::new()
+            .rule(
+                mm::Rule::new(
+                    "held",
+                    mm::Match::any().last_message_contains("start the work"),
+                    mm::Reply::text("First answer.").until(&gate),
+                )
+                .times(1),
+            )
+            .fallback(mm::Reply::text("Guided answer.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "start the work");
+    c.wait_request("start the work");
+    let (reply, same) = c.rig.submit(&id, "also check the docs");
+    assert_eq!(reply, "appended", "guidance joins the running turn");
+    assert_eq!(same, turn);
+    gate.open();
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    c.wait_request("also check the docs");
+    let users = c
+        .rig
+        .messages(&id)
+        .iter()
+        .filter(|m| m["role"] == "user" && m["turnId"] == turn.as_str())
+        .count();
+    assert_eq!(users, 2, "both user messages on the one turn");
+    assert!(c
+        .rig
+        .assistant_texts(&id, &turn)
+        .iter()
+        .any(|t| t == "Guided answer."));
+}
+
+#[test]
+fn claude_code_acp_task_tool_creates_no_child_session() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "subagent",
+                mm::Match::any().first_user_contains("SUBTASK-PROMPT"),
+                mm::Reply::text("Sub result."),
+            )
+            .on(
+                "delegate",
+                mm::Match::any()
+                    .first_user_contains("delegate please")
+                    .tool_results(0),
+                mm::Reply::tool_use(
+                    "Task",
+                    json!({"description": "look around", "prompt": "SUBTASK-PROMPT find it",
+                           "subagent_type": "general-purpose"}),
+                ),
+            )
+            .fallback(mm::Reply::text("Delegated and done.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate please");
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    assert!(
+        c.mock
+            .message_requests()
+            .iter()
+            .any(|r| r.first_user_text().contains("SUBTASK-PROMPT")),
+        "the Task tool really ran a subagent: {}",
+        c.mock.describe_requests()
+    );
+    let detail = c.rig.d.detail(WS, &id);
+    assert!(children(&detail).is_empty(), "no child session: {detail:#}");
+    assert!(
+        !c.rig.tool_call_rows().is_empty(),
+        "the Task call is an ordinary tool call"
+    );
+    assert!(
+        c.rig
+            .messages(&id)
+            .iter()
+            .all(|m| !m["text"].as_str().unwrap_or("").is_empty()),
+        "no empty message from the agent's empty first chunk"
+    );
+}
+
+#[test]
+fn claude_code_acp_killed_mid_turn_is_interrupted_and_the_next_submit_continues_the_conversation() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "hang",
+                mm::Match::any().last_message_contains("second question"),
+                mm::Reply::stall("Thinking", None),
+            )
+            .fallback(mm::Reply::text("Noted.")),
+    );
+    let id = c.rig.create();
+    let (_, t1) = c.rig.submit(&id, "remember the word PAPAYA");
+    assert_eq!(c.rig.settle(&id, &t1), "completed");
+    let acp_session = c.rig.provider_session_id(&id).expect("the ACP session id");
+    let (_, t2) = c.rig.submit(&id, "second question");
+    c.wait_request("second question");
+    let killed = c.rig.kill_agent_group();
+    assert_eq!(c.rig.settle(&id, &t2), "interrupted");
+    let (reply, t3) = c.rig.submit(&id, "third question");
+    assert_eq!(reply, "started");
+    assert_eq!(c.rig.settle(&id, &t3), "completed");
+    assert_ne!(c.rig.agent_pid(), killed, "a new agent process");
+    let third = c.wait_request("third question");
+    assert!(
+        third.all_text().contains("PAPAYA"),
+        "the model receives the earlier history: {}",
+        third.all_text()
+    );
+    assert_eq!(
+        c.rig.provider_session_id(&id).as_deref(),
+        Some(acp_session.as_str()),
+        "the same ACP session (session/load)"
+    );
+}
+
+#[test]
+fn claude_code_acp_daemon_sigterm_leaves_no_process_behind() {
+    let mut c = Claude::start(mm::Script::new().fallback(mm::Reply::stall("Thinking", None)));
+    let id = c.rig.create();
+    c.rig.submit(&id, "keep going");
+    c.wait_request("keep going");
+    // The agent (node) and the Claude CLI it started.
+    sigterm_leaves_nothing(&mut c.rig, 2);
+}
+
+// ---- codex-acp ------------------------------------------------------------------------------
+
+/// codex-acp against the scripted Responses server. Fields drop in order: the daemon first, the
+/// model server, then its runtime.
+struct Codex {
+    rig: Rig,
+    mock: MockResponses,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Codex {
+    fn start(script: mr::MockResponsesBuilder, approval_policy: &str) -> Codex {
+        let bin = ensure_codex_acp()
+            .unwrap_or_else(|e| panic!("these tests need the real codex-acp: {e}"));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime for the model server");
+        let mock = rt
+            .block_on(script.start())
+            .expect("start the scripted Responses server");
+        let home = tempfile::tempdir().expect("temp CODEX_HOME");
+        let work = tempfile::tempdir().expect("temp work dir");
+        CodexConfig::new(mock.base_url())
+            .approval_policy(approval_policy)
+            .write(home.path())
+            .expect("write config.toml");
+        let env = vec![
+            (
+                "CODEX_HOME".to_string(),
+                home.path().to_string_lossy().to_string(),
+            ),
+            (
+                "HOME".to_string(),
+                home.path().to_string_lossy().to_string(),
+            ),
+        ];
+        let command = vec![bin.to_string_lossy().to_string()];
+        let rig = Rig::start(&provider_toml(&command, &env), home, work);
+        Codex { rig, mock, _rt: rt }
+    }
+
+    /// Waits until the server recorded a request whose last user text contains `needle`.
+    fn wait_request(&self, needle: &str) -> mr::RecordedRequest {
+        wait_model(
+            &format!("a model request with {needle:?}"),
+            || {
+                self.mock
+                    .requests()
+                    .into_iter()
+                    .find(|r| r.last_user_text().is_some_and(|t| t.contains(needle)))
+            },
+            || self.mock.describe_requests(),
+        )
+    }
+}
+
+#[test]
+fn codex_acp_plain_prompt_completes_with_the_text_recorded() {
+    let c = Codex::start(
+        MockResponses::builder().on(
+            mr::Match::any(),
+            mr::Reply::text("Hello from the scripted model."),
+        ),
+        "never",
+    );
+    let id = c.rig.create();
+    let (reply, turn) = c.rig.submit(&id, "hi there");
+    assert_eq!(reply, "started");
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    let texts = c.rig.assistant_texts(&id, &turn);
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("Hello from the scripted model.")),
+        "the agent's text is recorded on the turn: {texts:?}"
+    );
+    assert!(c.rig.provider_session_id(&id).is_some());
+}
+
+/// codex remembers an "approved for session" command and would not ask again for the same
+/// command: the second identical escalated command asking again proves `"allow"` allowed once.
+#[test]
+fn codex_acp_permission_allow_is_once_and_the_next_use_asks_again() {
+    let cmd = "echo tutti-allow-once";
+    let c = Codex::start(
+        MockResponses::builder()
+            .on(
+                mr::Match::root().tool_outputs(0),
+                mr::Reply::exec_command_escalated(cmd, "needs the network"),
+            )
+            .on(
+                mr::Match::root().tool_outputs(1),
+                mr::Reply::exec_command_escalated(cmd, "needs the network"),
+            )
+            .on(mr::Match::any(), mr::Reply::text("Ran it twice.")),
+        "on-request",
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "run it twice");
+    let first = c.rig.next_pending(&id, &[]);
+    let kinds: Vec<&str> = first["payload"]["options"]
+        .as_array()
+        .expect("ACP permission options")
+        .iter()
+        .filter_map(|o| o["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"allow_once") && kinds.contains(&"allow_always"),
+        "{first:#}"
+    );
+    c.rig.answer(&first, json!("allow"));
+    let second = c.rig.next_pending(
+        &id,
+        &[first["requestId"].as_str().unwrap_or("").to_string()],
+    );
+    c.rig.answer(&second, json!("allow"));
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    let outputs = c
+        .mock
+        .requests()
+        .iter()
+        .map(|r| r.tool_outputs())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(
+        outputs,
+        2,
+        "both commands ran: {}",
+        c.mock.describe_requests()
+    );
+}
+
+/// codex-acp reports nothing between a streamed text delta and the end of the model's reply, so
+/// the cancel happens at the next thing a test can observe: the reply's text, then a command
+/// waiting for approval. The cancel settles the turn canceled with the text kept and the
+/// command's tool call (known only from the permission request) closed as `interrupted`, and
+/// the agent answers the next prompt.
+#[test]
+fn codex_acp_cancel_mid_turn_keeps_the_text_and_the_agent_answers_again() {
+    let c = Codex::start(
+        MockResponses::builder()
+            .once(
+                mr::Match::root().last_user_text_contains("look around"),
+                mr::Reply::items(vec![
+                    mr::OutputItem::text("Working on it..."),
+                    mr::OutputItem::call(
+                        None,
+                        "exec_command",
+                        json!({"cmd": "echo later", "sandbox_permissions": "require_escalated",
+                               "justification": "needs the network"}),
+                    ),
+                ]),
+            )
+            .on(mr::Match::any(), mr::Reply::text("Back again.")),
+        "on-request",
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "look around");
+    let asked = c.rig.next_pending(&id, &[]);
+    c.rig.cancel(&id, &turn);
+    assert_eq!(c.rig.settle(&id, &turn), "canceled");
+    let texts = c.rig.assistant_texts(&id, &turn);
+    assert!(
+        texts.iter().any(|t| t.contains("Working on it...")),
+        "the text streamed before the cancel is kept: {texts:?}"
+    );
+    // codex-acp announces the command only inside its permission request: the call is recorded
+    // from it and closed as `interrupted` when the canceled turn settles.
+    let call = asked["payload"]["toolCall"]["toolCallId"].clone();
+    assert!(call.is_string(), "{asked:#}");
+    let rows = c.rig.tool_call_rows();
+    let last = rows
+        .iter()
+        .rfind(|t| t["toolCallId"] == call)
+        .unwrap_or_else(|| panic!("the asked-for tool call is recorded: {rows:#?}"));
+    assert_eq!(last["status"], "interrupted", "{rows:#?}");
+    assert_eq!(last["turnId"], turn.as_str());
+    let (reply, next) = c.rig.submit(&id, "and now?");
+    assert_eq!(reply, "started");
+    assert_eq!(c.rig.settle(&id, &next), "completed");
+    assert!(c
+        .rig
+        .assistant_texts(&id, &next)
+        .iter()
+        .any(|t| t.contains("Back again.")));
+}
+
+#[test]
+fn codex_acp_guidance_during_a_turn_joins_it_and_reaches_the_model() {
+    let gate = Gate::new();
+    let c = Codex::start(
+        MockResponses::builder()
+            .once(
+                mr::Match::root().last_user_text_contains("start the work"),
+                mr::Reply::text("First answer.").until(&gate),
+            )
+            .on(mr::Match::any(), mr::Reply::text("Guided answer.")),
+        "never",
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "start the work");
+    c.wait_request("start the work");
+    let (reply, same) = c.rig.submit(&id, "also check the docs");
+    assert_eq!(reply, "appended", "guidance joins the running turn");
+    assert_eq!(same, turn);
+    gate.open();
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    c.wait_request("also check the docs");
+    let users = c
+        .rig
+        .messages(&id)
+        .iter()
+        .filter(|m| m["role"] == "user" && m["turnId"] == turn.as_str())
+        .count();
+    assert_eq!(users, 2, "both user messages on the one turn");
+}
+
+#[test]
+fn codex_acp_spawn_agent_tool_creates_no_child_session() {
+    let c = Codex::start(
+        MockResponses::builder()
+            .on(mr::Match::child(), mr::Reply::text("Child result."))
+            .once(
+                mr::Match::root().has_tool(MULTI_AGENT_V1).tool_outputs(0),
+                mr::Reply::spawn_agent("SUBTASK-PROMPT find it"),
+            )
+            .on(mr::Match::any(), mr::Reply::text("Delegated and done.")),
+        "never",
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate please");
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    wait_model(
+        "the spawned agent's model request",
+        || c.mock.requests().into_iter().find(|r| r.is_child()),
+        || c.mock.describe_requests(),
+    );
+    let detail = c.rig.d.detail(WS, &id);
+    assert!(children(&detail).is_empty(), "no child session: {detail:#}");
+}
+
+#[test]
+fn codex_acp_killed_mid_turn_is_interrupted_and_the_next_submit_continues_the_conversation() {
+    let c = Codex::start(
+        MockResponses::builder()
+            .on(
+                mr::Match::root().last_user_text_contains("second question"),
+                mr::Reply::hang(),
+            )
+            .on(mr::Match::any(), mr::Reply::text("Noted.")),
+        "never",
+    );
+    let id = c.rig.create();
+    let (_, t1) = c.rig.submit(&id, "remember the word PAPAYA");
+    assert_eq!(c.rig.settle(&id, &t1), "completed");
+    let acp_session = c.rig.provider_session_id(&id).expect("the ACP session id");
+    let (_, t2) = c.rig.submit(&id, "second question");
+    c.wait_request("second question");
+    let killed = c.rig.kill_agent_group();
+    assert_eq!(c.rig.settle(&id, &t2), "interrupted");
+    let (reply, t3) = c.rig.submit(&id, "third question");
+    assert_eq!(reply, "started");
+    assert_eq!(c.rig.settle(&id, &t3), "completed");
+    assert_ne!(c.rig.agent_pid(), killed, "a new agent process");
+    let third = c.wait_request("third question");
+    assert!(
+        third.input_contains("PAPAYA"),
+        "the model receives the earlier history: {}",
+        c.mock.describe_requests()
+    );
+    assert_eq!(
+        c.rig.provider_session_id(&id).as_deref(),
+        Some(acp_session.as_str()),
+        "the same ACP session (session/load)"
+    );
+}
+
+#[test]
+fn codex_acp_daemon_sigterm_leaves_no_process_behind() {
+    let mut c = Codex::start(
+        MockResponses::builder().on(mr::Match::any(), mr::Reply::hang()),
+        "never",
+    );
+    let id = c.rig.create();
+    c.rig.submit(&id, "keep going");
+    c.wait_request("keep going");
+    sigterm_leaves_nothing(&mut c.rig, 1);
+}

@@ -7,6 +7,12 @@
 //! saves the round trip through SQLite for a follower that keeps up, which is what keeps the
 //! provider line → committed → streamed latency low under load.
 //!
+//! Rows that another daemon commits to the same database never pass through this daemon's live
+//! channel: the daemon's commits watch (see [`Daemon::with_commits_from`], fed by `LISTEN/NOTIFY`
+//! on PostgreSQL) wakes a waiting follower, which reads the store again when the committed seq
+//! is above its position. Its own later live batches then start above its position + 1 or
+//! carry only rows it has seen, so each row is still yielded once, in order.
+//!
 //! Retention (see [`crate::retention`]) deletes old rows, but never a row above the position of
 //! a live follower: each follower registers its position with the daemon while it exists. A
 //! follower that starts at a position whose next rows were already pruned (`0 < position <

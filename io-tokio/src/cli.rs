@@ -4,7 +4,7 @@
 //! `tutti`: the command-line client of `tuttid`, plus offline tools.
 //!
 //! Live (through the HTTP API): `sessions`, `show ID`, `watch ID`, `submit ID TEXT`,
-//! `cancel ID [TURN]`, `status`. Offline: `replay [--db FILE] SCENARIO.jsonl`, `snapshot --db FILE`,
+//! `cancel ID [TURN]`, `status`. Offline: `replay [--db FILE|postgres://...] SCENARIO.jsonl`, `snapshot --db FILE`,
 //! `replay-native --provider codex|claude FILE`.
 
 use crate::config::data_dir;
@@ -64,10 +64,12 @@ enum Cmd {
         #[arg(long)]
         metrics_url: Option<String>,
     },
-    /// Run a scenario file through the engine (and SQLite with --db); print the final snapshot.
+    /// Run a scenario file through the engine and a store (memory; an SQLite file with
+    /// `--db FILE`; PostgreSQL with `--db postgres://...`); print the final trees (with `--db`,
+    /// as read back from the store).
     Replay {
         #[arg(long)]
-        db: Option<PathBuf>,
+        db: Option<String>,
         file: PathBuf,
     },
     /// Print every tree stored in a database file.
@@ -169,6 +171,28 @@ impl Client {
     }
 }
 
+/// Runs a scenario through a fresh engine and `store`; returns every tree, read back from the
+/// store when `stored` (so that two stores can be compared), else the engine's.
+fn replay<S: tutti_core::store::Store>(
+    text: &str,
+    store: &mut S,
+    stored: bool,
+) -> Result<Vec<tutti_core::TreeSnapshot>, String> {
+    let mut engine = Engine::new();
+    let checks = scenario::run(text, &mut engine, store)?;
+    eprintln!("{checks} checks passed");
+    let mut snaps = Vec::new();
+    for r in engine.roots() {
+        let snap = if stored {
+            store.load_tree(&r).map_err(|e| e.to_string())?
+        } else {
+            engine.snapshot(&r)
+        };
+        snaps.extend(snap);
+    }
+    Ok(snaps)
+}
+
 fn print(v: &Value) {
     outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -243,21 +267,19 @@ fn run(cli: &Cli) -> Result<(), String> {
         Cmd::Replay { db, file } => {
             let text =
                 std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-            let mut engine = Engine::new();
-            let checks = match db {
-                Some(path) => {
-                    let mut store =
-                        tutti_sqlite::SqliteStore::open(path).map_err(|e| e.to_string())?;
-                    scenario::run(&text, &mut engine, &mut store)?
-                }
-                None => scenario::run(&text, &mut engine, &mut MemoryStore::new())?,
+            let snaps = match db.as_deref() {
+                Some(url) if tutti_postgres::PostgresStore::is_url(url) => replay(
+                    &text,
+                    &mut tutti_postgres::PostgresStore::connect(url).map_err(|e| e.to_string())?,
+                    true,
+                )?,
+                Some(path) => replay(
+                    &text,
+                    &mut tutti_sqlite::SqliteStore::open(path).map_err(|e| e.to_string())?,
+                    true,
+                )?,
+                None => replay(&text, &mut MemoryStore::new(), false)?,
             };
-            eprintln!("{checks} checks passed");
-            let snaps: Vec<_> = engine
-                .roots()
-                .iter()
-                .filter_map(|r| engine.snapshot(r))
-                .collect();
             print(&serde_json::to_value(snaps).map_err(|e| e.to_string())?);
         }
         Cmd::Status { metrics_url } => {

@@ -88,7 +88,7 @@ pub enum StartError {
 }
 
 impl StartError {
-    fn store<E: std::error::Error + Send + Sync + 'static>(e: E) -> StartError {
+    pub(crate) fn store<E: std::error::Error + Send + Sync + 'static>(e: E) -> StartError {
         StartError::Store(Box::new(e))
     }
 }
@@ -214,6 +214,9 @@ pub struct Daemon {
     providers: Arc<dyn ProviderFactory>,
     db: PathBuf,
     positions: Arc<LivePositions>,
+    /// The highest outbox seq known to be committed by any writer of the database (see
+    /// [`Daemon::with_commits_from`]); never changes for a store that only this daemon writes.
+    commits: watch::Receiver<u64>,
     metrics: Arc<Metrics>,
 }
 
@@ -376,8 +379,24 @@ impl Daemon {
             providers: opts.providers,
             db: opts.db,
             positions,
+            commits: watch::channel(last_seq).1,
             metrics,
         })
+    }
+
+    /// Issue 21: "`GET /v1/events` on any daemon streams rows committed by any daemon". `commits`
+    /// carries the highest outbox seq committed to the database by any writer (for PostgreSQL,
+    /// woken by `LISTEN/NOTIFY`, see [`crate::postgres`]); each time it rises above a follower's
+    /// position the follower reads the store again, so rows another daemon committed are
+    /// streamed in sequence order, once each, interleaved with this daemon's own.
+    pub fn with_commits_from(mut self, commits: watch::Receiver<u64>) -> Daemon {
+        self.commits = commits;
+        self
+    }
+
+    /// The highest outbox seq committed by any writer (see [`Daemon::with_commits_from`]).
+    pub fn commits_watch(&self) -> watch::Receiver<u64> {
+        self.commits.clone()
     }
 
     /// Feeds one input and waits for its step (committed) or rejection.

@@ -7,6 +7,12 @@
 //! saves the round trip through SQLite for a follower that keeps up, which is what keeps the
 //! provider line → committed → streamed latency low under load.
 //!
+//! Rows that another daemon commits to the same database never pass through this daemon's live
+//! channel: the daemon's commits watch (see [`Daemon::with_commits_from`], fed by `LISTEN/NOTIFY`
+//! on PostgreSQL) wakes a waiting follower, which reads the store again when the committed seq
+//! is above its position. Its own later live batches then start above its position + 1 or
+//! carry only rows it has seen, so each row is still yielded once, in order.
+//!
 //! Retention (see [`crate::retention`]) deletes old rows, but never a row above the position of
 //! a live follower: each follower registers its position with the daemon while it exists. A
 //! follower that starts at a position whose next rows were already pruned (`0 < position <
@@ -68,6 +74,9 @@ pub struct Follower {
     behind: bool,
     /// This follower's key in the daemon's live positions.
     key: u64,
+    /// Commits of any writer of the database (see [`Daemon::with_commits_from`]); `None` once
+    /// its sender is gone.
+    commits: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Drop for Follower {
@@ -84,7 +93,10 @@ impl Follower {
         // Registered before the first read: rows above `after` are kept from now on (rows a
         // pass deleted just before are reported by a reset, see `next_event`).
         let key = daemon.live_positions().register(after);
+        let mut commits = daemon.commits_watch();
+        commits.mark_unchanged();
         Follower {
+            commits: Some(commits),
             daemon: daemon.clone(),
             cursor: after,
             live,
@@ -154,7 +166,25 @@ impl Follower {
                 }
                 self.behind = false;
             }
-            match self.live.recv().await {
+            let live = match &mut self.commits {
+                Some(commits) => tokio::select! {
+                    r = self.live.recv() => r,
+                    changed = commits.changed() => {
+                        match changed {
+                            // Another writer committed rows past this position: read them.
+                            Ok(()) => {
+                                if *commits.borrow_and_update() > self.cursor {
+                                    self.behind = true;
+                                }
+                            }
+                            Err(_) => self.commits = None,
+                        }
+                        continue;
+                    }
+                },
+                None => self.live.recv().await,
+            };
+            match live {
                 Ok(batch) => {
                     let Some(first) = batch.first() else { continue };
                     if first.seq > self.cursor + 1 {

@@ -36,6 +36,7 @@ pub mod daemon;
 pub mod demo;
 pub mod follow;
 pub mod metrics;
+pub mod postgres;
 pub mod providers;
 pub mod reads;
 pub mod render;

@@ -3,9 +3,9 @@
 //!
 //! `tuttid`: the reference daemon.
 //!
-//! - `tuttid serve --db FILE --listen 127.0.0.1:7420 --token-file FILE [--config FILE]
-//!   [--allow-non-loopback] [--metrics-listen 127.0.0.1:9464]` (`GET /metrics` on its own
-//!   listener without auth; otherwise on the API's, behind its token)
+//! - `tuttid serve --db FILE|sqlite:FILE|postgres://... --listen 127.0.0.1:7420 --token-file FILE
+//!   [--config FILE] [--allow-non-loopback] [--metrics-listen 127.0.0.1:9464]` (`GET /metrics`
+//!   on its own listener without auth; otherwise on the API's, behind its token)
 //! - `tuttid demo`: the daemon on an embedded SQLite file with the demo ACP agent; submits a
 //!   prompt, shows the root turn and its child lanes updating live, then leaves the API up.
 //! - `tuttid demo-agent` / `tuttid plain-agent`: the bundled ACP agents (the `demo` and `plain`
@@ -67,7 +67,9 @@ enum Cmd {
 
 #[derive(clap::Args, Clone)]
 struct ServeArgs {
-    /// Database file (default: tutti.db in the user's data directory).
+    /// Database: a SQLite file (a path, or `sqlite:PATH`; default: tutti.db in the user's data
+    /// directory), or a PostgreSQL database (`postgres://user@host:port/db`; see
+    /// `tutti_tokio::postgres`).
     #[arg(long)]
     db: Option<PathBuf>,
     /// Listen address (loopback by default).
@@ -175,6 +177,32 @@ fn run(args: ServeArgs, demo: bool) {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::{pick_db, Db};
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn db_is_picked_by_url() {
+        assert_eq!(
+            pick_db(Some(Path::new("postgres://u@127.0.0.1:5432/t")), false),
+            Db::Postgres("postgres://u@127.0.0.1:5432/t".into())
+        );
+        assert_eq!(
+            pick_db(Some(Path::new("postgresql://127.0.0.1/t")), false),
+            Db::Postgres("postgresql://127.0.0.1/t".into())
+        );
+        assert_eq!(
+            pick_db(Some(Path::new("sqlite:/tmp/a.db")), false),
+            Db::Sqlite(PathBuf::from("/tmp/a.db"))
+        );
+        assert_eq!(
+            pick_db(Some(Path::new("rel/a.db")), false),
+            Db::Sqlite(PathBuf::from("rel/a.db"))
+        );
+    }
+}
+
 fn fail(msg: &str) -> ! {
     eprintln!("tuttid: {msg}");
     std::process::exit(1)
@@ -248,19 +276,48 @@ pub enum ServeError {
     Demo(#[from] crate::demo::DemoError),
 }
 
+/// The store `--db` names: a `postgres://` (or `postgresql://`) URL is PostgreSQL; anything
+/// else is a SQLite file path, with an optional `sqlite:` prefix (choice: `sqlite:` and
+/// `sqlite://` are both stripped, so `sqlite:///abs/path` is `/abs/path`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Db {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+fn pick_db(arg: Option<&std::path::Path>, demo: bool) -> Db {
+    let dir = data_dir();
+    let Some(p) = arg else {
+        return Db::Sqlite(dir.join(if demo { "demo.db" } else { "tutti.db" }));
+    };
+    match p.to_str() {
+        Some(s) if crate::postgres::is_url(s) => Db::Postgres(s.to_string()),
+        Some(s) => {
+            let path = s
+                .strip_prefix("sqlite://")
+                .or_else(|| s.strip_prefix("sqlite:"))
+                .unwrap_or(s);
+            Db::Sqlite(PathBuf::from(path))
+        }
+        None => Db::Sqlite(p.to_path_buf()),
+    }
+}
+
 async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     let dir = data_dir();
-    let db = match (&args.db, demo) {
-        (Some(p), _) => p.clone(),
-        (None, false) => dir.join("tutti.db"),
-        (None, true) => dir.join("demo.db"),
+    let choice = pick_db(args.db.as_deref(), demo);
+    let db = match &choice {
+        Db::Sqlite(p) => p.clone(),
+        Db::Postgres(url) => PathBuf::from(crate::postgres::redact(url)),
     };
-    if let Some(parent) = db.parent() {
-        std::fs::create_dir_all(parent).map_err(|source| ServeError::File {
-            what: "cannot create",
-            path: parent.to_path_buf(),
-            source,
-        })?;
+    if let Db::Sqlite(db) = &choice {
+        if let Some(parent) = db.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| ServeError::File {
+                what: "cannot create",
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
     }
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
     check_listen(args.listen, args.allow_non_loopback)?;
@@ -286,16 +343,29 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     }
     let retention = config.retention.resolve();
     let mut registry = Registry::with_builtins(config)?;
-    let mut demo_state = db.clone().into_os_string();
+    // The demo agent's state lives next to the SQLite file; for PostgreSQL, next to the token
+    // file (choice: the daemon's local files stay together).
+    let mut demo_state = match &choice {
+        Db::Sqlite(p) => p.clone().into_os_string(),
+        Db::Postgres(_) => token_file
+            .parent()
+            .map(|p| p.join("postgres"))
+            .unwrap_or_else(|| dir.join("postgres"))
+            .into_os_string(),
+    };
     demo_state.push(".demo-agent");
     registry.set_demo_state_dir(PathBuf::from(demo_state));
-    let daemon = Daemon::start(DaemonOptions {
+    let opts = DaemonOptions {
         db: db.clone(),
         providers: Arc::new(registry),
         engine,
         idle_timeout,
         retention,
-    })?;
+    };
+    let daemon = match &choice {
+        Db::Sqlite(_) => Daemon::start(opts)?,
+        Db::Postgres(url) => crate::postgres::start(url, opts)?,
+    };
     let listen = |source| ServeError::Listen {
         addr: args.listen,
         source,

@@ -19,6 +19,8 @@ pub struct TestDaemon {
     exe: PathBuf,
     env: Vec<(String, String)>,
     config: Option<PathBuf>,
+    /// `--db` when not the SQLite file in `dir` (e.g. a `postgres://` URL).
+    db_arg: Option<String>,
 }
 
 fn free_port() -> u16 {
@@ -31,6 +33,17 @@ fn free_port() -> u16 {
 impl TestDaemon {
     /// Starts `exe serve` with an optional TOML config and extra environment.
     pub fn start(exe: &str, config_toml: Option<&str>, env: &[(&str, &str)]) -> TestDaemon {
+        TestDaemon::start_with_db(exe, None, config_toml, env)
+    }
+
+    /// [`TestDaemon::start`] with `--db db` (e.g. a `postgres://` URL) instead of the SQLite
+    /// file in its temp dir.
+    pub fn start_with_db(
+        exe: &str,
+        db: Option<&str>,
+        config_toml: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> TestDaemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = config_toml.map(|t| {
             let p = dir.path().join("config.toml");
@@ -48,6 +61,7 @@ impl TestDaemon {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             config,
+            db_arg: db.map(str::to_string),
         };
         d.spawn();
         d
@@ -66,9 +80,13 @@ impl TestDaemon {
     fn spawn_at(&mut self) {
         let token_file = self.dir.path().join("token");
         let mut cmd = Command::new(&self.exe);
+        let db = match &self.db_arg {
+            Some(a) => a.into(),
+            None => self.db().into_os_string(),
+        };
         cmd.arg("serve")
             .arg("--db")
-            .arg(self.db())
+            .arg(db)
             .arg("--listen")
             .arg(&self.addr)
             .arg("--token-file")

@@ -1,0 +1,176 @@
+//! Tree ownership and fencing (issue 21): "Exactly one daemon runs the provider process of a
+//! root tree at a time: a lease row per live root (owner, epoch, expiry), claimed before the
+//! provider starts and renewed while it runs. Every batch a daemon commits for a tree carries a
+//! fencing guard on the lease epoch, so a daemon that lost its lease (paused, partitioned) can
+//! never commit for that tree again."
+//!
+//! A lease is a row of `tree_leases`: the root, the owner's name and address (where other daemons
+//! forward commands), the epoch and the expiry (milliseconds of the caller's clock: the store has
+//! no clock; every daemon must pass comparable times, e.g. wall-clock milliseconds).
+//!
+//! - [`PostgresStore::claim_lease`] takes a lease that is free, expired or already this owner's;
+//!   every claim of a lease that was free or expired gets a new, higher epoch.
+//! - [`PostgresStore::renew_lease`] extends it, only while the stored epoch is still the caller's.
+//! - Fencing is store-side, per tree, instead of a new [`Guard`](tutti_core::step::Guard) kind
+//!   (a choice: the engine and the other stores stay as they are): a successful claim registers
+//!   the tree's epoch on this store handle, and every batch this handle applies for that tree
+//!   reads the lease row `FOR SHARE` inside its transaction and is refused
+//!   ([`PgError::Fenced`](crate::PgError::Fenced), nothing written) unless the stored epoch is
+//!   still the registered one. A concurrent claim updates that row, so it waits for the commit
+//!   and the commit waits for it: a commit is either before the takeover or refused.
+//! - A lease that expired but that nobody else claimed is not lost: its owner may still commit
+//!   (no other daemon owns the tree) and renews it with its epoch.
+
+use crate::error::{to_i64, to_u64, PgError};
+use crate::PostgresStore;
+use tutti_core::model::Id;
+
+/// One tree's lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The root session of the tree.
+    pub root_agent_session_id: Id,
+    /// The owning daemon's name.
+    pub owner: String,
+    /// Where the owner takes forwarded commands.
+    pub owner_address: String,
+    /// Incremented by every claim of a free or expired lease.
+    pub epoch: u64,
+    /// When it expires unless renewed (caller's milliseconds).
+    pub expires_at_ms: i64,
+}
+
+/// What [`PostgresStore::claim_lease`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller owns the tree now (a new epoch, or its own live lease extended).
+    Owned(Lease),
+    /// Another owner's lease is live: forward to it.
+    HeldBy(Lease),
+}
+
+const LEASE: &str = "SELECT root_agent_session_id, owner, owner_address, epoch, expires_at_ms \
+     FROM tree_leases WHERE root_agent_session_id = $1";
+
+fn lease_of(r: &postgres::Row) -> Result<Lease, PgError> {
+    Ok(Lease {
+        root_agent_session_id: Id::from(r.get::<_, &str>(0)),
+        owner: r.get(1),
+        owner_address: r.get(2),
+        epoch: to_u64("lease epoch", r.get(3))?,
+        expires_at_ms: r.get(4),
+    })
+}
+
+impl PostgresStore {
+    /// Claims the lease of `root` for `owner` (reachable at `address`) until `now_ms + ttl_ms`.
+    /// A free or expired lease gets the next epoch; the caller's own live lease is extended with
+    /// its epoch; another owner's live lease is left alone ([`Claim::HeldBy`]). On success the
+    /// epoch is registered for fencing on this handle.
+    pub fn claim_lease(
+        &mut self,
+        root: &str,
+        owner: &str,
+        address: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Claim, PgError> {
+        let expires = now_ms.saturating_add(ttl_ms);
+        let mut tx = self.client.get_mut().transaction()?;
+        let current = match tx.query_opt(&format!("{LEASE} FOR UPDATE"), &[&root])? {
+            Some(r) => Some(lease_of(&r)?),
+            None => None,
+        };
+        let lease = match current {
+            Some(l) if l.owner != owner && l.expires_at_ms > now_ms => {
+                tx.commit()?;
+                return Ok(Claim::HeldBy(l));
+            }
+            Some(l) => {
+                let epoch = if l.owner == owner && l.expires_at_ms > now_ms {
+                    l.epoch
+                } else {
+                    l.epoch + 1
+                };
+                tx.execute(
+                    "UPDATE tree_leases SET owner = $2, owner_address = $3, epoch = $4, \
+                     expires_at_ms = $5 WHERE root_agent_session_id = $1",
+                    &[
+                        &root,
+                        &owner,
+                        &address,
+                        &to_i64("lease epoch", epoch)?,
+                        &expires,
+                    ],
+                )?;
+                epoch
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO tree_leases (root_agent_session_id, owner, owner_address, \
+                     epoch, expires_at_ms) VALUES ($1, $2, $3, 1, $4)",
+                    &[&root, &owner, &address, &expires],
+                )?;
+                1
+            }
+        };
+        tx.commit()?;
+        self.fences.insert(Id::from(root), lease);
+        Ok(Claim::Owned(Lease {
+            root_agent_session_id: Id::from(root),
+            owner: owner.to_string(),
+            owner_address: address.to_string(),
+            epoch: lease,
+            expires_at_ms: expires,
+        }))
+    }
+
+    /// Extends `owner`'s lease of `root` at `epoch` until `now_ms + ttl_ms`. `false`: the lease
+    /// was taken over (another epoch) or removed; the caller no longer owns the tree.
+    pub fn renew_lease(
+        &mut self,
+        root: &str,
+        owner: &str,
+        epoch: u64,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<bool, PgError> {
+        let n = self.client.get_mut().execute(
+            "UPDATE tree_leases SET expires_at_ms = $4 WHERE root_agent_session_id = $1 \
+             AND owner = $2 AND epoch = $3",
+            &[
+                &root,
+                &owner,
+                &to_i64("lease epoch", epoch)?,
+                &now_ms.saturating_add(ttl_ms),
+            ],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Gives up `owner`'s lease of `root` at `epoch` (it expires at once; the epoch stays, so the
+    /// next claim gets a higher one) and stops fencing the tree on this handle.
+    pub fn release_lease(&mut self, root: &str, owner: &str, epoch: u64) -> Result<bool, PgError> {
+        self.fences.remove(root);
+        let n = self.client.get_mut().execute(
+            "UPDATE tree_leases SET expires_at_ms = -9223372036854775808 \
+             WHERE root_agent_session_id = $1 AND owner = $2 AND epoch = $3",
+            &[&root, &owner, &to_i64("lease epoch", epoch)?],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// The lease of `root`, if it was ever claimed.
+    pub fn lease(&self, root: &str) -> Result<Option<Lease>, PgError> {
+        match self.query(LEASE, &[&root])?.first() {
+            Some(r) => Ok(Some(lease_of(r)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Fences `root` at `epoch` on this handle (what a successful claim does): from now on every
+    /// batch for that tree commits only while the stored lease epoch is `epoch`.
+    pub fn fence(&mut self, root: &str, epoch: u64) {
+        self.fences.insert(Id::from(root), epoch);
+    }
+}

@@ -1,0 +1,94 @@
+//! Waking the event stream of every daemon on a database: `LISTEN/NOTIFY` on the outbox.
+//!
+//! Issue 21: "`GET /v1/events` on any daemon streams rows committed by any daemon, in sequence
+//! order". Every transaction that publishes outbox rows sends `NOTIFY tutti_outbox, '<last
+//! seq>'` inside itself (see `apply`), so PostgreSQL delivers it when, and only if, the rows are
+//! committed, after every earlier commit's notification. The payload is `<schema>:<seq>` (the
+//! channel is per database; a listener only takes its own schema's seqs). An [`OutboxListener`] is one connection
+//! that listens on that channel; [`OutboxListener::wait`] returns the highest seq notified
+//! since the last call. The notification is only a wake-up: the rows themselves are read from
+//! the outbox table, so a lost notification (a dropped listener connection) delays a follower
+//! until the next wake-up or poll and loses nothing.
+
+use crate::error::{to_u64, PgError};
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, NoTls};
+use std::time::Duration;
+
+/// The notification channel of committed outbox rows (payload: the commit's last seq).
+pub const OUTBOX_CHANNEL: &str = "tutti_outbox";
+
+/// One listening connection on [`OUTBOX_CHANNEL`].
+pub struct OutboxListener {
+    client: Client,
+    /// `<current schema>:`, the prefix of this store's payloads.
+    prefix: String,
+}
+
+impl std::fmt::Debug for OutboxListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxListener").finish_non_exhaustive()
+    }
+}
+
+/// What [`OutboxListener::wait`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Commits were notified; the highest last seq among them.
+    Committed(u64),
+    /// Nothing was notified within the timeout; the last seq in the counter row (the polling
+    /// fallback: a caller compares it with what it has seen).
+    Quiet(u64),
+}
+
+impl OutboxListener {
+    /// Connects and starts listening (the same URL forms as [`crate::PostgresStore::connect`]).
+    pub fn connect(url: &str) -> Result<OutboxListener, PgError> {
+        let mut client = Client::connect(url, NoTls)?;
+        client.batch_execute("LISTEN tutti_outbox")?;
+        let schema: String = client
+            .query_one("SELECT current_schema()::text", &[])?
+            .get(0);
+        Ok(OutboxListener {
+            client,
+            prefix: format!("{schema}:"),
+        })
+    }
+
+    /// Waits up to `timeout` for notifications; returns the highest notified seq, or, when
+    /// none came (or only other schemas' or malformed payloads), the last seq read from the
+    /// database.
+    pub fn wait(&mut self, timeout: Duration) -> Result<Wake, PgError> {
+        let mut best: Option<u64> = None;
+        {
+            let mut n = self.client.notifications();
+            // The first notification (or the timeout), then whatever else is already here.
+            let first = n.timeout_iter(timeout).next()?;
+            if let Some(first) = first {
+                let mut take = |payload: &str| {
+                    if let Some(seq) = payload
+                        .strip_prefix(self.prefix.as_str())
+                        .and_then(|s| s.parse::<u64>().ok())
+                    {
+                        best = Some(best.map_or(seq, |b| b.max(seq)));
+                    }
+                };
+                take(first.payload());
+                let mut rest = n.iter();
+                while let Some(more) = rest.next()? {
+                    take(more.payload());
+                }
+            }
+        }
+        match best {
+            Some(seq) => Ok(Wake::Committed(seq)),
+            None => {
+                let v: i64 = self
+                    .client
+                    .query_one("SELECT value FROM meta WHERE key = 'outbox_next_seq'", &[])?
+                    .get(0);
+                Ok(Wake::Quiet(to_u64("outbox seq", v)?.saturating_sub(1)))
+            }
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! PostgreSQL: the store conformance suite against a real server (started in a temporary
+//! directory by [`tutti_tests::postgres::Server`]), and several writers on one database.
+
+use tutti_postgres::PostgresStore;
+use tutti_tests::postgres::Server;
+
+#[test]
+fn postgres_store_conforms() {
+    let server = Server::fast().expect("postgres server");
+    tutti_tests::conformance::run(
+        || PostgresStore::connect(&server.create_database().expect("db")).expect("connect"),
+        |s| {
+            // The URL is not kept by the store: reopen by the database's name.
+            let url = current_url(&server, &s);
+            drop(s);
+            PostgresStore::connect(&url).expect("reconnect")
+        },
+    );
+}
+
+fn current_url(server: &Server, s: &PostgresStore) -> String {
+    server.url(&s.database_name().expect("database name"))
+}
+
+/// Issue 21: "the scenario files give identical snapshots through it (`tutti replay --db
+/// postgres://...`)": every scenario file, replayed by the real CLI into a new PostgreSQL
+/// database and into a new SQLite file, prints the same trees read back from each store.
+#[test]
+fn every_scenario_gives_identical_snapshots_through_postgres_and_sqlite() {
+    const TUTTI: &str = env!("CARGO_BIN_EXE_tutti-test");
+    let server = Server::fast().expect("postgres server");
+    let dir = tempfile::tempdir().expect("dir");
+    let scenarios = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut files: Vec<_> = std::fs::read_dir(&scenarios)
+        .expect("scenarios")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    assert!(files.len() > 50, "the scenario files are there");
+    let replay = |db: &str, file: &std::path::Path| -> serde_json::Value {
+        let out = std::process::Command::new(TUTTI)
+            .args(["replay", "--db", db])
+            .arg(file)
+            .output()
+            .expect("tutti replay");
+        assert!(
+            out.status.success(),
+            "replay {} --db {db}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON snapshot")
+    };
+    for (i, file) in files.iter().enumerate() {
+        let sqlite = dir.path().join(format!("s{i}.db"));
+        let sqlite = replay(sqlite.to_str().expect("utf-8"), file);
+        let pg = replay(&server.create_schema().expect("schema"), file);
+        assert!(
+            sqlite.as_array().is_some_and(|a| !a.is_empty()),
+            "{}: some tree",
+            file.display()
+        );
+        assert_eq!(
+            pg,
+            sqlite,
+            "{}: PostgreSQL and SQLite differ",
+            file.display()
+        );
+    }
+}
+
+use serde_json::{json, Value};
+use std::sync::{Arc, Barrier};
+use tutti_core::store::{HostStore, Store};
+use tutti_core::{Engine, PersistBatch};
+use tutti_postgres::{Claim, PgError};
+
+fn decide(engine: &mut Engine, now: i64, v: Value) -> PersistBatch {
+    let input = serde_json::from_value(v.clone()).expect("input");
+    engine
+        .handle(now, &input)
+        .unwrap_or_else(|e| panic!("engine rejected {v}: {e}"))
+        .persist
+}
+
+/// Inputs that build root `r` with an active turn and one active child, then `n` messages.
+fn tree_inputs(r: &str, n: usize) -> Vec<Value> {
+    let mut v = vec![
+        json!({"type": "createSession", "agentSessionId": r, "workspaceId": "W", "provider": "codex"}),
+        json!({"type": "submit", "agentSessionId": r, "turnId": format!("T-{r}"), "text": "go"}),
+        json!({"type": "rootProviderTurnStarted", "agentSessionId": r, "providerTurnId": "p"}),
+        json!({"type": "childSessionCreated", "agentSessionId": format!("C-{r}"), "turnId": format!("CT-{r}"), "parentAgentSessionId": r, "parentTurnId": format!("T-{r}"), "rootAgentSessionId": r, "rootTurnId": format!("T-{r}")}),
+        json!({"type": "turnStarted", "agentSessionId": format!("C-{r}"), "turnId": format!("CT-{r}")}),
+    ];
+    for i in 0..n {
+        v.push(json!({"type": "messageAppended", "agentSessionId": format!("C-{r}"), "turnId": format!("CT-{r}"), "messageId": format!("m{i}"), "role": "assistant", "text": "x"}));
+    }
+    v
+}
+
+/// "A gap-free outbox sequence that every daemon shares": two writers (connections) commit
+/// concurrently, singly and in groups, while a reader follows the outbox. Every seq from 1 to
+/// the last is there exactly once, each writer got the seqs it was told, and the follower never
+/// saw a later seq before an earlier one.
+#[test]
+fn concurrent_writers_share_one_gap_free_outbox() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    PostgresStore::connect(&url).expect("migrate");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|w| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut store = PostgresStore::connect(&url).expect("connect");
+                let mut engine = Engine::new();
+                let mut seqs = Vec::new();
+                let mut now = 0;
+                for t in 0..6 {
+                    let batches: Vec<PersistBatch> = tree_inputs(&format!("R{w}{t}"), 10)
+                        .into_iter()
+                        .map(|v| {
+                            now += 1;
+                            decide(&mut engine, now, v)
+                        })
+                        .collect();
+                    if t % 2 == 0 {
+                        for b in &batches {
+                            seqs.extend(store.apply(b).expect("apply"));
+                        }
+                    } else {
+                        let refs: Vec<&PersistBatch> = batches.iter().collect();
+                        let p = store.apply_group(&refs, false).expect("group");
+                        seqs.extend(p.into_iter().flatten().map(|p| p.seq));
+                    }
+                }
+                seqs
+            })
+        })
+        .collect();
+    let follower = {
+        let url = url.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let store = PostgresStore::connect(&url).expect("connect");
+            let mut seen = Vec::new();
+            loop {
+                let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+                let after = seen.last().copied().unwrap_or(0);
+                for r in store.outbox_after(after, 1000).expect("read") {
+                    seen.push(r.seq);
+                }
+                if finished {
+                    break;
+                }
+            }
+            seen
+        })
+    };
+    let mut all: Vec<u64> = Vec::new();
+    for w in writers {
+        let seqs = w.join().expect("writer");
+        assert!(
+            seqs.windows(2).all(|p| p[0] < p[1]),
+            "a writer's seqs increase"
+        );
+        all.extend(seqs);
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = follower.join().expect("follower");
+    all.sort();
+    let n = all.len() as u64;
+    assert!(n > 100);
+    assert_eq!(all, (1..=n).collect::<Vec<_>>(), "seqs 1..=n, each once");
+    assert_eq!(
+        seen, all,
+        "the follower saw every seq once, in order, never a gap"
+    );
+    let store = PostgresStore::connect(&url).expect("connect");
+    assert_eq!(store.last_outbox_seq().expect("last"), n);
+}
+
+/// Two daemons decided on the same tree state: one a child creation, the other a cancel of the
+/// root turn. Committed at the same moment from two connections, exactly one wins and the other
+/// is refused by a guard, writing nothing ("a child first revealed after the target snapshot
+/// must be rejected by persistence").
+#[test]
+fn racing_writers_on_one_tree_exactly_one_commits() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut setup = PostgresStore::connect(&url).expect("connect");
+    let mut engine = Engine::new();
+    let roots: Vec<String> = (0..8).map(|i| format!("R{i}")).collect();
+    let mut now = 0;
+    for r in &roots {
+        for v in tree_inputs(r, 0) {
+            now += 1;
+            setup.apply(&decide(&mut engine, now, v)).expect("setup");
+        }
+    }
+    for r in &roots {
+        let snap = setup.load_tree(r).expect("load").expect("tree");
+        let mut a = Engine::new();
+        a.restore(snap.clone()).expect("restore");
+        let mut b = Engine::new();
+        b.restore(snap).expect("restore");
+        let cancel = decide(
+            &mut a,
+            100,
+            json!({"type": "cancelTurn", "operationId": format!("op-{r}"), "agentSessionId": r, "turnId": format!("T-{r}")}),
+        );
+        let child = decide(
+            &mut b,
+            100,
+            json!({"type": "childSessionCreated", "agentSessionId": format!("late-{r}"), "turnId": format!("LT-{r}"), "parentAgentSessionId": r, "parentTurnId": format!("T-{r}"), "rootAgentSessionId": r, "rootTurnId": format!("T-{r}")}),
+        );
+        let barrier = Arc::new(Barrier::new(2));
+        let run = |batch: PersistBatch| {
+            let url = url.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut s = PostgresStore::connect(&url).expect("connect");
+                barrier.wait();
+                s.apply(&batch)
+            })
+        };
+        let (ta, tb) = (run(cancel), run(child));
+        let (ra, rb) = (ta.join().expect("a"), tb.join().expect("b"));
+        assert!(
+            ra.is_ok() != rb.is_ok(),
+            "{r}: exactly one commits: {ra:?} / {rb:?}"
+        );
+        let loser = ra.err().or(rb.err()).expect("a loser");
+        assert!(PostgresStore::is_guard_failure(&loser), "{r}: {loser:?}");
+        let late = setup.session(&format!("late-{r}")).expect("read").is_some();
+        let op = setup
+            .cancel_operation(&format!("op-{r}"))
+            .expect("read")
+            .is_some();
+        assert!(
+            late != op,
+            "{r}: exactly one of the two decisions is stored"
+        );
+    }
+}
+
+/// Fencing (issue 21): "Every batch a daemon commits for a tree carries a fencing guard on the
+/// lease epoch, so a daemon that lost its lease (paused, partitioned) can never commit for that
+/// tree again." Two handles (two daemons): A owns the tree, pauses past its lease, B claims it;
+/// A's next commit is refused and writes nothing; B commits; A can neither renew nor reclaim
+/// while B's lease is live, and sees B's address to forward to.
+#[test]
+fn a_stale_owner_is_fenced_after_a_takeover() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut a = PostgresStore::connect(&url).expect("a");
+    let mut b = PostgresStore::connect(&url).expect("b");
+    let mut engine = Engine::new();
+    let ttl = 1_000;
+    let la = match a
+        .claim_lease("R", "daemon-a", "127.0.0.1:1", 0, ttl)
+        .expect("claim")
+    {
+        Claim::Owned(l) => l,
+        other => panic!("a claims a free lease: {other:?}"),
+    };
+    assert_eq!(la.epoch, 1);
+    let mut now = 0;
+    for v in tree_inputs("R", 2) {
+        now += 1;
+        a.apply(&decide(&mut engine, now, v))
+            .expect("owner commits");
+    }
+    // B cannot take a live lease; it learns where to forward.
+    match b
+        .claim_lease("R", "daemon-b", "127.0.0.1:2", 500, ttl)
+        .expect("claim")
+    {
+        Claim::HeldBy(l) => {
+            assert_eq!(l.owner, "daemon-a");
+            assert_eq!(l.owner_address, "127.0.0.1:1");
+        }
+        other => panic!("a live lease is not taken: {other:?}"),
+    }
+    assert!(a.renew_lease("R", "daemon-a", 1, 900, ttl).expect("renew"));
+    // A pauses; its lease expires; B takes over with a new epoch.
+    let lb = match b
+        .claim_lease("R", "daemon-b", "127.0.0.1:2", 2_000, ttl)
+        .expect("claim")
+    {
+        Claim::Owned(l) => l,
+        other => panic!("an expired lease is taken: {other:?}"),
+    };
+    assert_eq!(lb.epoch, 2);
+    // A wakes up and commits what it decided: refused, nothing written.
+    let stale = decide(
+        &mut engine,
+        2_001,
+        json!({"type": "messageAppended", "agentSessionId": "C-R", "turnId": "CT-R", "messageId": "from-a", "role": "assistant", "text": "x"}),
+    );
+    let before = b.outbox_after(0, usize::MAX).expect("outbox");
+    match a.apply(&stale) {
+        Err(PgError::Fenced {
+            epoch: 1,
+            current: Some(2),
+            ..
+        }) => {}
+        other => panic!("the stale owner's commit is fenced: {other:?}"),
+    }
+    match a.apply_group(&[&stale], true) {
+        Err(tutti_core::store::GroupError::Batch {
+            index: 0,
+            source: PgError::Fenced { .. },
+        }) => {}
+        other => panic!("fenced in a group too: {other:?}"),
+    }
+    assert_eq!(b.outbox_after(0, usize::MAX).expect("outbox"), before);
+    assert_eq!(b.messages("C-R", None, 100).expect("messages").len(), 2);
+    assert!(
+        !a.renew_lease("R", "daemon-a", 1, 2_002, ttl)
+            .expect("renew"),
+        "A lost it"
+    );
+    assert!(matches!(
+        a.claim_lease("R", "daemon-a", "127.0.0.1:1", 2_003, ttl)
+            .expect("claim"),
+        Claim::HeldBy(_)
+    ));
+    // The new owner commits the same decision (from a tree it loaded).
+    let mut e2 = Engine::new();
+    e2.restore(b.load_tree("R").expect("load").expect("tree"))
+        .expect("restore");
+    let mine = decide(
+        &mut e2,
+        2_004,
+        json!({"type": "messageAppended", "agentSessionId": "C-R", "turnId": "CT-R", "messageId": "from-b", "role": "assistant", "text": "x"}),
+    );
+    b.apply(&mine).expect("the owner commits");
+    assert_eq!(b.messages("C-R", None, 100).expect("messages").len(), 3);
+    // Other trees are not fenced on A.
+    let mut e3 = Engine::new();
+    for v in tree_inputs("S", 0) {
+        a.apply(&decide(&mut e3, 3_000, v)).expect("unfenced tree");
+    }
+    assert_eq!(
+        b.lease("R").expect("lease").map(|l| l.owner),
+        Some("daemon-b".into())
+    );
+}
+
+/// "Schema migrations with a version table": a database of version 1 (with data) is migrated to
+/// the current version in place, several daemons connecting to a new database at once migrate it
+/// once, and a database of a newer version is refused with a typed error and left unchanged.
+#[test]
+fn migrations_are_versioned_and_a_newer_schema_is_refused() {
+    let server = Server::fast().expect("postgres server");
+    let version = |url: &str| -> i64 {
+        let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+        c.query_one("SELECT max(version) FROM tutti_schema_version", &[])
+            .expect("version")
+            .get(0)
+    };
+    // Version 1 with a session in it.
+    let url = server.create_database().expect("db");
+    {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        c.batch_execute("CREATE TABLE tutti_schema_version (version BIGINT NOT NULL)")
+            .expect("version table");
+        c.batch_execute(tutti_postgres::schema::migration(0).expect("v1"))
+            .expect("v1 ddl");
+        c.batch_execute("INSERT INTO tutti_schema_version VALUES (1)")
+            .expect("v1");
+    }
+    let mut engine = Engine::new();
+    {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let b = decide(
+            &mut engine,
+            1,
+            json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"}),
+        );
+        let tutti_core::step::Row::Session(s) = &b.rows[0] else {
+            panic!("a session row");
+        };
+        c.execute(
+            "INSERT INTO sessions (id, workspace_id, kind, created_at, version, json) \
+             VALUES ($1, $2, 'root', $3, $4, $5)",
+            &[
+                &&*s.id,
+                &&*s.workspace_id,
+                &s.created_at,
+                &(s.version as i64),
+                &serde_json::to_string(&**s).expect("json"),
+            ],
+        )
+        .expect("v1 row");
+    }
+    let mut store = PostgresStore::connect(&url).expect("migrates");
+    assert_eq!(version(&url), tutti_postgres::schema::SCHEMA_VERSION);
+    assert!(store.session("R").expect("read").is_some(), "data kept");
+    assert!(matches!(
+        store.claim_lease("R", "d", "a", 0, 10).expect("v2 table"),
+        Claim::Owned(_)
+    ));
+    drop(store);
+    // Concurrent first connections.
+    let fresh = server.create_database().expect("db");
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let url = fresh.clone();
+            std::thread::spawn(move || PostgresStore::connect(&url).map(|_| ()))
+        })
+        .collect();
+    for h in handles {
+        h.join()
+            .expect("thread")
+            .expect("every connection migrates or finds it migrated");
+    }
+    assert_eq!(version(&fresh), tutti_postgres::schema::SCHEMA_VERSION);
+    // Newer than this build.
+    {
+        let mut c = postgres::Client::connect(&fresh, postgres::NoTls).expect("connect");
+        c.batch_execute("UPDATE tutti_schema_version SET version = 99")
+            .expect("bump");
+    }
+    match PostgresStore::connect(&fresh) {
+        Err(PgError::TooNew {
+            found: 99,
+            supported,
+        }) => {
+            assert_eq!(supported, tutti_postgres::schema::SCHEMA_VERSION)
+        }
+        other => panic!("a newer schema is refused: {other:?}"),
+    }
+    assert_eq!(version(&fresh), 99, "left unchanged");
+}
+
+/// Issue 21's event stream across daemons is woken by `LISTEN/NOTIFY`: a commit that publishes
+/// rows notifies every listener of its store with its last seq, sent inside the committing
+/// transaction (a batch that rolls back notifies nothing), and a store in another schema of the
+/// same database (the channel is per database) does not wake this store's listeners.
+#[test]
+fn a_commit_notifies_the_listeners_of_its_store_with_its_last_seq() {
+    use std::time::Duration;
+    use tutti_postgres::{OutboxListener, Wake};
+    let server = Server::fast().expect("postgres server");
+    let url_a = server.create_schema().expect("schema a");
+    let url_b = server.create_schema().expect("schema b");
+    let mut a = PostgresStore::connect(&url_a).expect("a");
+    let mut b = PostgresStore::connect(&url_b).expect("b");
+    let mut listen = OutboxListener::connect(&url_a).expect("listener");
+    let create = json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"});
+    // Another schema's commit: not this store's seq.
+    let on_b = b
+        .apply(&decide(&mut Engine::new(), 1, create.clone()))
+        .expect("apply b");
+    assert!(!on_b.is_empty());
+    assert_eq!(
+        listen.wait(Duration::from_millis(300)).expect("wait"),
+        Wake::Quiet(0)
+    );
+    // This store's commit: its last seq.
+    let mut engine = Engine::new();
+    let seqs = a
+        .apply(&decide(&mut engine, 1, create.clone()))
+        .expect("apply a");
+    let last = *seqs.last().expect("published");
+    assert_eq!(
+        listen.wait(Duration::from_secs(30)).expect("wait"),
+        Wake::Committed(last)
+    );
+    // A second engine creating the same session fails its guard: rolled back, no notification.
+    let err = a
+        .apply(&decide(&mut Engine::new(), 2, create))
+        .expect_err("guard");
+    assert!(err.is_guard_failure(), "{err}");
+    assert_eq!(
+        listen.wait(Duration::from_millis(300)).expect("wait"),
+        Wake::Quiet(last)
+    );
+}

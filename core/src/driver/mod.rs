@@ -19,7 +19,8 @@
 //!   [`Driver::commit_failed`];
 //! - [`Driver::poll_output`]: what to carry out once the batches before it are durable:
 //!   [`Output::Launch`] a provider process, [`Output::Transmit`] native messages to it,
-//!   [`Output::Publish`] committed outbox rows, [`Output::Reply`] to a host command;
+//!   [`Output::Publish`] committed outbox rows, [`Output::Reply`] to a host command,
+//!   [`Output::Diagnostic`] something to log;
 //! - [`Driver::poll_timeout`]: the next deadline.
 //!
 //! ## The host loop
@@ -55,6 +56,7 @@
 //!             Output::Transmit(t) => written.extend(t.messages), // write to t.root's provider
 //!             Output::Publish(p) => { /* hand p.rows to outbox followers */ }
 //!             Output::Reply { to, result } => replies.push((to, result.is_ok())),
+//!             Output::Diagnostic(d) => { /* log it: ids and kinds only */ let _ = d; }
 //!         }
 //!     }
 //!     // 3. Wait for a provider line (handle_native), a command (handle_input), an exit

@@ -74,6 +74,7 @@ mod session_wire;
 pub mod snapshot;
 pub mod step;
 pub mod store;
+mod stored;
 
 pub use driver::Driver;
 pub use engine::{Engine, EngineConfig, UNCONFIRMED};

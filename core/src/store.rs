@@ -18,6 +18,7 @@ use thiserror::Error;
 pub use crate::host_store::{
     GroupError, HostStore, PruneOutcome, Published, RetentionPolicy, RootsPage,
 };
+pub use crate::stored::{decode_stored, StoredEntity};
 
 /// One published change, in the order of its sequence number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,148 +1,20 @@
-//! The `json` column: an entity's wire form, decoded back to exactly the entity that was stored.
-//!
-//! One wrinkle: the core's optional opaque fields (`Option<serde_json::Value>`, e.g. an
-//! interaction's `response`) serialize `Some(Value::Null)` as `"response":null` and `None` as no
-//! key at all, but serde decodes both as `None`. The decoder restores `Some(Value::Null)` when the
-//! key is present with `null`, so a stored row compares equal to what the engine holds.
+//! The `json` column: an entity's wire form, decoded back to exactly the entity that was stored
+//! ([`tutti_core::store::decode_stored`], shared by every store).
 
 use crate::error::SqliteError;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer};
-use serde_json::Value;
-use tutti_core::model::{CancelOperation, Interaction, Message, Session, ToolCall, Turn};
+
+pub(crate) use tutti_core::store::StoredEntity as Decode;
 
 /// Decodes one stored row.
 pub(crate) fn decode<T: Decode>(table: &'static str, json: &str) -> Result<T, SqliteError> {
-    let mut v: T = serde_json::from_str(json).map_err(|source| SqliteError::BadRow {
+    tutti_core::store::decode_stored(json).map_err(|source| SqliteError::BadRow {
         table,
         key: key_hint(json),
         source,
-    })?;
-    v.restore_nulls(json)
-        .map_err(|source| SqliteError::BadRow {
-            table,
-            key: key_hint(json),
-            source,
-        })?;
-    Ok(v)
+    })
 }
 
 /// A short, content-free hint for error messages (the row's length only: never content).
 fn key_hint(json: &str) -> String {
     format!("({} bytes)", json.len())
-}
-
-/// Entities stored in a `json` column.
-pub(crate) trait Decode: DeserializeOwned {
-    /// Restores `Some(Value::Null)` for optional opaque fields present as `null` in `json`.
-    fn restore_nulls(&mut self, _json: &str) -> Result<(), serde_json::Error> {
-        Ok(())
-    }
-}
-
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
-}
-
-/// Whether a compact serde_json text may hold `"key":null` (a cheap prefilter; the probe decides).
-fn may_hold_null(json: &str, key: &str) -> bool {
-    let needle_len = key.len() + 7;
-    json.len() >= needle_len
-        && json
-            .match_indices(key)
-            .any(|(i, _)| json[..i].ends_with('"') && json[i + key.len()..].starts_with("\":null"))
-}
-
-#[derive(Deserialize)]
-struct SessionProbe {
-    #[serde(default, deserialize_with = "present")]
-    goal: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct InteractionProbe {
-    #[serde(default, deserialize_with = "present")]
-    response: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    resolution: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct ToolCallProbe {
-    #[serde(default, deserialize_with = "present")]
-    kind: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    payload: Option<Value>,
-}
-
-impl Decode for Session {
-    fn restore_nulls(&mut self, json: &str) -> Result<(), serde_json::Error> {
-        if self.goal.is_none() && may_hold_null(json, "goal") {
-            let p: SessionProbe = serde_json::from_str(json)?;
-            self.goal = p.goal;
-        }
-        Ok(())
-    }
-}
-
-impl Decode for Interaction {
-    fn restore_nulls(&mut self, json: &str) -> Result<(), serde_json::Error> {
-        let check = (self.response.is_none() && may_hold_null(json, "response"))
-            || (self.resolution.is_none() && may_hold_null(json, "resolution"));
-        if check {
-            let p: InteractionProbe = serde_json::from_str(json)?;
-            if self.response.is_none() {
-                self.response = p.response;
-            }
-            if self.resolution.is_none() {
-                self.resolution = p.resolution;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Decode for ToolCall {
-    fn restore_nulls(&mut self, json: &str) -> Result<(), serde_json::Error> {
-        let check = (self.kind.is_none() && may_hold_null(json, "kind"))
-            || (self.payload.is_none() && may_hold_null(json, "payload"));
-        if check {
-            let p: ToolCallProbe = serde_json::from_str(json)?;
-            if self.kind.is_none() {
-                self.kind = p.kind;
-            }
-            if self.payload.is_none() {
-                self.payload = p.payload;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Decode for Turn {}
-impl Decode for Message {}
-impl Decode for CancelOperation {}
-impl Decode for Value {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn some_null_round_trips() {
-        let json = r#"{"agentSessionId":"s","turnId":"t","requestId":"r","kind":null,"payload":{"response":null},"status":"answered","response":null,"createdAt":1,"updatedAt":2,"version":3}"#;
-        let i: Interaction = decode("interactions", json).expect("decodes");
-        assert_eq!(i.response, Some(Value::Null));
-        assert_eq!(i.resolution, None);
-        let back = serde_json::to_string(&i).expect("encodes");
-        let again: Interaction = decode("interactions", &back).expect("decodes");
-        assert_eq!(i, again);
-    }
-
-    #[test]
-    fn nested_null_is_not_top_level() {
-        let json = r#"{"agentSessionId":"s","turnId":"t","requestId":"r","payload":{"resolution":null},"status":"pending","createdAt":1,"updatedAt":2,"version":3}"#;
-        let i: Interaction = decode("interactions", json).expect("decodes");
-        assert_eq!(i.resolution, None);
-    }
 }

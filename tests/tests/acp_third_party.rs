@@ -282,6 +282,69 @@ fn sigterm_leaves_nothing(rig: &mut Rig, at_least: usize) {
 // ---- claude-code-acp ------------------------------------------------------------------------
 
 /// claude-code-acp against the scripted Anthropic Messages server.
+/// What the scenarios both agents share need from an agent under test and its scripted model
+/// server.
+trait UnderTest {
+    fn rig(&self) -> &Rig;
+    /// Waits until the model server got a request whose last user text contains `needle`;
+    /// returns whether that request also carries `history` anywhere in its input.
+    fn request_carries(&self, needle: &str, history: &str) -> bool;
+    /// Every request the model server got, for a failure message.
+    fn requests(&self) -> String;
+}
+
+/// Guidance sent while a turn runs joins that turn (`appended`, the same turn id) and reaches
+/// the model; `gate` holds the first answer until the guidance is in. Returns the session and
+/// the turn.
+fn guidance_joins_the_running_turn(a: &impl UnderTest, gate: &Gate) -> (String, String) {
+    let rig = a.rig();
+    let id = rig.create();
+    let (_, turn) = rig.submit(&id, "start the work");
+    a.request_carries("start the work", "");
+    let (reply, same) = rig.submit(&id, "also check the docs");
+    assert_eq!(reply, "appended", "guidance joins the running turn");
+    assert_eq!(same, turn);
+    gate.open();
+    assert_eq!(rig.settle(&id, &turn), "completed");
+    a.request_carries("also check the docs", "");
+    let users = rig
+        .messages(&id)
+        .iter()
+        .filter(|m| m["role"] == "user" && m["turnId"] == turn.as_str())
+        .count();
+    assert_eq!(users, 2, "both user messages on the one turn");
+    (id, turn)
+}
+
+/// The agent's process group killed while the model hangs on "second question": the turn
+/// settles interrupted, and the next submit starts a new agent process that continues the same
+/// ACP session (`session/load`) with the earlier history.
+fn killed_mid_turn_then_the_conversation_continues(a: &impl UnderTest) {
+    let rig = a.rig();
+    let id = rig.create();
+    let (_, t1) = rig.submit(&id, "remember the word PAPAYA");
+    assert_eq!(rig.settle(&id, &t1), "completed");
+    let acp_session = rig.provider_session_id(&id).expect("the ACP session id");
+    let (_, t2) = rig.submit(&id, "second question");
+    a.request_carries("second question", "");
+    let killed = rig.kill_agent_group();
+    assert_eq!(rig.settle(&id, &t2), "interrupted");
+    let (reply, t3) = rig.submit(&id, "third question");
+    assert_eq!(reply, "started");
+    assert_eq!(rig.settle(&id, &t3), "completed");
+    assert_ne!(rig.agent_pid(), killed, "a new agent process");
+    assert!(
+        a.request_carries("third question", "PAPAYA"),
+        "the model receives the earlier history: {}",
+        a.requests()
+    );
+    assert_eq!(
+        rig.provider_session_id(&id).as_deref(),
+        Some(acp_session.as_str()),
+        "the same ACP session (session/load)"
+    );
+}
+
 struct Claude {
     rig: Rig,
     mock: MockMessages,
@@ -312,6 +375,18 @@ impl Claude {
             },
             || self.mock.describe_requests(),
         )
+    }
+}
+
+impl UnderTest for Claude {
+    fn rig(&self) -> &Rig {
+        &self.rig
+    }
+    fn request_carries(&self, needle: &str, history: &str) -> bool {
+        self.wait_request(needle).all_text().contains(history)
+    }
+    fn requests(&self) -> String {
+        self.mock.describe_requests()
     }
 }
 
@@ -458,22 +533,7 @@ fn claude_code_acp_guidance_during_a_turn_joins_it_and_reaches_the_model() {
             )
             .fallback(mm::Reply::text("Guided answer.")),
     );
-    let id = c.rig.create();
-    let (_, turn) = c.rig.submit(&id, "start the work");
-    c.wait_request("start the work");
-    let (reply, same) = c.rig.submit(&id, "also check the docs");
-    assert_eq!(reply, "appended", "guidance joins the running turn");
-    assert_eq!(same, turn);
-    gate.open();
-    assert_eq!(c.rig.settle(&id, &turn), "completed");
-    c.wait_request("also check the docs");
-    let users = c
-        .rig
-        .messages(&id)
-        .iter()
-        .filter(|m| m["role"] == "user" && m["turnId"] == turn.as_str())
-        .count();
-    assert_eq!(users, 2, "both user messages on the one turn");
+    let (id, turn) = guidance_joins_the_running_turn(&c, &gate);
     assert!(c
         .rig
         .assistant_texts(&id, &turn)
@@ -540,29 +600,7 @@ fn claude_code_acp_killed_mid_turn_is_interrupted_and_the_next_submit_continues_
             )
             .fallback(mm::Reply::text("Noted.")),
     );
-    let id = c.rig.create();
-    let (_, t1) = c.rig.submit(&id, "remember the word PAPAYA");
-    assert_eq!(c.rig.settle(&id, &t1), "completed");
-    let acp_session = c.rig.provider_session_id(&id).expect("the ACP session id");
-    let (_, t2) = c.rig.submit(&id, "second question");
-    c.wait_request("second question");
-    let killed = c.rig.kill_agent_group();
-    assert_eq!(c.rig.settle(&id, &t2), "interrupted");
-    let (reply, t3) = c.rig.submit(&id, "third question");
-    assert_eq!(reply, "started");
-    assert_eq!(c.rig.settle(&id, &t3), "completed");
-    assert_ne!(c.rig.agent_pid(), killed, "a new agent process");
-    let third = c.wait_request("third question");
-    assert!(
-        third.all_text().contains("PAPAYA"),
-        "the model receives the earlier history: {}",
-        third.all_text()
-    );
-    assert_eq!(
-        c.rig.provider_session_id(&id).as_deref(),
-        Some(acp_session.as_str()),
-        "the same ACP session (session/load)"
-    );
+    killed_mid_turn_then_the_conversation_continues(&c);
 }
 
 #[test]
@@ -630,6 +668,18 @@ impl Codex {
             },
             || self.mock.describe_requests(),
         )
+    }
+}
+
+impl UnderTest for Codex {
+    fn rig(&self) -> &Rig {
+        &self.rig
+    }
+    fn request_carries(&self, needle: &str, history: &str) -> bool {
+        self.wait_request(needle).input_contains(history)
+    }
+    fn requests(&self) -> String {
+        self.mock.describe_requests()
     }
 }
 
@@ -776,22 +826,7 @@ fn codex_acp_guidance_during_a_turn_joins_it_and_reaches_the_model() {
             .on(mr::Match::any(), mr::Reply::text("Guided answer.")),
         "never",
     );
-    let id = c.rig.create();
-    let (_, turn) = c.rig.submit(&id, "start the work");
-    c.wait_request("start the work");
-    let (reply, same) = c.rig.submit(&id, "also check the docs");
-    assert_eq!(reply, "appended", "guidance joins the running turn");
-    assert_eq!(same, turn);
-    gate.open();
-    assert_eq!(c.rig.settle(&id, &turn), "completed");
-    c.wait_request("also check the docs");
-    let users = c
-        .rig
-        .messages(&id)
-        .iter()
-        .filter(|m| m["role"] == "user" && m["turnId"] == turn.as_str())
-        .count();
-    assert_eq!(users, 2, "both user messages on the one turn");
+    guidance_joins_the_running_turn(&c, &gate);
 }
 
 #[test]
@@ -829,29 +864,7 @@ fn codex_acp_killed_mid_turn_is_interrupted_and_the_next_submit_continues_the_co
             .on(mr::Match::any(), mr::Reply::text("Noted.")),
         "never",
     );
-    let id = c.rig.create();
-    let (_, t1) = c.rig.submit(&id, "remember the word PAPAYA");
-    assert_eq!(c.rig.settle(&id, &t1), "completed");
-    let acp_session = c.rig.provider_session_id(&id).expect("the ACP session id");
-    let (_, t2) = c.rig.submit(&id, "second question");
-    c.wait_request("second question");
-    let killed = c.rig.kill_agent_group();
-    assert_eq!(c.rig.settle(&id, &t2), "interrupted");
-    let (reply, t3) = c.rig.submit(&id, "third question");
-    assert_eq!(reply, "started");
-    assert_eq!(c.rig.settle(&id, &t3), "completed");
-    assert_ne!(c.rig.agent_pid(), killed, "a new agent process");
-    let third = c.wait_request("third question");
-    assert!(
-        third.input_contains("PAPAYA"),
-        "the model receives the earlier history: {}",
-        c.mock.describe_requests()
-    );
-    assert_eq!(
-        c.rig.provider_session_id(&id).as_deref(),
-        Some(acp_session.as_str()),
-        "the same ACP session (session/load)"
-    );
+    killed_mid_turn_then_the_conversation_continues(&c);
 }
 
 #[test]

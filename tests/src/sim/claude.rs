@@ -232,12 +232,22 @@ impl ClaudeSidecar {
             out.push(self.user(t.parent.as_deref(), agent_of_parent.as_deref(), json!([{"tool_use_id": t.tool_use, "type": "tool_result",
                 "is_error": status != "completed", "content": [{"type": "text", "text": "[Subagent hand-back]"}]}]),
                 Some(json!({"status": status, "agentId": t.task_id}))));
-        } else if self.turns.is_empty() {
-            // The notification of a background task that ends while no root turn runs starts a
-            // continuation turn; during a root turn the model reads it in that turn.
+        } else if !self.root_reads_notifications() {
+            // The notification of a background task that ends while no root turn runs, or while
+            // the running one has no model round left (only its `result` to come), starts a
+            // continuation turn; otherwise the model reads it in that turn's next round (the
+            // shapes of the captured `bg_two_*` transcripts).
             self.notify += 1;
         }
         out
+    }
+
+    /// Whether the running root turn still has a model round to come (anything before its
+    /// `result`), in which the model reads a task notification delivered now.
+    fn root_reads_notifications(&self) -> bool {
+        self.turns
+            .front()
+            .is_some_and(|t| t.steps.iter().any(|s| *s != Step::Finish))
     }
 
     fn busy_children(&self, scope: Option<&str>) -> bool {

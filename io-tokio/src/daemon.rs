@@ -100,6 +100,36 @@ pub trait Housekeeping<S>: Send {
     fn committed(&mut self) {}
     /// The engine thread finished one round of inputs and commits.
     fn after_round(&mut self, store: &mut S);
+    /// Tree ownership (issue 21: "Exactly one daemon runs the provider process of a root tree at
+    /// a time: a lease row per live root (owner, epoch, expiry), claimed before the provider
+    /// starts and renewed while it runs"). Called before `root`'s provider is launched and
+    /// before a tree found live at start is settled. The default (a store only this daemon
+    /// writes, e.g. SQLite): always owned.
+    fn claim(&mut self, _store: &mut S, _root: &Id, _now_ms: i64) -> Ownership {
+        Ownership::Owned
+    }
+    /// Renews every lease this daemon holds; returns the roots whose lease was taken over (their
+    /// runtimes are stopped: the store's fence refuses their commits anyway).
+    fn renew(&mut self, _store: &mut S, _now_ms: i64) -> Vec<Id> {
+        Vec::new()
+    }
+    /// Gives up the lease of `root` (its runtime stopped).
+    fn release(&mut self, _store: &mut S, _root: &Id) {}
+    /// How often [`Housekeeping::renew`] runs; `None`: never (no leases).
+    fn renew_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// What [`Housekeeping::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// This daemon owns the tree now.
+    Owned,
+    /// Another daemon holds an unexpired lease of the tree; it takes commands at this address.
+    Elsewhere(String),
+    /// The lease could not be read or written (the error, for logs: no content).
+    Unknown(String),
 }
 
 /// The housekeeping of a store without its own: [`HostStore::checkpoint`] after rounds with
@@ -197,6 +227,8 @@ enum Msg {
     IdleCheck(Id, u64),
     /// Run an outbox retention pass (see [`crate::retention`]).
     Prune,
+    /// Renew this daemon's tree leases (see [`Housekeeping::renew`]).
+    RenewLeases,
     /// The root ids of the trees loaded in the engine.
     Resident(oneshot::Sender<Vec<Id>>),
     /// The state gauges of a metrics scrape.
@@ -291,7 +323,23 @@ impl Daemon {
         }
         let now = now_ms();
         let mut settle = Vec::with_capacity(recovered.len());
+        let mut housekeeping = housekeeping;
+        let mut claimed = Vec::with_capacity(recovered.len());
         for root in &recovered {
+            // Issue 21: a daemon no longer settles live trees whose lease another daemon holds
+            // (unexpired): their provider runs there. A tree whose lease cannot be read is left
+            // alone too (choice: settling it could interrupt a turn another daemon drives).
+            match housekeeping.claim(&mut store, root, now) {
+                Ownership::Owned => claimed.push(root.clone()),
+                Ownership::Elsewhere(_) => {
+                    info!(root = %root, "live tree owned by another daemon; not settled");
+                    continue;
+                }
+                Ownership::Unknown(e) => {
+                    warn!(root = %root, error = %e, "tree lease unreadable; not settled");
+                    continue;
+                }
+            }
             // The provider processes died with the previous daemon: prepared cancels replay as
             // unconfirmed, and every active turn settles interrupted, in one step per tree.
             let input = Input::Runtime(RuntimeAnswer::ProviderExited {
@@ -311,7 +359,15 @@ impl Daemon {
                 .apply_group(&group, false)
                 .map_err(|e| StartError::Recovery(Box::new(e)))?;
         }
-        info!(trees = recovered.len(), "recovered live trees");
+        info!(
+            trees = recovered.len(),
+            settled = claimed.len(),
+            "recovered live trees"
+        );
+        // Settled: no provider runs for them here, so their leases are given up at once.
+        for root in &claimed {
+            housekeeping.release(&mut store, root);
+        }
         // Loaded without their message ids: none may stay (see above).
         for root in &recovered {
             engine.evict(root);
@@ -338,8 +394,21 @@ impl Daemon {
                 }
             });
         }
+        if let Some(every) = housekeeping.renew_every() {
+            let tx = tx.clone();
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    if tx.send(Msg::RenewLeases).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         let core = Core {
             housekeeping,
+            to_release: Vec::new(),
             live,
             driver: Driver::with_engine(engine),
             store,
@@ -528,6 +597,9 @@ type ReplyTo = oneshot::Sender<Result<Step, DaemonError>>;
 struct Core<S> {
     /// What the store needs besides commits.
     housekeeping: Box<dyn Housekeeping<S>>,
+    /// Roots whose runtime stopped: their leases are released after the round's commits (so
+    /// the exit's own batch is still fenced).
+    to_release: Vec<Id>,
     live: broadcast::Sender<LiveBatch>,
     /// The engine, the adapters of the live roots and their timers.
     driver: Driver,
@@ -603,6 +675,12 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     }
                     Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
                     Msg::Prune => prune = true,
+                    Msg::RenewLeases => {
+                        for root in self.housekeeping.renew(&mut self.store, now) {
+                            warn!(root = %root, "tree lease lost to another daemon");
+                            self.stop_runtime(&root, "lease lost");
+                        }
+                    }
                     Msg::Resident(r) => resident.push(r),
                     Msg::Gauges(r) => {
                         let _ = r.send(self.gauges());
@@ -634,6 +712,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 self.review_runtime(root);
             }
             self.residency(touched);
+            for root in std::mem::take(&mut self.to_release) {
+                if !self.current.contains_key(&root) {
+                    self.housekeeping.release(&mut self.store, &root);
+                }
+            }
             if prune {
                 self.prune();
             }
@@ -720,6 +803,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 self.runtimes.remove(&root);
                 self.idle.armed.remove(&root);
                 self.driver.handle_exit(now, &root, &why, &self.store);
+                self.to_release.push(root);
             }
         }
     }
@@ -993,6 +1077,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
             info!(root = %root, reason = why, "stopping the provider runtime");
             r.stop(None);
         }
+        self.to_release.push(root.clone());
     }
 
     /// Daemon shutdown: every runtime ends its provider's process group; waits for them (at most
@@ -1005,6 +1090,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
             self.current.remove(root);
             self.driver.detach(root);
             r.stop(Some(done_tx.clone()));
+            self.housekeeping.release(&mut self.store, root);
         }
         drop(done_tx);
         let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
@@ -1033,6 +1119,21 @@ impl<S: HostStore + Send + 'static> Core<S> {
             old.stop(None);
         }
         self.current.remove(&root);
+        // Issue 21: the tree's lease is claimed before its provider starts; a tree another
+        // daemon owns is not launched here (the start fails like a provider that cannot start).
+        match self.housekeeping.claim(&mut self.store, &root, now) {
+            Ownership::Owned => {}
+            Ownership::Elsewhere(_) | Ownership::Unknown(_) => {
+                warn!(root = %root, "tree not owned by this daemon; provider not started");
+                self.driver.handle_exit(
+                    now,
+                    &root,
+                    "the tree is owned by another daemon",
+                    &self.store,
+                );
+                return;
+            }
+        }
         let cwd = self.store.session_cwd(&root).unwrap_or_else(|e| {
             warn!(root = %root, error = %e, "session cwd not readable; using the default");
             None

@@ -171,3 +171,55 @@ fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
     assert_eq!(seqs(&got), seqs(&on_a), "each row once, in order");
     assert_eq!(got, on_a, "the same rows on both daemons");
 }
+
+/// Issue 21, tree ownership: "Exactly one daemon runs the provider process of a root tree at a
+/// time: a lease row per live root (owner, epoch, expiry), claimed before the provider starts
+/// and renewed while it runs", and failover: a daemon that starts does not settle a live tree
+/// whose lease another running daemon holds. A drives a hanging tree; its lease names A's
+/// address; B starts on the same database and leaves the tree's turns active (before leases, B
+/// settled every live tree it found, interrupting A's turn).
+#[test]
+fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let a = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let live = a.create(WS, "demo");
+    a.submit(WS, &live, "children=2 hang=1,2 permission=0 fail=0 late=0");
+    a.wait_for(WS, &live, 60, "children running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 2)
+    });
+    let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
+    let lease = store
+        .lease(&live)
+        .expect("lease read")
+        .expect("a lease row");
+    assert_eq!(
+        lease.owner_address, a.addr,
+        "the lease names the owner's address"
+    );
+    assert!(lease.epoch >= 1);
+
+    let b = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let seen = b.detail(WS, &live);
+    assert!(
+        seen["session"].get("activeTurnId").is_some(),
+        "B did not settle A's live tree: {seen}"
+    );
+    let root_turn = turn_of(&seen, &live).expect("root turn");
+    assert!(
+        root_turn.get("outcome").is_none_or(Value::is_null),
+        "{root_turn}"
+    );
+    let after = store
+        .lease(&live)
+        .expect("lease read")
+        .expect("a lease row");
+    assert_eq!(after.owner, lease.owner, "B took no lease");
+    assert_eq!(after.epoch, lease.epoch);
+    assert_eq!(
+        tree(a.detail(WS, &live)),
+        tree(seen),
+        "A reads the same live tree"
+    );
+}

@@ -27,7 +27,7 @@ use tutti_core::driver::{
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::step::PersistBatch;
 use tutti_core::store::HostStore;
-use tutti_core::{Engine, EngineConfig, Input, Rejected, RuntimeAnswer, Step};
+use tutti_core::{Command, Engine, EngineConfig, Input, Rejected, RuntimeAnswer, Step};
 use tutti_sqlite::{
     CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore,
 };
@@ -115,6 +115,11 @@ pub trait Housekeeping<S>: Send {
     }
     /// Gives up the lease of `root` (its runtime stopped).
     fn release(&mut self, _store: &mut S, _root: &Id) {}
+    /// The address of the daemon that holds `root`'s unexpired lease, if that is not this
+    /// daemon (read only: nothing is claimed).
+    fn owner_elsewhere(&mut self, _store: &mut S, _root: &Id, _now_ms: i64) -> Option<String> {
+        None
+    }
     /// How often [`Housekeeping::renew`] runs; `None`: never (no leases).
     fn renew_every(&self) -> Option<std::time::Duration> {
         None
@@ -193,6 +198,15 @@ pub enum DaemonError {
     /// The daemon is shutting down.
     #[error("the daemon is not running")]
     Stopped,
+    /// Issue 21: a command (submit, cancel, answer, delete) for a tree whose lease another
+    /// daemon holds, unexpired: that daemon runs the tree's provider and takes the command at
+    /// `owner_address` (answered 409 `owned_elsewhere`; nothing changed here). Choice: refused,
+    /// not forwarded (forwarding is not built yet).
+    #[error("the tree is owned by the daemon at {owner_address}; send the command there")]
+    OwnedElsewhere {
+        /// The owning daemon's listen address.
+        owner_address: String,
+    },
     /// An outbox follower asked for rows that retention already deleted (it continues after
     /// `pruned_through`; see [`crate::follow::Followed::Reset`]).
     #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
@@ -691,6 +705,13 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         self.driver.handle_timeout(now, &self.store);
                     }
                     Msg::Input(input, reply) => {
+                        if let Some(owner_address) = self.owned_elsewhere(now, &input) {
+                            debug!(kind = input.kind(), "command for a tree owned elsewhere");
+                            if let Some(r) = reply {
+                                let _ = r.send(Err(DaemonError::OwnedElsewhere { owner_address }));
+                            }
+                            continue;
+                        }
                         let token = reply.map(|r| {
                             self.next_reply += 1;
                             self.replies.insert(self.next_reply, (r, input.kind()));
@@ -731,6 +752,39 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
             self.arm_deadline(now);
         }
+    }
+
+    /// Issue 21: the owner address when `input` is a command on an existing tree (submit,
+    /// cancel, answer, delete) whose lease another daemon holds unexpired.
+    fn owned_elsewhere(&mut self, now: i64, input: &Input) -> Option<String> {
+        let session = match input {
+            Input::Command(
+                Command::Submit {
+                    agent_session_id, ..
+                }
+                | Command::CancelTurn {
+                    agent_session_id, ..
+                }
+                | Command::RespondInteraction {
+                    agent_session_id, ..
+                }
+                | Command::DeleteSession {
+                    agent_session_id, ..
+                },
+            ) => agent_session_id,
+            _ => return None,
+        };
+        let root = match self.store.root_of(session) {
+            Ok(Some(root)) => root,
+            // Unknown session: the engine answers it (not found).
+            Ok(None) => return None,
+            Err(e) => {
+                warn!(error = %e, "root of a command's session not readable");
+                return None;
+            }
+        };
+        self.housekeeping
+            .owner_elsewhere(&mut self.store, &root, now)
     }
 
     /// The provider name of a root session (`unknown` when its tree is not loaded).

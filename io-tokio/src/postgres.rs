@@ -19,10 +19,12 @@
 //! never commits for the tree again, and stops its runtime at the next renewal. At start, live
 //! trees whose lease another daemon holds (unexpired) are not settled.
 //!
-//! Not guaranteed yet (issue 21, rest): commands for a tree are not routed to the daemon running
-//! its provider (a `Start` on a daemon that does not own the tree fails its turn like a provider
-//! that cannot start; other commands go through the store's version guards), and a tree whose
-//! owner died is settled only when a daemon starts (no periodic scan of expired leases yet).
+//! Commands (submit, cancel, answer, delete) for a tree whose lease another daemon holds,
+//! unexpired, are refused (409 `owned_elsewhere`, naming the owner's address; nothing changes).
+//!
+//! Not guaranteed yet (issue 21, rest): commands are not forwarded to the owner, and a tree
+//! whose owner died is settled only when a daemon starts (no periodic scan of expired leases
+//! yet).
 
 use crate::daemon::{Daemon, DaemonOptions, Housekeeping, Ownership, StartError, StoreCheckpoint};
 use std::collections::BTreeMap;
@@ -132,6 +134,28 @@ impl Housekeeping<PostgresStore> for Leases {
         if let Some(epoch) = self.held.remove(root) {
             if let Err(e) = store.release_lease(root, &self.owner, epoch) {
                 warn!(root = %root, error = %e, "tree lease not released");
+            }
+        }
+    }
+    fn owner_elsewhere(
+        &mut self,
+        store: &mut PostgresStore,
+        root: &Id,
+        now_ms: i64,
+    ) -> Option<String> {
+        if self.held.contains_key(root) {
+            return None;
+        }
+        match store.lease(root) {
+            Ok(Some(l)) if l.owner != self.owner && l.expires_at_ms > now_ms => {
+                Some(l.owner_address)
+            }
+            Ok(_) => None,
+            // Choice: an unreadable lease does not block the command; the fence and the
+            // store's version guards still hold.
+            Err(e) => {
+                warn!(root = %root, error = %e, "tree lease not readable");
+                None
             }
         }
     }

@@ -177,7 +177,8 @@ fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
 /// and renewed while it runs", and failover: a daemon that starts does not settle a live tree
 /// whose lease another running daemon holds. A drives a hanging tree; its lease names A's
 /// address; B starts on the same database and leaves the tree's turns active (before leases, B
-/// settled every live tree it found, interrupting A's turn).
+/// settled every live tree it found, interrupting A's turn); a command for the tree sent to B is
+/// refused with 409 `owned_elsewhere` naming A's address, and changes nothing.
 #[test]
 fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
     let server = Server::fast().expect("postgres server");
@@ -219,7 +220,18 @@ fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
     assert_eq!(after.epoch, lease.epoch);
     assert_eq!(
         tree(a.detail(WS, &live)),
-        tree(seen),
+        tree(seen.clone()),
         "A reads the same live tree"
     );
+    // A command for the tree sent to B is refused, naming the owner, and changes nothing.
+    let (status, body) = b.call(
+        "POST",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{live}/submit"),
+        Some(serde_json::json!({ "text": "children=0 permission=0 fail=0 late=0" })),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "owned_elsewhere", "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains(&a.addr), "the owner is named: {message}");
+    assert_eq!(tree(b.detail(WS, &live)), tree(seen), "nothing changed");
 }

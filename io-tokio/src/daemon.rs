@@ -113,6 +113,12 @@ pub trait Housekeeping<S>: Send {
     fn renew(&mut self, _store: &mut S, _now_ms: i64) -> Vec<Id> {
         Vec::new()
     }
+    /// Failover: claims the trees whose owner stopped renewing their leases (expired, not
+    /// released) and returns them; the engine thread settles each as a restart does
+    /// (interrupted), then releases it.
+    fn orphaned(&mut self, _store: &mut S, _now_ms: i64) -> Vec<Id> {
+        Vec::new()
+    }
     /// Gives up the lease of `root` (its runtime stopped).
     fn release(&mut self, _store: &mut S, _root: &Id) {}
     /// The address of the daemon that holds `root`'s unexpired lease, if that is not this
@@ -694,6 +700,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             warn!(root = %root, "tree lease lost to another daemon");
                             self.stop_runtime(&root, "lease lost");
                         }
+                        for root in self.housekeeping.orphaned(&mut self.store, now) {
+                            self.take_over(now, root);
+                        }
                     }
                     Msg::Resident(r) => resident.push(r),
                     Msg::Gauges(r) => {
@@ -785,6 +794,23 @@ impl<S: HostStore + Send + 'static> Core<S> {
         };
         self.housekeeping
             .owner_elsewhere(&mut self.store, &root, now)
+    }
+
+    /// Issue 21, failover: a tree whose owner died (its lease expired; this daemon claimed it)
+    /// settles exactly as at a restart: reloaded from the store (another daemon drove it), then
+    /// the provider's exit, in a fenced batch; the lease is released after the round.
+    fn take_over(&mut self, now: i64, root: Id) {
+        if self.runtimes.contains_key(&root) {
+            return;
+        }
+        info!(root = %root, "taking over a tree whose owner stopped renewing its lease");
+        self.driver.reload(&root, &self.store);
+        let input = Input::Runtime(RuntimeAnswer::ProviderExited {
+            root_agent_session_id: root.clone(),
+            error: "the daemon that ran the provider is gone".into(),
+        });
+        self.driver.handle_input(now, input, None, &self.store);
+        self.to_release.push(root);
     }
 
     /// The provider name of a root session (`unknown` when its tree is not loaded).

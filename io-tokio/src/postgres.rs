@@ -22,9 +22,10 @@
 //! Commands (submit, cancel, answer, delete) for a tree whose lease another daemon holds,
 //! unexpired, are refused (409 `owned_elsewhere`, naming the owner's address; nothing changes).
 //!
-//! Not guaranteed yet (issue 21, rest): commands are not forwarded to the owner, and a tree
-//! whose owner died is settled only when a daemon starts (no periodic scan of expired leases
-//! yet).
+//! Failover: at every renewal tick a daemon claims the trees whose lease expired without being
+//! released (their owner died or was cut off) and settles them as a restart does.
+//!
+//! Not guaranteed yet (issue 21, rest): commands are not forwarded to the owner.
 
 use crate::daemon::{Daemon, DaemonOptions, Housekeeping, Ownership, StartError, StoreCheckpoint};
 use std::collections::BTreeMap;
@@ -129,6 +130,19 @@ impl Housekeeping<PostgresStore> for Leases {
             self.held.remove(root);
         }
         lost
+    }
+    fn orphaned(&mut self, store: &mut PostgresStore, now_ms: i64) -> Vec<Id> {
+        let expired = match store.expired_leases(&self.owner, now_ms, 100) {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, "expired tree leases not readable");
+                return Vec::new();
+            }
+        };
+        expired
+            .into_iter()
+            .filter(|root| self.claim(store, root, now_ms) == Ownership::Owned)
+            .collect()
     }
     fn release(&mut self, store: &mut PostgresStore, root: &Id) {
         if let Some(epoch) = self.held.remove(root) {

@@ -160,6 +160,22 @@ impl PostgresStore {
         Ok(n == 1)
     }
 
+    /// Up to `limit` roots whose lease expired (not released: a released lease's tree has no
+    /// provider running anywhere) and that `owner` does not hold: their owner stopped renewing
+    /// (it died or was cut off), so their trees may be taken over (issue 21, failover).
+    pub fn expired_leases(&self, owner: &str, now_ms: i64, limit: i64) -> Result<Vec<Id>, PgError> {
+        Ok(self
+            .query(
+                "SELECT root_agent_session_id FROM tree_leases WHERE expires_at_ms <= $1 \
+                 AND expires_at_ms > -9223372036854775808 AND owner <> $2 \
+                 ORDER BY root_agent_session_id LIMIT $3",
+                &[&now_ms, &owner, &limit],
+            )?
+            .iter()
+            .map(|r| Id::from(r.get::<_, &str>(0)))
+            .collect())
+    }
+
     /// The lease of `root`, if it was ever claimed.
     pub fn lease(&self, root: &str) -> Result<Option<Lease>, PgError> {
         match self.query(LEASE, &[&root])?.first() {

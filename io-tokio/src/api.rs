@@ -120,6 +120,9 @@ impl From<DaemonError> for ApiError {
                 "unavailable",
                 "daemon stopping",
             ),
+            e @ DaemonError::OwnedElsewhere { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "owned_elsewhere", e.to_string())
+            }
             e @ DaemonError::OutboxPruned { .. } => {
                 ApiError::new(StatusCode::GONE, "pruned", e.to_string())
             }

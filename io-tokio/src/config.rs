@@ -21,6 +21,7 @@
 //! ```toml
 //! cancel_timeout_ms = 10000   # bound of a provider cancel
 //! idle_timeout_secs = 300     # stop a provider whose tree is quiescent after this long; 0 = never
+//! lease_secs = 10             # PostgreSQL: how long a tree lease lasts unless renewed
 //! ```
 
 use serde::Deserialize;
@@ -73,12 +74,25 @@ pub struct ConfigFile {
     /// ([`crate::daemon::DEFAULT_IDLE_TIMEOUT`]); `tuttid serve --idle-timeout-secs` overrides it.
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
+    /// PostgreSQL only (issue 21): seconds a daemon's lease of a tree lasts unless renewed (it
+    /// is renewed every third of that while the tree's provider runs; another daemon takes a
+    /// tree over only after its lease expired). Default 10
+    /// ([`crate::postgres::DEFAULT_LEASE`]); `0` is taken as 1.
+    #[serde(default)]
+    pub lease_secs: Option<u64>,
     /// Resident trees and outbox retention.
     #[serde(default)]
     pub retention: RetentionConfig,
 }
 
 impl ConfigFile {
+    /// The lease time of trees on PostgreSQL (see [`ConfigFile::lease_secs`]).
+    pub fn lease(&self) -> std::time::Duration {
+        match self.lease_secs {
+            Some(s) => std::time::Duration::from_secs(s.max(1)),
+            None => crate::postgres::DEFAULT_LEASE,
+        }
+    }
     /// The idle timeout of provider runtimes: the file's `idle_timeout_secs`, else the default;
     /// `None` (never) for `0`.
     pub fn idle_timeout(&self) -> Option<std::time::Duration> {

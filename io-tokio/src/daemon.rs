@@ -27,7 +27,7 @@ use tutti_core::driver::{
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::step::PersistBatch;
 use tutti_core::store::HostStore;
-use tutti_core::{Engine, EngineConfig, Input, Rejected, RuntimeAnswer, Step};
+use tutti_core::{Command, Engine, EngineConfig, Input, Rejected, RuntimeAnswer, Step};
 use tutti_sqlite::{
     CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore,
 };
@@ -100,6 +100,47 @@ pub trait Housekeeping<S>: Send {
     fn committed(&mut self) {}
     /// The engine thread finished one round of inputs and commits.
     fn after_round(&mut self, store: &mut S);
+    /// Tree ownership (issue 21: "Exactly one daemon runs the provider process of a root tree at
+    /// a time: a lease row per live root (owner, epoch, expiry), claimed before the provider
+    /// starts and renewed while it runs"). Called before `root`'s provider is launched and
+    /// before a tree found live at start is settled. The default (a store only this daemon
+    /// writes, e.g. SQLite): always owned.
+    fn claim(&mut self, _store: &mut S, _root: &Id, _now_ms: i64) -> Ownership {
+        Ownership::Owned
+    }
+    /// Renews every lease this daemon holds; returns the roots whose lease was taken over (their
+    /// runtimes are stopped: the store's fence refuses their commits anyway).
+    fn renew(&mut self, _store: &mut S, _now_ms: i64) -> Vec<Id> {
+        Vec::new()
+    }
+    /// Failover: claims the trees whose owner stopped renewing their leases (expired, not
+    /// released) and returns them; the engine thread settles each as a restart does
+    /// (interrupted), then releases it.
+    fn orphaned(&mut self, _store: &mut S, _now_ms: i64) -> Vec<Id> {
+        Vec::new()
+    }
+    /// Gives up the lease of `root` (its runtime stopped).
+    fn release(&mut self, _store: &mut S, _root: &Id) {}
+    /// The address of the daemon that holds `root`'s unexpired lease, if that is not this
+    /// daemon (read only: nothing is claimed).
+    fn owner_elsewhere(&mut self, _store: &mut S, _root: &Id, _now_ms: i64) -> Option<String> {
+        None
+    }
+    /// How often [`Housekeeping::renew`] runs; `None`: never (no leases).
+    fn renew_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// What [`Housekeeping::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// This daemon owns the tree now.
+    Owned,
+    /// Another daemon holds an unexpired lease of the tree; it takes commands at this address.
+    Elsewhere(String),
+    /// The lease could not be read or written (the error, for logs: no content).
+    Unknown(String),
 }
 
 /// The housekeeping of a store without its own: [`HostStore::checkpoint`] after rounds with
@@ -163,6 +204,15 @@ pub enum DaemonError {
     /// The daemon is shutting down.
     #[error("the daemon is not running")]
     Stopped,
+    /// Issue 21: a command (submit, cancel, answer, delete) for a tree whose lease another
+    /// daemon holds, unexpired: that daemon runs the tree's provider and takes the command at
+    /// `owner_address` (answered 409 `owned_elsewhere`; nothing changed here). Choice: refused,
+    /// not forwarded (forwarding is not built yet).
+    #[error("the tree is owned by the daemon at {owner_address}; send the command there")]
+    OwnedElsewhere {
+        /// The owning daemon's listen address.
+        owner_address: String,
+    },
     /// An outbox follower asked for rows that retention already deleted (it continues after
     /// `pruned_through`; see [`crate::follow::Followed::Reset`]).
     #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
@@ -197,6 +247,8 @@ enum Msg {
     IdleCheck(Id, u64),
     /// Run an outbox retention pass (see [`crate::retention`]).
     Prune,
+    /// Renew this daemon's tree leases (see [`Housekeeping::renew`]).
+    RenewLeases,
     /// The root ids of the trees loaded in the engine.
     Resident(oneshot::Sender<Vec<Id>>),
     /// The state gauges of a metrics scrape.
@@ -291,7 +343,23 @@ impl Daemon {
         }
         let now = now_ms();
         let mut settle = Vec::with_capacity(recovered.len());
+        let mut housekeeping = housekeeping;
+        let mut claimed = Vec::with_capacity(recovered.len());
         for root in &recovered {
+            // Issue 21: a daemon no longer settles live trees whose lease another daemon holds
+            // (unexpired): their provider runs there. A tree whose lease cannot be read is left
+            // alone too (choice: settling it could interrupt a turn another daemon drives).
+            match housekeeping.claim(&mut store, root, now) {
+                Ownership::Owned => claimed.push(root.clone()),
+                Ownership::Elsewhere(_) => {
+                    info!(root = %root, "live tree owned by another daemon; not settled");
+                    continue;
+                }
+                Ownership::Unknown(e) => {
+                    warn!(root = %root, error = %e, "tree lease unreadable; not settled");
+                    continue;
+                }
+            }
             // The provider processes died with the previous daemon: prepared cancels replay as
             // unconfirmed, and every active turn settles interrupted, in one step per tree.
             let input = Input::Runtime(RuntimeAnswer::ProviderExited {
@@ -311,7 +379,15 @@ impl Daemon {
                 .apply_group(&group, false)
                 .map_err(|e| StartError::Recovery(Box::new(e)))?;
         }
-        info!(trees = recovered.len(), "recovered live trees");
+        info!(
+            trees = recovered.len(),
+            settled = claimed.len(),
+            "recovered live trees"
+        );
+        // Settled: no provider runs for them here, so their leases are given up at once.
+        for root in &claimed {
+            housekeeping.release(&mut store, root);
+        }
         // Loaded without their message ids: none may stay (see above).
         for root in &recovered {
             engine.evict(root);
@@ -338,8 +414,21 @@ impl Daemon {
                 }
             });
         }
+        if let Some(every) = housekeeping.renew_every() {
+            let tx = tx.clone();
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    if tx.send(Msg::RenewLeases).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         let core = Core {
             housekeeping,
+            to_release: Vec::new(),
             live,
             driver: Driver::with_engine(engine),
             store,
@@ -528,6 +617,9 @@ type ReplyTo = oneshot::Sender<Result<Step, DaemonError>>;
 struct Core<S> {
     /// What the store needs besides commits.
     housekeeping: Box<dyn Housekeeping<S>>,
+    /// Roots whose runtime stopped: their leases are released after the round's commits (so
+    /// the exit's own batch is still fenced).
+    to_release: Vec<Id>,
     live: broadcast::Sender<LiveBatch>,
     /// The engine, the adapters of the live roots and their timers.
     driver: Driver,
@@ -603,6 +695,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     }
                     Msg::IdleCheck(root, generation) => self.idle_check(&root, generation),
                     Msg::Prune => prune = true,
+                    Msg::RenewLeases => {
+                        for root in self.housekeeping.renew(&mut self.store, now) {
+                            warn!(root = %root, "tree lease lost to another daemon");
+                            self.stop_runtime(&root, "lease lost");
+                        }
+                        for root in self.housekeeping.orphaned(&mut self.store, now) {
+                            self.take_over(now, root);
+                        }
+                    }
                     Msg::Resident(r) => resident.push(r),
                     Msg::Gauges(r) => {
                         let _ = r.send(self.gauges());
@@ -613,6 +714,13 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         self.driver.handle_timeout(now, &self.store);
                     }
                     Msg::Input(input, reply) => {
+                        if let Some(owner_address) = self.owned_elsewhere(now, &input) {
+                            debug!(kind = input.kind(), "command for a tree owned elsewhere");
+                            if let Some(r) = reply {
+                                let _ = r.send(Err(DaemonError::OwnedElsewhere { owner_address }));
+                            }
+                            continue;
+                        }
                         let token = reply.map(|r| {
                             self.next_reply += 1;
                             self.replies.insert(self.next_reply, (r, input.kind()));
@@ -634,6 +742,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 self.review_runtime(root);
             }
             self.residency(touched);
+            for root in std::mem::take(&mut self.to_release) {
+                if !self.current.contains_key(&root) {
+                    self.housekeeping.release(&mut self.store, &root);
+                }
+            }
             if prune {
                 self.prune();
             }
@@ -648,6 +761,56 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
             self.arm_deadline(now);
         }
+    }
+
+    /// Issue 21: the owner address when `input` is a command on an existing tree (submit,
+    /// cancel, answer, delete) whose lease another daemon holds unexpired.
+    fn owned_elsewhere(&mut self, now: i64, input: &Input) -> Option<String> {
+        let session = match input {
+            Input::Command(
+                Command::Submit {
+                    agent_session_id, ..
+                }
+                | Command::CancelTurn {
+                    agent_session_id, ..
+                }
+                | Command::RespondInteraction {
+                    agent_session_id, ..
+                }
+                | Command::DeleteSession {
+                    agent_session_id, ..
+                },
+            ) => agent_session_id,
+            _ => return None,
+        };
+        let root = match self.store.root_of(session) {
+            Ok(Some(root)) => root,
+            // Unknown session: the engine answers it (not found).
+            Ok(None) => return None,
+            Err(e) => {
+                warn!(error = %e, "root of a command's session not readable");
+                return None;
+            }
+        };
+        self.housekeeping
+            .owner_elsewhere(&mut self.store, &root, now)
+    }
+
+    /// Issue 21, failover: a tree whose owner died (its lease expired; this daemon claimed it)
+    /// settles exactly as at a restart: reloaded from the store (another daemon drove it), then
+    /// the provider's exit, in a fenced batch; the lease is released after the round.
+    fn take_over(&mut self, now: i64, root: Id) {
+        if self.runtimes.contains_key(&root) {
+            return;
+        }
+        info!(root = %root, "taking over a tree whose owner stopped renewing its lease");
+        self.driver.reload(&root, &self.store);
+        let input = Input::Runtime(RuntimeAnswer::ProviderExited {
+            root_agent_session_id: root.clone(),
+            error: "the daemon that ran the provider is gone".into(),
+        });
+        self.driver.handle_input(now, input, None, &self.store);
+        self.to_release.push(root);
     }
 
     /// The provider name of a root session (`unknown` when its tree is not loaded).
@@ -720,6 +883,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 self.runtimes.remove(&root);
                 self.idle.armed.remove(&root);
                 self.driver.handle_exit(now, &root, &why, &self.store);
+                self.to_release.push(root);
             }
         }
     }
@@ -993,6 +1157,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
             info!(root = %root, reason = why, "stopping the provider runtime");
             r.stop(None);
         }
+        self.to_release.push(root.clone());
     }
 
     /// Daemon shutdown: every runtime ends its provider's process group; waits for them (at most
@@ -1005,6 +1170,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
             self.current.remove(root);
             self.driver.detach(root);
             r.stop(Some(done_tx.clone()));
+            self.housekeeping.release(&mut self.store, root);
         }
         drop(done_tx);
         let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
@@ -1033,6 +1199,21 @@ impl<S: HostStore + Send + 'static> Core<S> {
             old.stop(None);
         }
         self.current.remove(&root);
+        // Issue 21: the tree's lease is claimed before its provider starts; a tree another
+        // daemon owns is not launched here (the start fails like a provider that cannot start).
+        match self.housekeeping.claim(&mut self.store, &root, now) {
+            Ownership::Owned => {}
+            Ownership::Elsewhere(_) | Ownership::Unknown(_) => {
+                warn!(root = %root, "tree not owned by this daemon; provider not started");
+                self.driver.handle_exit(
+                    now,
+                    &root,
+                    "the tree is owned by another daemon",
+                    &self.store,
+                );
+                return;
+            }
+        }
         let cwd = self.store.session_cwd(&root).unwrap_or_else(|e| {
             warn!(root = %root, error = %e, "session cwd not readable; using the default");
             None

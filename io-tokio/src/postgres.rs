@@ -11,23 +11,172 @@
 //! connection delays a follower by at most that long; it loses nothing, since rows are always
 //! read from the outbox table).
 //!
-//! Not guaranteed yet with several daemons on one database (issue 21, step 3 is not built): a
-//! daemon settles every live tree it finds when it starts, including trees another running
-//! daemon is driving, and commands for a tree are not routed to the daemon running its provider
-//! (a tree should be driven through one daemon; the store's version guards reject the losing
-//! write of two daemons racing on one tree, so nothing is corrupted, but the loser's command
-//! fails).
+//! Tree ownership ([`Leases`], issue 21): before a daemon launches a tree's provider it claims
+//! the tree's lease (owner: a daemon id made at the first start and kept in a file, see [`Leases::daemon_id`]; owner address: its listen address;
+//! expiry: now + [`Leases::ttl`]), renews its leases every third of that, and releases a lease
+//! when the runtime stops. The claim fences the writer handle: every later batch for that tree
+//! commits only while the lease epoch is still this daemon's, so a daemon that lost its lease
+//! never commits for the tree again, and stops its runtime at the next renewal. At start, live
+//! trees whose lease another daemon holds (unexpired) are not settled.
+//!
+//! Commands (submit, cancel, answer, delete) for a tree whose lease another daemon holds,
+//! unexpired, are refused (409 `owned_elsewhere`, naming the owner's address; nothing changes).
+//!
+//! Failover: at every renewal tick a daemon claims the trees whose lease expired without being
+//! released (their owner died or was cut off) and settles them as a restart does.
+//!
+//! Not guaranteed yet (issue 21, rest): commands are not forwarded to the owner.
 
-use crate::daemon::{Daemon, DaemonOptions, StartError, StoreCheckpoint};
+use crate::daemon::{Daemon, DaemonOptions, Housekeeping, Ownership, StartError, StoreCheckpoint};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, warn};
+use tutti_core::model::Id;
 use tutti_core::store::HostStore;
+use tutti_postgres::lease::Claim;
 use tutti_postgres::notify::{OutboxListener, Wake, OUTBOX_CHANNEL};
 use tutti_postgres::PostgresStore;
 
 /// How long the listener waits for a notification before it reads the counter row itself.
 pub const POLL: Duration = Duration::from_secs(2);
+
+/// The default lease time of a tree ([`Leases::ttl`]).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// This daemon's tree leases on PostgreSQL (see the module docs), with the store's checkpoint
+/// housekeeping.
+#[derive(Debug)]
+pub struct Leases {
+    /// This daemon's id (see [`Leases::daemon_id`]).
+    pub owner: String,
+    /// Where this daemon takes commands (its listen address).
+    pub address: String,
+    /// How long a lease lasts unless renewed.
+    pub ttl: Duration,
+    /// The epoch of each lease held.
+    held: BTreeMap<Id, u64>,
+    checkpoint: StoreCheckpoint,
+}
+
+impl Leases {
+    /// Leases of the daemon `owner` listening on `address`, each lasting `ttl`.
+    pub fn new(owner: String, address: String, ttl: Duration) -> Leases {
+        Leases {
+            owner,
+            address,
+            ttl,
+            held: BTreeMap::new(),
+            checkpoint: StoreCheckpoint::default(),
+        }
+    }
+
+    /// The daemon id stored in `file`, made (from the process id and the time) and stored there
+    /// on the first start. Choice: the id is kept across restarts of a daemon on the same
+    /// files, so a daemon restarted after a crash takes its own trees back at once (it claims
+    /// its own unexpired leases) and settles them as a restart does; a second daemon must use
+    /// files of its own.
+    pub fn daemon_id(file: &std::path::Path) -> std::io::Result<String> {
+        if let Ok(id) = std::fs::read_to_string(file) {
+            let id = id.trim();
+            if !id.is_empty() {
+                return Ok(id.to_string());
+            }
+        }
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let id = format!("tuttid-{}-{started}", std::process::id());
+        std::fs::write(file, &id)?;
+        Ok(id)
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl Housekeeping<PostgresStore> for Leases {
+    fn committed(&mut self) {
+        Housekeeping::<PostgresStore>::committed(&mut self.checkpoint);
+    }
+    fn after_round(&mut self, store: &mut PostgresStore) {
+        self.checkpoint.after_round(store);
+    }
+    fn claim(&mut self, store: &mut PostgresStore, root: &Id, now_ms: i64) -> Ownership {
+        let ttl = self.ttl_ms();
+        match store.claim_lease(root, &self.owner, &self.address, now_ms, ttl) {
+            Ok(Claim::Owned(l)) => {
+                debug!(root = %root, epoch = l.epoch, "tree lease claimed");
+                self.held.insert(root.clone(), l.epoch);
+                Ownership::Owned
+            }
+            Ok(Claim::HeldBy(l)) => Ownership::Elsewhere(l.owner_address),
+            Err(e) => Ownership::Unknown(e.to_string()),
+        }
+    }
+    fn renew(&mut self, store: &mut PostgresStore, now_ms: i64) -> Vec<Id> {
+        let ttl = self.ttl_ms();
+        let mut lost = Vec::new();
+        for (root, epoch) in &self.held {
+            match store.renew_lease(root, &self.owner, *epoch, now_ms, ttl) {
+                Ok(true) => {}
+                Ok(false) => lost.push(root.clone()),
+                // Not lost: the fence still refuses commits if another daemon took it over.
+                Err(e) => warn!(root = %root, error = %e, "tree lease not renewed"),
+            }
+        }
+        for root in &lost {
+            self.held.remove(root);
+        }
+        lost
+    }
+    fn orphaned(&mut self, store: &mut PostgresStore, now_ms: i64) -> Vec<Id> {
+        let expired = match store.expired_leases(&self.owner, now_ms, 100) {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, "expired tree leases not readable");
+                return Vec::new();
+            }
+        };
+        expired
+            .into_iter()
+            .filter(|root| self.claim(store, root, now_ms) == Ownership::Owned)
+            .collect()
+    }
+    fn release(&mut self, store: &mut PostgresStore, root: &Id) {
+        if let Some(epoch) = self.held.remove(root) {
+            if let Err(e) = store.release_lease(root, &self.owner, epoch) {
+                warn!(root = %root, error = %e, "tree lease not released");
+            }
+        }
+    }
+    fn owner_elsewhere(
+        &mut self,
+        store: &mut PostgresStore,
+        root: &Id,
+        now_ms: i64,
+    ) -> Option<String> {
+        if self.held.contains_key(root) {
+            return None;
+        }
+        match store.lease(root) {
+            Ok(Some(l)) if l.owner != self.owner && l.expires_at_ms > now_ms => {
+                Some(l.owner_address)
+            }
+            Ok(_) => None,
+            // Choice: an unreadable lease does not block the command; the fence and the
+            // store's version guards still hold.
+            Err(e) => {
+                warn!(root = %root, error = %e, "tree lease not readable");
+                None
+            }
+        }
+    }
+    fn renew_every(&self) -> Option<Duration> {
+        Some((self.ttl / 3).max(Duration::from_millis(100)))
+    }
+}
 
 /// Whether `--db` names a PostgreSQL database (`postgres://` or `postgresql://`).
 pub fn is_url(db: &str) -> bool {
@@ -50,12 +199,12 @@ pub fn redact(url: &str) -> String {
 /// only reported by [`Daemon::db`]. Call within a Tokio runtime (like [`Daemon::start_on`]);
 /// from async code too: the blocking client (`postgres` runs its own runtime, which cannot be
 /// started on a thread that drives async tasks) connects and recovers on a thread of its own.
-pub fn start(url: &str, opts: DaemonOptions) -> Result<Daemon, StartError> {
+pub fn start(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, StartError> {
     let handle = tokio::runtime::Handle::current();
     std::thread::scope(|s| {
         s.spawn(|| {
             let _guard = handle.enter();
-            start_here(url, opts)
+            start_here(url, opts, leases)
         })
         .join()
         .unwrap_or_else(|_| {
@@ -66,17 +215,12 @@ pub fn start(url: &str, opts: DaemonOptions) -> Result<Daemon, StartError> {
     })
 }
 
-fn start_here(url: &str, opts: DaemonOptions) -> Result<Daemon, StartError> {
+fn start_here(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, StartError> {
     let writer = PostgresStore::connect(url).map_err(StartError::store)?;
     let reader = PostgresStore::connect(url).map_err(StartError::store)?;
     let listener = OutboxListener::connect(url).map_err(StartError::store)?;
     let last = reader.last_outbox_seq().map_err(StartError::store)?;
-    let daemon = Daemon::start_on(
-        writer,
-        Box::new(reader),
-        Box::new(StoreCheckpoint::default()),
-        opts,
-    )?;
+    let daemon = Daemon::start_on(writer, Box::new(reader), Box::new(leases), opts)?;
     let (tx, rx) = watch::channel(last);
     let url = url.to_string();
     std::thread::Builder::new()

@@ -337,6 +337,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         config.idle_timeout_secs = Some(secs);
     }
     let idle_timeout = config.idle_timeout();
+    let lease = config.lease();
     let mut engine = EngineConfig::default();
     if let Some(ms) = config.cancel_timeout_ms {
         engine.cancel_timeout_ms = ms;
@@ -353,6 +354,8 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
             .unwrap_or_else(|| dir.join("postgres"))
             .into_os_string(),
     };
+    let mut daemon_id = demo_state.clone();
+    daemon_id.push(".daemon-id");
     demo_state.push(".demo-agent");
     registry.set_demo_state_dir(PathBuf::from(demo_state));
     let opts = DaemonOptions {
@@ -362,10 +365,6 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         idle_timeout,
         retention,
     };
-    let daemon = match &choice {
-        Db::Sqlite(_) => Daemon::start(opts)?,
-        Db::Postgres(url) => crate::postgres::start(url, opts)?,
-    };
     let listen = |source| ServeError::Listen {
         addr: args.listen,
         source,
@@ -374,6 +373,21 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         .await
         .map_err(listen)?;
     let addr = listener.local_addr().map_err(listen)?;
+    let daemon = match &choice {
+        Db::Sqlite(_) => Daemon::start(opts)?,
+        // The owner address of this daemon's tree leases is the address it listens on (bound
+        // first, so that a port 0 is the real port).
+        Db::Postgres(url) => crate::postgres::start(
+            url,
+            opts,
+            crate::postgres::Leases::new(
+                crate::postgres::Leases::daemon_id(std::path::Path::new(&daemon_id))
+                    .map_err(crate::daemon::StartError::from)?,
+                addr.to_string(),
+                lease,
+            ),
+        )?,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let web = crate::web::WebAuth::new(token.clone());
     let code = web.issue_code().map_err(ServeError::LoginCode)?;

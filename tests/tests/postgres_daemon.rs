@@ -171,3 +171,116 @@ fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
     assert_eq!(seqs(&got), seqs(&on_a), "each row once, in order");
     assert_eq!(got, on_a, "the same rows on both daemons");
 }
+
+/// Issue 21, tree ownership: "Exactly one daemon runs the provider process of a root tree at a
+/// time: a lease row per live root (owner, epoch, expiry), claimed before the provider starts
+/// and renewed while it runs", and failover: a daemon that starts does not settle a live tree
+/// whose lease another running daemon holds. A drives a hanging tree; its lease names A's
+/// address; B starts on the same database and leaves the tree's turns active (before leases, B
+/// settled every live tree it found, interrupting A's turn); a command for the tree sent to B is
+/// refused with 409 `owned_elsewhere` naming A's address, and changes nothing.
+#[test]
+fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let a = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let live = a.create(WS, "demo");
+    a.submit(WS, &live, "children=2 hang=1,2 permission=0 fail=0 late=0");
+    a.wait_for(WS, &live, 60, "children running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 2)
+    });
+    let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
+    let lease = store
+        .lease(&live)
+        .expect("lease read")
+        .expect("a lease row");
+    assert_eq!(
+        lease.owner_address, a.addr,
+        "the lease names the owner's address"
+    );
+    assert!(lease.epoch >= 1);
+
+    let b = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let seen = b.detail(WS, &live);
+    assert!(
+        seen["session"].get("activeTurnId").is_some(),
+        "B did not settle A's live tree: {seen}"
+    );
+    let root_turn = turn_of(&seen, &live).expect("root turn");
+    assert!(
+        root_turn.get("outcome").is_none_or(Value::is_null),
+        "{root_turn}"
+    );
+    let after = store
+        .lease(&live)
+        .expect("lease read")
+        .expect("a lease row");
+    assert_eq!(after.owner, lease.owner, "B took no lease");
+    assert_eq!(after.epoch, lease.epoch);
+    assert_eq!(
+        tree(a.detail(WS, &live)),
+        tree(seen.clone()),
+        "A reads the same live tree"
+    );
+    // A command for the tree sent to B is refused, naming the owner, and changes nothing.
+    let (status, body) = b.call(
+        "POST",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{live}/submit"),
+        Some(serde_json::json!({ "text": "children=0 permission=0 fail=0 late=0" })),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "owned_elsewhere", "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains(&a.addr), "the owner is named: {message}");
+    assert_eq!(tree(b.detail(WS, &live)), tree(seen), "nothing changed");
+}
+
+/// Issue 21, failover: a daemon killed (-9) mid-run stops renewing its lease; once it expired
+/// the survivor claims the tree and settles it as a restart does (every active turn
+/// interrupted, no root stays active), every acknowledged row is there, gap-free, and the
+/// survivor then drives the tree (its next turn completes).
+#[test]
+fn a_survivor_takes_over_the_tree_of_a_killed_daemon_after_its_lease_expired() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let config = "lease_secs = 1\n";
+    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let live = a.create(WS, "demo");
+    a.submit(WS, &live, "children=2 hang=1,2 permission=0 fail=0 late=0");
+    a.wait_for(WS, &live, 60, "children running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 2)
+    });
+    let acknowledged = seqs(&a.events(Some(0), None, usize::MAX, 1));
+    a.kill9();
+
+    let end = b.wait_for(WS, &live, 60, "taken over and settled", |v| {
+        v["session"].get("activeTurnId").is_none()
+    });
+    assert_eq!(
+        turn_of(&end, &live).expect("root turn")["outcome"],
+        "interrupted",
+        "{end}"
+    );
+    for c in end["childSessions"].as_array().expect("children") {
+        let ct = turn_of(&end, c["id"].as_str().expect("id")).expect("child turn");
+        assert_eq!(ct["outcome"], "interrupted", "{ct}");
+    }
+    let all = seqs(&b.events(Some(0), None, usize::MAX, 1));
+    assert_eq!(
+        all,
+        (1..=all.len() as u64).collect::<Vec<_>>(),
+        "gap-free from 1"
+    );
+    assert!(
+        acknowledged.iter().all(|s| all.contains(s)),
+        "every acknowledged row is there"
+    );
+    let (reply, _) = b.submit(WS, &live, "children=1 permission=0 fail=0 late=0");
+    assert_eq!(reply, "started");
+    b.wait_for(WS, &live, 60, "new turn settled on the survivor", |v| {
+        turn_of(v, &live).is_some_and(|t| t["outcome"] == "completed")
+    });
+}

@@ -550,13 +550,19 @@ impl Engine {
     /// tree has an active turn, no cancel operation is prepared and no interaction is pending.
     /// The root's turn is checked first, so an active tree costs one lookup; a settled tree is
     /// scanned once. An unloaded tree is quiescent.
+    ///
+    /// The root check is only a shortcut: a child turn is active only under an active root
+    /// turn (the gate), so the scan of every session gives the same answer without it.
     pub fn is_quiescent(&self, root: &str) -> bool {
-        self.tree(root).is_none_or(|t| {
-            t.root().is_none_or(|s| s.active_turn_id.is_none())
-                && t.sessions.values().all(|s| s.active_turn_id.is_none())
-                && t.ops.values().all(|o| o.state != CancelState::Prepared)
-                && t.pending.values().all(Vec::is_empty)
-        })
+        let Some(t) = self.tree(root) else {
+            return true;
+        };
+        if t.root().is_some_and(|s| s.active_turn_id.is_some()) {
+            return false;
+        }
+        t.sessions.values().all(|s| s.active_turn_id.is_none())
+            && t.ops.values().all(|o| o.state != CancelState::Prepared)
+            && t.pending.values().all(Vec::is_empty)
     }
 
     /// Root session ids of every loaded tree, sorted.

@@ -35,6 +35,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod follow;
+pub mod forward;
 pub mod metrics;
 pub mod postgres;
 pub mod providers;

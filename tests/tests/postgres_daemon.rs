@@ -177,8 +177,9 @@ fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
 /// and renewed while it runs", and failover: a daemon that starts does not settle a live tree
 /// whose lease another running daemon holds. A drives a hanging tree; its lease names A's
 /// address; B starts on the same database and leaves the tree's turns active (before leases, B
-/// settled every live tree it found, interrupting A's turn); a command for the tree sent to B is
-/// refused with 409 `owned_elsewhere` naming A's address, and changes nothing.
+/// settled every live tree it found, interrupting A's turn); a command for the tree forwarded to
+/// B (by some other daemon) is refused with 409 `owned_elsewhere` naming A's address, and
+/// changes nothing (one hop at most).
 #[test]
 fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
     let server = Server::fast().expect("postgres server");
@@ -223,10 +224,21 @@ fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
         tree(seen.clone()),
         "A reads the same live tree"
     );
-    // A command for the tree sent to B is refused, naming the owner, and changes nothing.
-    let (status, body) = b.call(
+    // A command for the tree that reaches B as a forwarded request (so B may not forward it
+    // again) is refused, naming the owner, and changes nothing: no second hop, no loop.
+    let secret: String = postgres::Client::connect(&url, postgres::NoTls)
+        .expect("connect")
+        .query_one("SELECT secret FROM cluster_secret", &[])
+        .expect("cluster secret")
+        .get(0);
+    let (status, _, body) = request(
+        &b.addr,
         "POST",
         &format!("/v1/workspaces/{WS}/agent-sessions/{live}/submit"),
+        &[
+            ("x-tutti-forwarded-by", "127.0.0.1:9"),
+            ("x-tutti-cluster-secret", &secret),
+        ],
         Some(serde_json::json!({ "text": "children=0 permission=0 fail=0 late=0" })),
     );
     assert_eq!(status, 409, "{body}");
@@ -283,4 +295,245 @@ fn a_survivor_takes_over_the_tree_of_a_killed_daemon_after_its_lease_expired() {
     b.wait_for(WS, &live, 60, "new turn settled on the survivor", |v| {
         turn_of(v, &live).is_some_and(|t| t["outcome"] == "completed")
     });
+}
+
+/// One request to the daemon at `addr` with extra headers (no bearer token unless given);
+/// returns (status, `Retry-After`, JSON body). A transport error fails the test.
+fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Option<String>, Value) {
+    let mut req =
+        ureq::request(method, &format!("http://{addr}{path}")).timeout(Duration::from_secs(60));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let r = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    let r = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let retry = r.header("retry-after").map(str::to_string);
+    (r.status(), retry, r.into_json().unwrap_or(Value::Null))
+}
+
+fn bearer(d: &TestDaemon) -> String {
+    format!("Bearer {}", d.token)
+}
+
+fn submit_path(id: &str) -> String {
+    format!("/v1/workspaces/{WS}/agent-sessions/{id}/submit")
+}
+
+/// The provider processes (children) of a daemon.
+fn providers_of(d: &TestDaemon) -> Vec<u32> {
+    tutti_tests::procs::children_of(d.pid().expect("daemon running"))
+}
+
+/// Issue 21: "A command (submit, cancel, answer, delete) that reaches a daemon which does not
+/// own the tree is forwarded to the owner (its address is in the lease)". Three daemons on one
+/// database: A runs a tree's provider; a cancel sent to B, a submit sent to C (with its
+/// `X-Request-Id`) and a delete sent to B are each carried out by A (answered as A answers,
+/// the provider runs on A only, B and C start none). A new tree's first batch is committed
+/// under a lease (the create left a released lease row: step 2, fencing from the first batch).
+/// A request marked as forwarded must carry the database's cluster secret: missing or wrong,
+/// the owner refuses it 401 even with its own bearer token.
+#[test]
+fn commands_sent_to_any_daemon_are_carried_out_by_the_tree_owner() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let a = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let c = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
+
+    let id = a.create(WS, "demo");
+    // Released right after the create's round (its reply may come first).
+    let created = tutti_tests::procs::poll(30, || {
+        store
+            .lease(&id)
+            .expect("lease read")
+            .filter(tutti_postgres::Lease::is_released)
+    })
+    .expect("the create claimed a lease, released after it");
+    assert_eq!(created.epoch, 1);
+    assert_eq!(created.owner_address, a.addr);
+
+    let (reply, turn) = a.submit(WS, &id, "children=2 hang=1,2 permission=0 fail=0 late=0");
+    assert_eq!(reply, "started");
+    a.wait_for(WS, &id, 60, "children running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 2)
+    });
+    let lease = store.lease(&id).expect("lease read").expect("lease");
+    assert_eq!(lease.owner_address, a.addr, "A owns the running tree");
+    assert!(!providers_of(&a).is_empty(), "the provider runs on A");
+
+    // Cancel through B: accepted as A accepts it, carried out on A.
+    let (status, body) = b.call(
+        "POST",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}/turns/{turn}/cancel"),
+        None,
+    );
+    assert_eq!(status, 202, "cancel through B: {body}");
+    assert!(body["operationId"].as_str().is_some(), "{body}");
+    a.wait_for(WS, &id, 60, "cancelled on A", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"] == "canceled")
+            && v["session"].get("activeTurnId").is_none()
+    });
+
+    // Submit through C, with a request id: the turn starts and runs on A's provider.
+    let (status, _, body) = request(
+        &c.addr,
+        "POST",
+        &submit_path(&id),
+        &[
+            ("authorization", &bearer(&c)),
+            ("x-request-id", "fwd-req-1"),
+        ],
+        Some(serde_json::json!({ "text": "children=1 permission=0 fail=0 late=0" })),
+    );
+    assert_eq!(status, 200, "submit through C: {body}");
+    assert_eq!(body["reply"], "started", "{body}");
+    let new_turn = body["turnId"].as_str().expect("turn id").to_string();
+    let done = a.wait_for(WS, &id, 60, "C's turn completed on A", |v| {
+        turn_of(v, &id).is_some_and(|t| t["id"] == new_turn.as_str() && t["outcome"] == "completed")
+    });
+    assert_eq!(done["session"]["lastTurnId"], new_turn.as_str());
+    let lease = store.lease(&id).expect("lease read").expect("lease");
+    assert_eq!(lease.owner_address, a.addr, "A still owns the tree");
+    assert!(providers_of(&b).is_empty(), "no provider ever ran on B");
+    assert!(providers_of(&c).is_empty(), "no provider ever ran on C");
+
+    // Auth between daemons: the marker without the cluster secret is refused by the owner,
+    // whatever bearer token comes with it; nothing changes.
+    let text = serde_json::json!({ "text": "children=0 permission=0 fail=0 late=0" });
+    let before = tree(a.detail(WS, &id));
+    for secret in [None, Some("not-the-cluster-secret")] {
+        let mut h = vec![
+            ("authorization", bearer(&a)),
+            ("x-tutti-forwarded-by", b.addr.clone()),
+        ];
+        if let Some(s) = secret {
+            h.push(("x-tutti-cluster-secret", s.to_string()));
+        }
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, _, body) = request(&a.addr, "POST", &submit_path(&id), &h, Some(text.clone()));
+        assert_eq!(status, 401, "secret {secret:?}: {body}");
+        assert_eq!(body["error"]["code"], "unauthorized");
+    }
+    assert_eq!(
+        tree(a.detail(WS, &id)),
+        before,
+        "refused requests changed nothing"
+    );
+    // With the database's secret (and no bearer token) the owner takes it.
+    let secret: String = postgres::Client::connect(&url, postgres::NoTls)
+        .expect("connect")
+        .query_one("SELECT secret FROM cluster_secret", &[])
+        .expect("cluster secret")
+        .get(0);
+    let (status, _, body) = request(
+        &a.addr,
+        "POST",
+        &submit_path(&id),
+        &[
+            ("x-tutti-forwarded-by", &b.addr),
+            ("x-tutti-cluster-secret", &secret),
+        ],
+        Some(text),
+    );
+    assert_eq!(status, 200, "{body}");
+    a.wait_for(WS, &id, 60, "third turn completed", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed")
+            && v["session"].get("activeTurnId").is_none()
+    });
+
+    // Delete through B: A deletes the tree and stops its provider.
+    let (status, body) = b.call(
+        "DELETE",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}"),
+        None,
+    );
+    assert_eq!(status, 200, "delete through B: {body}");
+    assert_eq!(body["deletedSessions"], 4, "{body}");
+    assert!(
+        tutti_tests::procs::poll(30, || providers_of(&a).is_empty().then_some(())).is_some(),
+        "A stopped the deleted tree's provider"
+    );
+}
+
+/// Issue 21: a command for a tree whose owner died before its lease expired cannot be
+/// forwarded (connection refused): `503 owner_unreachable` with `Retry-After` within the
+/// lease time, nothing changed; once the lease expired the receiving daemon claims the tree
+/// (settling the dead owner's turn as failover does) and handles the command itself.
+#[test]
+fn a_command_for_a_dead_owner_waits_for_its_lease_then_the_receiver_claims_the_tree() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    // Long enough that the command below reaches B before the lease expires.
+    let config = "lease_secs = 6\n";
+    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let id = a.create(WS, "demo");
+    a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 1)
+    });
+    let before = tree(b.detail(WS, &id));
+    a.kill9();
+    let text = serde_json::json!({ "text": "children=0 permission=0 fail=0 late=0" });
+    let (status, retry, body) = request(
+        &b.addr,
+        "POST",
+        &submit_path(&id),
+        &[("authorization", &bearer(&b))],
+        Some(text.clone()),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "owner_unreachable", "{body}");
+    let retry: u64 = retry.expect("Retry-After").parse().expect("seconds");
+    assert!(
+        (1..=6).contains(&retry),
+        "Retry-After within the lease: {retry}"
+    );
+    assert_eq!(tree(b.detail(WS, &id)), before, "nothing changed");
+
+    let answer = tutti_tests::procs::poll(60, || {
+        let (status, _, body) = request(
+            &b.addr,
+            "POST",
+            &submit_path(&id),
+            &[("authorization", &bearer(&b))],
+            Some(text.clone()),
+        );
+        match status {
+            503 => None,
+            _ => Some((status, body)),
+        }
+    })
+    .expect("B handles the command after the lease expired");
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    assert_eq!(answer.1["reply"], "started", "{}", answer.1);
+    let end = b.wait_for(WS, &id, 60, "B's turn completed", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed")
+    });
+    let turns = end["turns"].as_array().expect("turns");
+    assert!(
+        turns.iter().any(|t| t["outcome"] == "interrupted"),
+        "the dead owner's turn settled interrupted: {end}"
+    );
+    let lease = tutti_postgres::PostgresStore::connect(&url)
+        .expect("connect")
+        .lease(&id)
+        .expect("lease read")
+        .expect("lease");
+    assert_eq!(lease.owner_address, b.addr, "B claimed the tree");
 }

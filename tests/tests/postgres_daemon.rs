@@ -537,3 +537,149 @@ fn a_command_for_a_dead_owner_waits_for_its_lease_then_the_receiver_claims_the_t
         .expect("lease");
     assert_eq!(lease.owner_address, b.addr, "B claimed the tree");
 }
+
+/// A counter of the daemon's `/metrics` (0 when absent).
+fn metric(d: &TestDaemon, name: &str) -> f64 {
+    let r = ureq::get(&format!("http://{}/metrics", d.addr))
+        .set("authorization", &bearer(d))
+        .timeout(Duration::from_secs(20))
+        .call()
+        .expect("metrics");
+    let text = r.into_string().expect("metrics text");
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn signal(d: &TestDaemon, sig: i32) {
+    let pid = libc::pid_t::try_from(d.pid().expect("daemon running")).expect("pid");
+    // SAFETY: kill(2) on the test's own child process.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig}");
+}
+
+/// Issue 21: "Every batch a daemon commits for a tree carries a fencing guard on the lease
+/// epoch, so a daemon that lost its lease (paused, partitioned) can never commit for that tree
+/// again", with real processes. A drives a long turn (its provider keeps streaming); A is
+/// paused (SIGSTOP, not dead); its lease expires and B takes the tree over (settles it); A is
+/// resumed (SIGCONT) with the provider's output of the pause waiting in its pipe. Nothing A
+/// would write appears: the tree and the whole outbox stay exactly as B left them (seq
+/// gap-free, no duplicate), and A stops the tree's provider (its child process is gone). (A
+/// may learn from its renewal that the lease is gone before it tries to commit; the next test
+/// makes the refused commit certain.)
+#[test]
+fn a_paused_owner_that_lost_its_tree_commits_nothing_more_for_it() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    // Slow: the turn streams for many seconds, so the provider writes while A is paused.
+    let env = [("TUTTI_DEMO_SPEED", "0.3")];
+    let config = "lease_secs = 1\n";
+    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
+    let id = a.create(WS, "demo");
+    a.submit(WS, &id, "children=3 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "a child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    let held = store.lease(&id).expect("lease read").expect("lease");
+    assert_eq!(held.owner_address, a.addr);
+    assert!(!providers_of(&a).is_empty(), "A runs the provider");
+    let refused_before = metric(&a, "tutti_commit_failures");
+
+    signal(&a, libc::SIGSTOP);
+    let taken = tutti_tests::procs::poll(60, || {
+        let l = store.lease(&id).ok()??;
+        let settled = b.detail(WS, &id)["session"].get("activeTurnId").is_none();
+        (l.epoch > held.epoch && settled).then_some(l)
+    });
+    let Some(taken) = taken else {
+        signal(&a, libc::SIGCONT);
+        panic!("B did not take the tree over");
+    };
+    assert_ne!(taken.owner, held.owner, "B took the lease");
+    let left = tree(b.detail(WS, &id));
+    let rows = b.events(Some(0), None, usize::MAX, 2);
+    signal(&a, libc::SIGCONT);
+
+    // A notices (renewal or a refused commit) and stops the tree's provider.
+    assert!(
+        tutti_tests::procs::poll(60, || providers_of(&a).is_empty().then_some(())).is_some(),
+        "A stopped the provider of the tree it lost"
+    );
+    // Whether A committed (and was refused) before its renewal told it the lease was gone
+    // depends on which it handled first after the pause; either way nothing of it lands.
+    let refused = metric(&a, "tutti_commit_failures") - refused_before;
+    println!("commits of the paused owner refused after it resumed: {refused}");
+    assert_eq!(tree(b.detail(WS, &id)), left, "the tree is as B left it");
+    assert_eq!(tree(a.detail(WS, &id)), left, "A reads the same");
+    let after = b.events(Some(0), None, usize::MAX, 2);
+    assert_eq!(after, rows, "no row of A's after the takeover");
+    let all = seqs(&after);
+    assert_eq!(
+        all,
+        (1..=all.len() as u64).collect::<Vec<_>>(),
+        "gap-free, no duplicate"
+    );
+    let lease = store.lease(&id).expect("lease read").expect("lease");
+    assert_eq!(lease.epoch, taken.epoch, "A took nothing back");
+}
+
+/// Issue 21, the fence itself at daemon level: a daemon whose lease was taken over while it
+/// runs the tree (here the lease row is moved to another owner in the database, as a
+/// takeover does, while A's next renewal is seconds away) has its very next commit for that
+/// tree refused: A's commit failure counter rises, the tree and the outbox stay exactly as they
+/// were at the takeover, and A stops the tree's provider at its next renewal.
+#[test]
+fn a_daemon_whose_lease_was_taken_over_has_its_next_commit_refused() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "0.3")];
+    // Renewal every 10 s: the provider's next lines come long before it.
+    let a = TestDaemon::start_with_db(EXE, Some(&url), Some("lease_secs = 30\n"), &env);
+    let id = a.create(WS, "demo");
+    a.submit(WS, &id, "children=3 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "a child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    let refused_before = metric(&a, "tutti_commit_failures");
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let moved = c
+        .execute(
+            "UPDATE tree_leases SET owner = 'intruder', owner_address = '127.0.0.1:9', \
+             epoch = epoch + 1, expires_at_ms = expires_at_ms + 600000 \
+             WHERE root_agent_session_id = $1",
+            &[&id],
+        )
+        .expect("take the lease over");
+    assert_eq!(moved, 1);
+    let left = tree(a.detail(WS, &id));
+    let rows = a.events(Some(0), None, usize::MAX, 2);
+    let refused = tutti_tests::procs::poll(60, || {
+        let n = metric(&a, "tutti_commit_failures") - refused_before;
+        (n >= 1.0).then_some(n)
+    });
+    assert!(
+        refused.is_some(),
+        "A's next commit for the tree was refused"
+    );
+    assert_eq!(
+        tree(a.detail(WS, &id)),
+        left,
+        "nothing A decided after the takeover landed"
+    );
+    assert_eq!(
+        a.events(Some(0), None, usize::MAX, 2),
+        rows,
+        "no outbox row either"
+    );
+    assert!(
+        tutti_tests::procs::poll(60, || providers_of(&a).is_empty().then_some(())).is_some(),
+        "A stopped the provider of the tree it lost"
+    );
+    assert_eq!(
+        tree(a.detail(WS, &id)),
+        left,
+        "still nothing after the provider stopped"
+    );
+}

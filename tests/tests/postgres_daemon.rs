@@ -710,6 +710,22 @@ fn a_daemon_whose_lease_was_taken_over_has_its_next_commit_refused() {
     assert_eq!(moved, 1);
     let left = tree(a.detail(WS, &id));
     let rows = a.events(Some(0), None, usize::MAX, 2);
+    // A command A still believes it owns: its batch is refused by the fence, A reloads the
+    // tree and answers 409 `commit_conflict` (or, had A's renewal just told it that the lease
+    // is gone, A forwards to the new owner's address, which does not answer: 503).
+    let (status, _, body) = request(
+        &a.addr,
+        "POST",
+        &submit_path(&id),
+        &[("authorization", &bearer(&a))],
+        Some(serde_json::json!({ "text": "children=0 permission=0 fail=0 late=0" })),
+    );
+    match status {
+        409 => assert_eq!(body["error"]["code"], "commit_conflict", "{body}"),
+        503 => assert_eq!(body["error"]["code"], "owner_unreachable", "{body}"),
+        _ => panic!("unexpected answer {status}: {body}"),
+    }
+    println!("command to the fenced owner: {status}");
     let refused = tutti_tests::procs::poll(60, || {
         let n = metric(&a, "tutti_commit_failures") - refused_before;
         (n >= 1.0).then_some(n)
@@ -736,5 +752,112 @@ fn a_daemon_whose_lease_was_taken_over_has_its_next_commit_refused() {
         tree(a.detail(WS, &id)),
         left,
         "still nothing after the provider stopped"
+    );
+}
+
+/// Issue 21, commit races between daemons: commands for one idle tree (no provider running,
+/// its lease released) sent to two daemons at the same moment. The lease decides who runs the
+/// tree: one daemon claims it, the other forwards to it, and a daemon whose commit is refused
+/// by a guard or the fence drops its copy of the tree, reloads it and answers `409
+/// commit_conflict`. Every answer is a success or that typed conflict; every turn a success
+/// announced is stored; and the stored tree is consistent: both daemons read the same tree,
+/// which the store holds, with no turn left active.
+#[test]
+fn racing_commands_on_an_idle_tree_through_two_daemons_leave_one_consistent_tree() {
+    use tutti_core::store::Store;
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "4")];
+    // Providers stop 1 s after their tree went quiescent, releasing the lease.
+    let config = "idle_timeout_secs = 1\nlease_secs = 2\n";
+    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
+    let id = a.create(WS, "demo");
+    let mut started = Vec::new();
+    let mut conflicts = 0;
+    for round in 0..3 {
+        tutti_tests::procs::poll(60, || {
+            store
+                .lease(&id)
+                .ok()?
+                .filter(tutti_postgres::Lease::is_released)
+        })
+        .expect("the tree is idle, its lease released");
+        let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
+            let calls: Vec<_> = [&a, &b, &a, &b]
+                .into_iter()
+                .map(|d| {
+                    let id = &id;
+                    s.spawn(move || {
+                        d.call(
+                            "POST",
+                            &submit_path(id),
+                            Some(serde_json::json!({
+                                "text": "children=1 permission=0 fail=0 late=0"
+                            })),
+                        )
+                    })
+                })
+                .collect();
+            calls
+                .into_iter()
+                .map(|c| c.join().expect("caller"))
+                .collect()
+        });
+        for (status, body) in &answers {
+            match status {
+                200 => {
+                    let reply = body["reply"].as_str().expect("reply");
+                    assert!(
+                        ["started", "appended", "pendingUnsupported"].contains(&reply),
+                        "round {round}: {body}"
+                    );
+                    if reply == "started" {
+                        started.push(body["turnId"].as_str().expect("turn").to_string());
+                    }
+                }
+                409 => {
+                    assert_eq!(
+                        body["error"]["code"], "commit_conflict",
+                        "round {round}: {body}"
+                    );
+                    conflicts += 1;
+                }
+                _ => panic!("round {round}: unexpected answer {status}: {body}"),
+            }
+        }
+        a.wait_for(WS, &id, 60, "the round's turns settled", |v| {
+            v["session"].get("activeTurnId").is_none()
+                && turn_of(v, &id).is_some_and(|t| t.get("outcome").is_some_and(|o| !o.is_null()))
+        });
+    }
+    println!(
+        "started turns {}, commit conflicts {conflicts}",
+        started.len()
+    );
+    // The lease serializes the daemons (the loser of a claim forwards), and a daemon that
+    // claims a tree reloads it from the store first: no command was decided on a stale copy
+    // (without the reload, the other daemon's stale copy is refused by the guards here).
+    assert_eq!(
+        conflicts, 0,
+        "no command decided on a stale copy of the tree"
+    );
+    assert!(started.len() >= 3, "each round started a turn: {started:?}");
+    for t in &started {
+        let turn = store
+            .turn(t)
+            .expect("turn read")
+            .expect("announced turn stored");
+        assert!(!turn.phase.is_active(), "settled: {turn:?}");
+    }
+    let on_a = tree(a.detail(WS, &id));
+    assert_eq!(on_a, tree(b.detail(WS, &id)), "both daemons read one tree");
+    let stored = store.session(&id).expect("read").expect("root stored");
+    assert!(stored.active_turn_id.is_none());
+    assert_eq!(
+        on_a["session"]["lastTurnId"].as_str(),
+        stored.last_turn_id.as_deref(),
+        "the daemons read what the store holds"
     );
 }

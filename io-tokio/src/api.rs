@@ -10,6 +10,12 @@
 //! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. (A request head beyond hyper's own limits,
 //! far above these, is answered by hyper with a bare status before any of this runs.)
 //!
+//! Several daemons on one PostgreSQL database (issue 21): a command on a tree another daemon
+//! owns is forwarded there (see [`crate::forward`]); `409 owned_elsewhere` when it cannot be
+//! forwarded again, `503 owner_unreachable` (with `Retry-After`) when the owner does not
+//! answer, `409 commit_conflict` when the store refused the command's batch (another writer
+//! changed the tree first, or this daemon lost the tree's lease).
+//!
 //! Identifiers in paths are checked the same way on every route ([`check_id`]). An interaction
 //! response is checked against what the interaction offered before it reaches the engine
 //! (shapes: [`tutti_core::adapters::response`]); a refused answer is 400 naming the offered

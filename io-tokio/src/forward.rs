@@ -263,3 +263,49 @@ impl IntoResponse for Answer {
         resp
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).expect("header value"));
+        }
+        h
+    }
+
+    /// A forwarded request is accepted only with the database's cluster secret.
+    #[test]
+    fn only_the_cluster_secret_authenticates_a_forwarded_request() {
+        let c = Cluster::new("s3cret".into(), "127.0.0.1:1".into());
+        assert!(c.accepts(&headers(&[(CLUSTER_SECRET, "s3cret")])));
+        assert!(!c.accepts(&headers(&[(CLUSTER_SECRET, "s3cre")])));
+        assert!(!c.accepts(&headers(&[(CLUSTER_SECRET, "s3cret2")])));
+        assert!(!c.accepts(&headers(&[])));
+        assert!(is_forwarded(&headers(&[(FORWARDED_BY, "127.0.0.1:2")])));
+        assert!(!is_forwarded(&headers(&[(CLUSTER_SECRET, "s3cret")])));
+    }
+
+    /// `503 owner_unreachable` retries after the owner's lease, in whole seconds, at least 1.
+    #[test]
+    fn an_unreachable_owner_is_retried_after_its_lease() {
+        let retry = |left_ms: i64| {
+            let resp = unreachable_owner(&OwnedElsewhere {
+                owner_address: "127.0.0.1:1".into(),
+                expires_at_ms: crate::clock::now_ms() + left_ms,
+            });
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            resp.headers()[axum::http::header::RETRY_AFTER]
+                .to_str()
+                .expect("ascii")
+                .parse::<i64>()
+                .expect("seconds")
+        };
+        // The clock moves between the two reads: at most one second less.
+        assert!((9..=10).contains(&retry(10_000)));
+        assert_eq!(retry(-5_000), 1, "an expired lease: retry at once");
+        assert!((1..=3).contains(&retry(2_500)));
+    }
+}

@@ -394,7 +394,8 @@ fn providers_of(d: &TestDaemon) -> Vec<u32> {
 /// Issue 21: "A command (submit, cancel, answer, delete) that reaches a daemon which does not
 /// own the tree is forwarded to the owner (its address is in the lease)". Three daemons on one
 /// database: A runs a tree's provider; a cancel sent to B, a submit sent to C (with its
-/// `X-Request-Id`) and a delete sent to B are each carried out by A (answered as A answers,
+/// `X-Request-Id`), the answer to a child's permission request sent to C and a delete sent to B
+/// are each carried out by A (answered as A answers,
 /// the provider runs on A only, B and C start none). A new tree's first batch is committed
 /// under a lease (the create left a released lease row: step 2, fencing from the first batch).
 /// A request marked as forwarded must carry the database's cluster secret: missing or wrong,
@@ -466,6 +467,44 @@ fn commands_sent_to_any_daemon_are_carried_out_by_the_tree_owner() {
     assert!(providers_of(&b).is_empty(), "no provider ever ran on B");
     assert!(providers_of(&c).is_empty(), "no provider ever ran on C");
 
+    // A permission request of a child on A, answered through C.
+    a.submit(WS, &id, "children=1 permission=1 fail=0 late=0");
+    let asked = a.wait_for(WS, &id, 60, "a pending permission", |v| {
+        v["interactions"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["status"] == "pending"))
+    });
+    let pending = asked["interactions"]
+        .as_array()
+        .and_then(|i| i.iter().find(|i| i["status"] == "pending"))
+        .expect("pending interaction")
+        .clone();
+    let (status, body) = c.call(
+        "POST",
+        &format!(
+            "/v1/workspaces/{WS}/agent-sessions/{}/turns/{}/interactions/{}",
+            pending["agentSessionId"].as_str().expect("owner"),
+            pending["turnId"].as_str().expect("turn"),
+            pending["requestId"].as_str().expect("request id"),
+        ),
+        Some(serde_json::json!({ "response": "allow" })),
+    );
+    assert_eq!(status, 200, "answer through C: {body}");
+    a.wait_for(
+        WS,
+        &id,
+        60,
+        "the allowed child and the turn completed on A",
+        |v| {
+            turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed")
+                && v["session"].get("activeTurnId").is_none()
+                && v["interactions"]
+                    .as_array()
+                    .is_some_and(|i| i.iter().all(|i| i["status"] != "pending"))
+        },
+    );
+    assert!(providers_of(&c).is_empty(), "no provider ever ran on C");
+
     // Auth between daemons: the marker without the cluster secret is refused by the owner,
     // whatever bearer token comes with it; nothing changes.
     let text = serde_json::json!({ "text": "children=0 permission=0 fail=0 late=0" });
@@ -517,7 +556,7 @@ fn commands_sent_to_any_daemon_are_carried_out_by_the_tree_owner() {
         None,
     );
     assert_eq!(status, 200, "delete through B: {body}");
-    assert_eq!(body["deletedSessions"], 4, "{body}");
+    assert_eq!(body["deletedSessions"], 5, "{body}");
     assert!(
         tutti_tests::procs::poll(30, || providers_of(&a).is_empty().then_some(())).is_some(),
         "A stopped the deleted tree's provider"

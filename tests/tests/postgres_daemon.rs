@@ -566,16 +566,18 @@ fn commands_sent_to_any_daemon_are_carried_out_by_the_tree_owner() {
 /// Issue 21: a command for a tree whose owner died before its lease expired cannot be
 /// forwarded (connection refused): `503 owner_unreachable` with `Retry-After` within the
 /// lease time, nothing changed; once the lease expired the receiving daemon claims the tree
-/// (settling the dead owner's turn as failover does) and handles the command itself.
+/// for the command (settling the dead owner's turn first, as failover does: the submit starts
+/// a new turn instead of joining the dead one) and handles the command itself.
 #[test]
 fn a_command_for_a_dead_owner_waits_for_its_lease_then_the_receiver_claims_the_tree() {
     let server = Server::fast().expect("postgres server");
     let url = server.create_database().expect("database");
     let env = [("TUTTI_DEMO_SPEED", "2")];
-    // Long enough that the command below reaches B before the lease expires.
-    let config = "lease_secs = 6\n";
-    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    // A's lease is long enough that the command below reaches B before it expires. B's own
+    // failover tick (a third of its lease: 20 s, the first at its start) does not come while
+    // the test runs, so it is the command that makes B claim the tree.
+    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some("lease_secs = 6\n"), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some("lease_secs = 60\n"), &env);
     let id = a.create(WS, "demo");
     a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
     a.wait_for(WS, &id, 60, "child running", |v| {

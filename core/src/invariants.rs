@@ -198,6 +198,32 @@ impl Engine {
                     });
                 }
             }
+            // The pending index lists exactly the pending interactions, each once: settling a
+            // turn supersedes the interactions its list names, and the tree is quiescent only
+            // when every list is empty.
+            let mut pending = 0;
+            for i in tree.interactions.values() {
+                if i.status != InteractionStatus::Pending {
+                    continue;
+                }
+                pending += 1;
+                if !tree
+                    .pending
+                    .get(&i.turn_id)
+                    .is_some_and(|l| l.contains(&i.request_id))
+                {
+                    v.push(Violation {
+                        rule: "pending interaction index lists exactly the pending interactions",
+                        id: format!("{}/{}", i.turn_id, i.request_id),
+                    });
+                }
+            }
+            if tree.pending.values().map(Vec::len).sum::<usize>() != pending {
+                v.push(Violation {
+                    rule: "pending interaction index lists exactly the pending interactions",
+                    id: tree.root_id.to_string(),
+                });
+            }
             if !tree.provider_turns_consistent() {
                 v.push(Violation {
                     rule: "provider turn index names the root turn each provider turn id is recorded on",

@@ -816,3 +816,181 @@ fn open_tool_calls_are_closed_at_settle_after_a_restore() {
     }
     h.check();
 }
+
+// --- mutants: mod.rs, transcript.rs, guidance.rs, interaction.rs, provider_turns.rs ---
+
+/// Rule 6 ("settle unconfirmed child turns interrupted after timeout"): the timeout is the
+/// engine's configured `cancel_timeout_ms`, so the deadline timer a cancel arms is the cancel's
+/// time plus that configured value (not the default), and the engine reports the configuration
+/// it was built with.
+#[test]
+fn rule_6_the_cancel_deadline_is_the_configured_cancel_timeout() {
+    let config = tutti_core::EngineConfig {
+        cancel_timeout_ms: 250,
+    };
+    assert_ne!(config, tutti_core::EngineConfig::default());
+    let mut h = H::new();
+    h.engine = tutti_core::Engine::with_config(config);
+    assert_eq!(h.engine.config(), config);
+    h.root("R");
+    h.submit("R", "T");
+    h.started("R", "p1");
+    let step = h.cancel("op1", "R", "T");
+    assert_eq!(
+        step.timers,
+        vec![tutti_core::step::TimerRequest {
+            timer: tutti_core::TimerId::CancelDeadline {
+                operation_id: "op1".into()
+            },
+            at: h.now + 250,
+        }]
+    );
+    h.check();
+}
+
+/// Rule 6 ("Recovery replays the same idempotent target set"): the engine lists exactly the
+/// cancel operations still prepared, across every loaded tree and sorted by id, so a driver can
+/// replay them after a restart; a resolved operation is no longer listed but is still readable.
+#[test]
+fn rule_6_prepared_cancel_operations_are_listed_for_recovery() {
+    let mut h = H::new();
+    for (r, t) in [("R", "T"), ("S", "U")] {
+        h.root(r);
+        h.submit(r, t);
+        h.started(r, "p1");
+    }
+    assert!(h.engine.prepared_cancels().is_empty());
+    h.cancel("op2", "R", "T");
+    h.cancel("op1", "S", "U");
+    let ids = |h: &H| -> Vec<String> {
+        h.engine
+            .prepared_cancels()
+            .iter()
+            .map(|o| o.id.to_string())
+            .collect()
+    };
+    assert_eq!(ids(&h), ["op1", "op2"]);
+    h.feed(json!({"type":"cancelResult","operationId":"op2","acked":[{"agentSessionId":"R","turnId":"T"}]}));
+    assert_eq!(
+        ids(&h),
+        ["op1"],
+        "the resolved operation is no longer prepared"
+    );
+    let done = h.engine.cancel_operation("op2").expect("op2 stays loaded");
+    assert_ne!(done.state, tutti_core::model::CancelState::Prepared);
+    assert_eq!(
+        h.engine
+            .cancel_operation("op1")
+            .map(|o| &*o.root_agent_session_id),
+        Some("S")
+    );
+    assert!(h.engine.cancel_operation("op3").is_none());
+    h.check();
+}
+
+/// Issue 17 ("a runtime whose tree is quiescent (no active turn, no prepared cancel, no pending
+/// interaction)"): a tree with an active turn is never quiescent, even with no cancel and no
+/// interaction; a settled tree is, also when it holds a finished cancel operation; a tree that
+/// is not loaded is.
+#[test]
+fn a_tree_is_quiescent_only_without_active_turns_prepared_cancels_or_pending_interactions() {
+    let mut h = H::new();
+    h.root("R");
+    assert!(h.engine.is_quiescent("R"), "a root without a turn");
+    h.submit("R", "T");
+    assert!(!h.engine.is_quiescent("R"), "an active root turn");
+    h.started("R", "p1");
+    h.completed("R", "p1", "completed");
+    assert!(h.engine.is_quiescent("R"), "the root turn settled");
+    h.submit("R", "T2");
+    h.started("R", "p2");
+    h.cancel("op1", "R", "T2");
+    assert!(!h.engine.is_quiescent("R"), "a prepared cancel");
+    h.feed(json!({"type":"cancelResult","operationId":"op1","acked":[{"agentSessionId":"R","turnId":"T2"}]}));
+    assert_eq!(h.outcome("T2").as_deref(), Some("canceled"));
+    assert!(
+        h.engine.is_quiescent("R"),
+        "a settled tree holding a completed cancel operation"
+    );
+    assert!(h.engine.is_quiescent("nope"), "an unloaded tree");
+    h.check();
+}
+
+/// Design ("Resources follow the tree: a quiescent tree leaves memory"): every read of the
+/// engine answers from the loaded tree that holds the id (roots, a session's root, sessions,
+/// turns, tool calls, pending interactions); an evicted tree answers nothing and leaves the
+/// other trees alone; restoring its snapshot answers as before.
+#[test]
+fn engine_reads_answer_from_the_loaded_tree_and_an_evicted_tree_answers_nothing() {
+    let mut h = tree_with_children(1);
+    h.root("S");
+    h.submit("S", "U");
+    h.feed(json!({"type":"toolCallUpdated","agentSessionId":"C1","turnId":"CT1","toolCallId":"a","status":"started"}));
+    h.feed(json!({"type":"interactionRequested","agentSessionId":"C1","turnId":"CT1","requestId":"q1","kind":"approval"}));
+    h.feed(json!({"type":"interactionRequested","agentSessionId":"C1","turnId":"CT1","requestId":"q2","kind":"approval"}));
+    let root_of = |h: &H, s: &str| h.engine.root_of(s).map(|r| r.to_string());
+    let pending = |h: &H, r: &str| -> Vec<String> {
+        h.engine
+            .pending_interactions(r)
+            .iter()
+            .map(|i| i.request_id.to_string())
+            .collect()
+    };
+    let reads = |h: &H| {
+        assert_eq!(
+            h.engine.roots(),
+            ["R", "S"].map(tutti_core::model::Id::from)
+        );
+        assert_eq!(root_of(h, "C1").as_deref(), Some("R"));
+        assert_eq!(root_of(h, "S").as_deref(), Some("S"));
+        assert_eq!(
+            h.engine.session("C1").map(|s| &*s.id),
+            Some("C1"),
+            "a child session"
+        );
+        assert_eq!(
+            h.engine.turn("C1", "CT1").map(|t| &*t.agent_session_id),
+            Some("C1")
+        );
+        assert_eq!(h.engine.turn("S", "U").map(|t| &*t.id), Some("U"));
+        assert_eq!(
+            h.engine.tool_call("C1", "a").map(|c| &*c.status),
+            Some("started")
+        );
+        assert!(
+            h.engine.tool_call("R", "a").is_none(),
+            "another session's call"
+        );
+        assert_eq!(pending(h, "S"), Vec::<String>::new());
+    };
+    reads(&h);
+    assert_eq!(pending(&h, "R"), ["q1", "q2"]);
+    h.feed(json!({"type":"respondInteraction","agentSessionId":"C1","turnId":"CT1","requestId":"q1","response":"allow"}));
+    assert_eq!(
+        pending(&h, "R"),
+        ["q2"],
+        "an answered interaction is not pending"
+    );
+    for unknown in ["nope", "CT1"] {
+        assert!(root_of(&h, unknown).is_none());
+        assert!(h.engine.session(unknown).is_none());
+    }
+    assert!(h.engine.turn("C1", "nope").is_none());
+
+    let snap = h.engine.snapshot("R").expect("R is loaded");
+    h.engine.evict("R");
+    assert_eq!(h.engine.roots(), [tutti_core::model::Id::from("S")]);
+    assert!(h.engine.snapshot("R").is_none());
+    assert!(root_of(&h, "C1").is_none());
+    assert!(h.engine.session("C1").is_none());
+    assert!(h.engine.tool_call("C1", "a").is_none());
+    assert!(pending(&h, "R").is_empty());
+    assert_eq!(h.engine.turn("S", "U").map(|t| &*t.id), Some("U"));
+    h.engine
+        .restore(snap.clone())
+        .expect("the snapshot restores");
+    assert_eq!(h.engine.snapshot("R"), Some(snap));
+    reads(&h);
+    assert_eq!(pending(&h, "R"), ["q2"]);
+    h.check();
+}

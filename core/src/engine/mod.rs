@@ -548,12 +548,10 @@ impl Engine {
     /// Whether a tree can be evicted without losing work (issue 17: "a runtime whose tree is
     /// quiescent (no active turn, no prepared cancel, no pending interaction)"): no session of the
     /// tree has an active turn, no cancel operation is prepared and no interaction is pending.
-    /// The root's turn is checked first, so an active tree costs one lookup; a settled tree is
-    /// scanned once. An unloaded tree is quiescent.
+    /// An unloaded tree is quiescent.
     pub fn is_quiescent(&self, root: &str) -> bool {
         self.tree(root).is_none_or(|t| {
-            t.root().is_none_or(|s| s.active_turn_id.is_none())
-                && t.sessions.values().all(|s| s.active_turn_id.is_none())
+            no_active_turn(t)
                 && t.ops.values().all(|o| o.state != CancelState::Prepared)
                 && t.pending.values().all(Vec::is_empty)
         })
@@ -633,4 +631,15 @@ impl Engine {
     pub(crate) fn trees(&self) -> impl Iterator<Item = &Tree> {
         self.slots.iter().flatten()
     }
+}
+
+/// Whether no session of the tree has an active turn. The root's turn is checked first, so an
+/// active tree costs one lookup; a settled tree is scanned once. The root check is only a
+/// shortcut: a child turn is active only under an active root turn (the gate), so the scan of
+/// every session gives the same answer without it.
+fn no_active_turn(t: &Tree) -> bool {
+    if t.root().is_some_and(|s| s.active_turn_id.is_some()) {
+        return false;
+    }
+    t.sessions.values().all(|s| s.active_turn_id.is_none())
 }

@@ -35,15 +35,14 @@ impl ProviderTurns {
     }
 
     /// Records that the root turn `turn` (created at `created_at`) recorded `provider_turn_id`.
-    /// The owner stays the least `(createdAt, turn id)` of the turns recording it.
+    /// The owner stays the least `(createdAt, turn id)` of the turns recording it: the minimum
+    /// of the owner so far and this turn (on a tie, the same turn, the owner so far is kept).
     pub fn record(&mut self, provider_turn_id: &str, turn: &Id, created_at: Millis) {
         let key = Id::from(provider_turn_id);
         let slot = self
             .owners
             .get_or_insert_with(&key, || (created_at, turn.clone()));
-        if (created_at, &**turn) < (slot.0, &*slot.1) {
-            *slot = (created_at, turn.clone());
-        }
+        *slot = std::cmp::min(slot.clone(), (created_at, turn.clone()));
     }
 
     /// Records every provider turn id on a root turn (its current and earlier ones).
@@ -129,5 +128,8 @@ mod tests {
         assert_eq!(one.owner("p4"), None);
         assert!(one.matches([&b, &a, &c]));
         assert!(!ProviderTurns::rebuild([&b]).matches([&a, &b]));
+        // An index holding more ids than the turns record does not match, even when every id the
+        // turns record has its right owner.
+        assert!(!ProviderTurns::rebuild([&a, &c]).matches([&c]));
     }
 }

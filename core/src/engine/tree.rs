@@ -239,16 +239,17 @@ impl Tx {
                 .any(|t| matches!(t, Touch::Entity(k, ..) if *k == key)),
         };
         if known {
-            if publish || hint != Hint::NONE {
-                for t in self.touches.iter_mut() {
-                    if let Touch::Entity(k, p, h) = t {
-                        if *k == key {
-                            *p |= publish;
-                            if *h == Hint::NONE {
-                                *h = hint;
-                            }
-                            break;
+            // Merged into the first touch: published if any touch publishes it; its hint kept,
+            // else this one's. (No shortcut for a touch that adds nothing: a re-touch is rare,
+            // and the loop is then a no-op.)
+            for t in self.touches.iter_mut() {
+                if let Touch::Entity(k, p, h) = t {
+                    if *k == key {
+                        *p |= publish;
+                        if *h == Hint::NONE {
+                            *h = hint;
                         }
+                        break;
                     }
                 }
             }
@@ -514,5 +515,33 @@ mod tests {
             ids.iter().map(|t| &**t).collect::<Vec<_>>(),
             "each turn published once"
         );
+    }
+
+    /// The invariant "provider turn index names the root turn each provider turn id is recorded
+    /// on" is checked against the turns: an index that lost a recorded provider turn (or was
+    /// never rebuilt after a load) is reported, and a rebuilt one passes.
+    #[test]
+    fn the_provider_turn_index_check_detects_an_index_out_of_step_with_the_turns() {
+        let mut e = Engine::new();
+        for (now, v) in [
+            json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "codex"}),
+            json!({"type": "submit", "agentSessionId": "R", "turnId": "T", "text": "go"}),
+            json!({"type": "rootProviderTurnStarted", "agentSessionId": "R", "providerTurnId": "p1"}),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let input: Input = serde_json::from_value(v).expect("input");
+            e.handle(now as i64 + 1, &input).expect("accepted");
+        }
+        let mut tree = e.trees().next().expect("one tree").clone();
+        assert!(tree.provider_turns_consistent(), "as the engine keeps it");
+        tree.provider_turns.rebuild_from(std::iter::empty());
+        assert!(
+            !tree.provider_turns_consistent(),
+            "p1 is recorded on T but missing from the index"
+        );
+        tree.rebuild_provider_turns();
+        assert!(tree.provider_turns_consistent(), "rebuilt from the turns");
     }
 }

@@ -2851,3 +2851,23 @@ fn notifications_folded_into_a_tool_round_of_the_running_turn_are_answered_by_it
         if turn_id.as_ref() == T1 && text.starts_with("ROOT_FOLLOWUP"))));
     rig.assert_clean();
 }
+
+// --- mutants: the Claude adapter's cancel and continuation code (25c) ---
+
+/// "An `exited` line (the SDK query ended) ... The next `Start` sends `start` again": an
+/// acknowledgement of the ended query's own `start` that arrives after the `exited` line does not
+/// bring that query back, so the next root turn still starts a new query (with `start`, not
+/// `input` into a query that no longer exists).
+#[test]
+fn a_late_start_ack_after_the_query_exited_does_not_revive_it() {
+    let mut rig = Rig::new();
+    rig.submit(T1);
+    let start = rig.last_native("start");
+    rig.line(json!({"kind":"exited"}));
+    assert_eq!(rig.root().outcome, Some(Outcome::Interrupted));
+    rig.line(json!({"kind":"ack","op":"start","ok":true,"id":start["id"]}));
+    rig.submit("turn-2");
+    let ops: Vec<&Value> = rig.native.iter().map(|c| &c["op"]).collect();
+    assert_eq!(ops, [&json!("start"), &json!("start")], "{ops:?}");
+    rig.assert_clean();
+}

@@ -121,6 +121,13 @@ pub trait HostStore: Store {
     /// holds (the host reloads that tree), as opposed to a failure of the store itself.
     fn is_guard_failure(error: &Self::Error) -> bool;
 
+    /// Whether an error is the store refusing a batch of a tree whose ownership this handle lost
+    /// (issue 21: "a daemon that lost its lease (paused, partitioned) can never commit for that
+    /// tree again"). Stores without tree ownership never fence.
+    fn is_fenced(_error: &Self::Error) -> bool {
+        false
+    }
+
     /// The root session id of the tree a session belongs to (itself for a root; tombstones
     /// included), to load an evicted tree on demand.
     fn root_of(&self, session: &str) -> Result<Option<Id>, Self::Error>;

@@ -124,6 +124,10 @@ impl HostStore for PostgresStore {
         error.is_guard_failure()
     }
 
+    fn is_fenced(error: &PgError) -> bool {
+        matches!(error, PgError::Fenced { .. })
+    }
+
     fn root_of(&self, session: &str) -> Result<Option<Id>, PgError> {
         PostgresStore::root_of(self, session)
     }

@@ -49,6 +49,17 @@ pub enum Claim {
     HeldBy(Lease),
 }
 
+/// The expiry of a released lease (the smallest `BIGINT`): expired for every clock.
+pub const RELEASED: i64 = i64::MIN;
+
+impl Lease {
+    /// Whether the owner gave the lease up (no provider of the tree runs anywhere), as opposed
+    /// to a lease that expired because its owner stopped renewing it.
+    pub fn is_released(&self) -> bool {
+        self.expires_at_ms == RELEASED
+    }
+}
+
 const LEASE: &str = "SELECT root_agent_session_id, owner, owner_address, epoch, expires_at_ms \
      FROM tree_leases WHERE root_agent_session_id = $1";
 
@@ -75,16 +86,34 @@ impl PostgresStore {
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<Claim, PgError> {
+        Ok(self
+            .claim_lease_after(root, owner, address, now_ms, ttl_ms)?
+            .0)
+    }
+
+    /// [`PostgresStore::claim_lease`], also returning the lease row as it was before the claim
+    /// (`None`: the tree never had one). A claim whose previous lease was another owner's, or
+    /// not released ([`Lease::is_released`]), took the tree from an owner that stopped renewing
+    /// (failover: the tree must be settled as a restart does).
+    pub fn claim_lease_after(
+        &mut self,
+        root: &str,
+        owner: &str,
+        address: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<(Claim, Option<Lease>), PgError> {
         let expires = now_ms.saturating_add(ttl_ms);
         let mut tx = self.client.get_mut().transaction()?;
         let current = match tx.query_opt(&format!("{LEASE} FOR UPDATE"), &[&root])? {
             Some(r) => Some(lease_of(&r)?),
             None => None,
         };
+        let previous = current.clone();
         let lease = match current {
             Some(l) if l.owner != owner && l.expires_at_ms > now_ms => {
                 tx.commit()?;
-                return Ok(Claim::HeldBy(l));
+                return Ok((Claim::HeldBy(l.clone()), Some(l)));
             }
             Some(l) => {
                 let epoch = if l.owner == owner && l.expires_at_ms > now_ms {
@@ -116,13 +145,16 @@ impl PostgresStore {
         };
         tx.commit()?;
         self.fences.insert(Id::from(root), lease);
-        Ok(Claim::Owned(Lease {
-            root_agent_session_id: Id::from(root),
-            owner: owner.to_string(),
-            owner_address: address.to_string(),
-            epoch: lease,
-            expires_at_ms: expires,
-        }))
+        Ok((
+            Claim::Owned(Lease {
+                root_agent_session_id: Id::from(root),
+                owner: owner.to_string(),
+                owner_address: address.to_string(),
+                epoch: lease,
+                expires_at_ms: expires,
+            }),
+            previous,
+        ))
     }
 
     /// Extends `owner`'s lease of `root` at `epoch` until `now_ms + ttl_ms`. `false`: the lease
@@ -153,9 +185,9 @@ impl PostgresStore {
     pub fn release_lease(&mut self, root: &str, owner: &str, epoch: u64) -> Result<bool, PgError> {
         self.fences.remove(root);
         let n = self.client.get_mut().execute(
-            "UPDATE tree_leases SET expires_at_ms = -9223372036854775808 \
+            "UPDATE tree_leases SET expires_at_ms = $4 \
              WHERE root_agent_session_id = $1 AND owner = $2 AND epoch = $3",
-            &[&root, &owner, &to_i64("lease epoch", epoch)?],
+            &[&root, &owner, &to_i64("lease epoch", epoch)?, &RELEASED],
         )?;
         Ok(n == 1)
     }

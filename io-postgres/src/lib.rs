@@ -46,6 +46,7 @@
 #![warn(missing_docs)]
 
 mod apply;
+pub mod cluster;
 mod codec;
 mod error;
 mod host;

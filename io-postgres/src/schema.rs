@@ -15,13 +15,15 @@
 //!   the other in seq order, so a reader never sees seq `n + 1` before `n`.
 //! - An outbox row copies its payload (SQLite version 2 references the message instead).
 //!
-//! Version 2 adds `tree_leases` (tree ownership and fencing, [`crate::lease`]).
+//! Version 2 adds `tree_leases` (tree ownership and fencing, [`crate::lease`]); version 3 adds
+//! `cluster_secret` (how daemons on one database authenticate forwarded commands to each other,
+//! [`crate::cluster`]).
 //!
 //! Migrations run in one transaction under an advisory lock, so daemons starting together on a
 //! new database migrate it once.
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The DDL that takes a database from version `from` to `from + 1` (for tests and tools that
 /// need a database of an older version; the caller records the version in
@@ -31,7 +33,7 @@ pub fn migration(from: usize) -> Option<&'static str> {
 }
 
 /// `MIGRATIONS[n]` takes a database from version n to n + 1.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The advisory lock key migrations hold (ASCII "tuti").
 pub(crate) const MIGRATION_LOCK: i64 = 0x7475_7469;
@@ -136,6 +138,15 @@ CREATE TABLE tree_leases (
     owner_address         TEXT NOT NULL,
     epoch                 BIGINT NOT NULL,
     expires_at_ms         BIGINT NOT NULL
+);
+"#;
+
+/// Version 3: the cluster secret (one row; created by the first daemon that starts), see
+/// [`crate::cluster`].
+const V3: &str = r#"
+CREATE TABLE cluster_secret (
+    id     INT PRIMARY KEY CHECK (id = 1),
+    secret TEXT NOT NULL
 );
 "#;
 

@@ -10,6 +10,12 @@
 //! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. (A request head beyond hyper's own limits,
 //! far above these, is answered by hyper with a bare status before any of this runs.)
 //!
+//! Several daemons on one PostgreSQL database (issue 21): a command on a tree another daemon
+//! owns is forwarded there (see [`crate::forward`]); `409 owned_elsewhere` when it cannot be
+//! forwarded again, `503 owner_unreachable` (with `Retry-After`) when the owner does not
+//! answer, `409 commit_conflict` when the store refused the command's batch (another writer
+//! changed the tree first, or this daemon lost the tree's lease).
+//!
 //! Identifiers in paths are checked the same way on every route ([`check_id`]). An interaction
 //! response is checked against what the interaction offered before it reaches the engine
 //! (shapes: [`tutti_core::adapters::response`]); a refused answer is 400 naming the offered
@@ -18,6 +24,7 @@
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
 use crate::follow::{Followed, Follower};
+use crate::forward::{forward_commands, OwnedElsewhere, RequestId};
 use crate::web::WebAuth;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -65,14 +72,22 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// For `owned_elsewhere`: where the owner is (a response extension for
+    /// [`crate::forward::forward_commands`]).
+    owner: Option<OwnedElsewhere>,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             code,
             message: message.into(),
+            owner: None,
         }
     }
     fn not_found(what: &str) -> ApiError {
@@ -89,11 +104,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut resp = (
             self.status,
             Json(json!({"error": {"code": self.code, "message": self.message}})),
         )
-            .into_response()
+            .into_response();
+        if let Some(owner) = self.owner {
+            resp.extensions_mut().insert(owner);
+        }
+        resp
     }
 }
 
@@ -120,8 +139,20 @@ impl From<DaemonError> for ApiError {
                 "unavailable",
                 "daemon stopping",
             ),
-            e @ DaemonError::OwnedElsewhere { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "owned_elsewhere", e.to_string())
+            DaemonError::OwnedElsewhere {
+                ref owner_address,
+                expires_at_ms,
+            } => {
+                let owner = OwnedElsewhere {
+                    owner_address: owner_address.clone(),
+                    expires_at_ms,
+                };
+                let mut out = ApiError::new(StatusCode::CONFLICT, "owned_elsewhere", e.to_string());
+                out.owner = Some(owner);
+                out
+            }
+            e @ DaemonError::Conflict => {
+                ApiError::new(StatusCode::CONFLICT, "commit_conflict", e.to_string())
             }
             e @ DaemonError::OutboxPruned { .. } => {
                 ApiError::new(StatusCode::GONE, "pruned", e.to_string())
@@ -265,25 +296,31 @@ pub fn router_with_web(
         web: web.clone(),
         stop,
     };
+    // Issue 21: the commands of existing trees are forwarded to the tree's owner (see
+    // [`crate::forward`]).
+    let fwd = middleware::from_fn_with_state(state.daemon.clone(), forward_commands);
     let v1 = Router::new()
         .route("/v1/workspaces/{ws}/agent-sessions", post(create).get(list))
         .route("/v1/workspaces/{ws}/agent-sessions/{id}", get(detail))
-        .route("/v1/workspaces/{ws}/agent-sessions/{id}", delete(remove))
+        .route(
+            "/v1/workspaces/{ws}/agent-sessions/{id}",
+            delete(remove).layer(fwd.clone()),
+        )
         .route(
             "/v1/workspaces/{ws}/agent-sessions/{id}/messages",
             get(messages),
         )
         .route(
             "/v1/workspaces/{ws}/agent-sessions/{id}/submit",
-            post(submit),
+            post(submit).layer(fwd.clone()),
         )
         .route(
             "/v1/workspaces/{ws}/agent-sessions/{id}/turns/{turn}/cancel",
-            post(cancel),
+            post(cancel).layer(fwd.clone()),
         )
         .route(
             "/v1/workspaces/{ws}/agent-sessions/{id}/turns/{turn}/interactions/{request}",
-            post(respond),
+            post(respond).layer(fwd),
         )
         .route("/v1/events", get(events))
         .route("/v1/providers", get(providers))
@@ -367,9 +404,10 @@ fn request_id(headers: &HeaderMap) -> String {
 /// One span per API request carrying its id, method and path (paths hold ids only, never
 /// content; the query is left out), so `RUST_LOG=debug` tells a request's story; the id is
 /// echoed in `X-Request-Id`.
-async fn request_span(req: Request, next: Next) -> Response {
+async fn request_span(mut req: Request, next: Next) -> Response {
     use tracing::Instrument;
     let id = request_id(req.headers());
+    req.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!(
         "request",
         request_id = %id,
@@ -388,6 +426,19 @@ async fn request_span(req: Request, next: Next) -> Response {
 /// authenticated by the cookie alone must come from the same origin (issue 20: "state-changing
 /// requests with the cookie are protected against cross-site requests (check `Origin`)").
 async fn auth(State(s): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    // Issue 21: a command forwarded by another daemon on the same database is authenticated by
+    // the cluster secret alone (see [`crate::forward`]).
+    if crate::forward::is_forwarded(&headers) {
+        if s.daemon.cluster().is_some_and(|c| c.accepts(&headers)) {
+            return next.run(req).await;
+        }
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a forwarded request needs this database's cluster secret",
+        )
+        .into_response();
+    }
     let by_bearer = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())

@@ -32,6 +32,10 @@ use tutti_sqlite::{
     CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore,
 };
 
+/// The error the engine thread reports to the driver for a batch the store refused by a guard
+/// or the fence (its callers get [`DaemonError::Conflict`]).
+const COMMIT_CONFLICT: &str = "refused by the store: the tree changed or its lease was lost";
+
 /// Inputs (and batches) one group commit takes at most (as the SQLite store's bound).
 const MAX_GROUP: usize = tutti_sqlite::MAX_GROUP;
 
@@ -121,10 +125,13 @@ pub trait Housekeeping<S>: Send {
     }
     /// Gives up the lease of `root` (its runtime stopped).
     fn release(&mut self, _store: &mut S, _root: &Id) {}
-    /// The address of the daemon that holds `root`'s unexpired lease, if that is not this
-    /// daemon (read only: nothing is claimed).
-    fn owner_elsewhere(&mut self, _store: &mut S, _root: &Id, _now_ms: i64) -> Option<String> {
-        None
+    /// Issue 21: "Every batch a daemon commits for a tree carries a fencing guard on the lease
+    /// epoch". Called before a command on `root` (create, submit, cancel, answer, delete) is
+    /// handed to the engine, so that the command's batch, a new tree's first batch included, is
+    /// committed under this daemon's lease. The default (a store only this daemon writes):
+    /// [`Acquired::Held`].
+    fn acquire(&mut self, _store: &mut S, _root: &Id, _now_ms: i64) -> Acquired {
+        Acquired::Held
     }
     /// How often [`Housekeeping::renew`] runs; `None`: never (no leases).
     fn renew_every(&self) -> Option<std::time::Duration> {
@@ -139,6 +146,31 @@ pub enum Ownership {
     Owned,
     /// Another daemon holds an unexpired lease of the tree; it takes commands at this address.
     Elsewhere(String),
+    /// The lease could not be read or written (the error, for logs: no content).
+    Unknown(String),
+}
+
+/// What [`Housekeeping::acquire`] found before a command on a tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// This daemon already held the tree's lease (or the store has no leases): its loaded copy
+    /// of the tree is current.
+    Held,
+    /// This daemon claimed the tree's lease just now. Its loaded copy may be stale (another
+    /// daemon may have driven the tree since): the tree is reloaded from the store first.
+    /// `orphaned`: the previous owner stopped renewing without releasing (it died or was cut
+    /// off), so the tree is settled as at a restart (failover) before the command.
+    Claimed {
+        /// The previous owner's lease expired unreleased.
+        orphaned: bool,
+    },
+    /// Another daemon holds the tree's unexpired lease.
+    Elsewhere {
+        /// Where the owner takes commands.
+        owner_address: String,
+        /// When the owner's lease expires (wall-clock milliseconds).
+        expires_at_ms: i64,
+    },
     /// The lease could not be read or written (the error, for logs: no content).
     Unknown(String),
 }
@@ -206,13 +238,23 @@ pub enum DaemonError {
     Stopped,
     /// Issue 21: a command (submit, cancel, answer, delete) for a tree whose lease another
     /// daemon holds, unexpired: that daemon runs the tree's provider and takes the command at
-    /// `owner_address` (answered 409 `owned_elsewhere`; nothing changed here). Choice: refused,
-    /// not forwarded (forwarding is not built yet).
-    #[error("the tree is owned by the daemon at {owner_address}; send the command there")]
+    /// `owner_address`. Nothing changed here; the API forwards the request there (see
+    /// [`crate::forward`]), or answers 409 `owned_elsewhere` when the request was itself
+    /// forwarded (no second hop).
+    #[error("the tree is owned by the daemon at {owner_address}")]
     OwnedElsewhere {
         /// The owning daemon's listen address.
         owner_address: String,
+        /// When the owner's lease expires unless renewed (wall-clock milliseconds).
+        expires_at_ms: i64,
     },
+    /// Issue 21: the command's batch was refused by the store because another writer changed
+    /// the tree first (a version guard), or because this daemon lost the tree's lease (the
+    /// fence). Nothing of the command was written; this daemon dropped its copy of the tree
+    /// and reloaded it from the store (answered 409 `commit_conflict`; the command may be
+    /// retried).
+    #[error("the tree changed in the store before this command could commit; retry")]
+    Conflict,
     /// An outbox follower asked for rows that retention already deleted (it continues after
     /// `pruned_through`; see [`crate::follow::Followed::Reset`]).
     #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
@@ -228,6 +270,7 @@ impl From<DriverError> for DaemonError {
     fn from(e: DriverError) -> DaemonError {
         match e {
             DriverError::Rejected(r) => DaemonError::Rejected(r),
+            DriverError::Storage(m) if m == COMMIT_CONFLICT => DaemonError::Conflict,
             DriverError::Storage(m) => DaemonError::Storage(m),
             other => DaemonError::Storage(other.to_string()),
         }
@@ -270,6 +313,9 @@ pub struct Daemon {
     /// [`Daemon::with_commits_from`]); never changes for a store that only this daemon writes.
     commits: watch::Receiver<u64>,
     metrics: Arc<Metrics>,
+    /// The daemons sharing this daemon's database (see [`crate::forward`]); `None` for a store
+    /// only this daemon writes.
+    cluster: Option<Arc<crate::forward::Cluster>>,
 }
 
 /// Options of the daemon core.
@@ -470,6 +516,7 @@ impl Daemon {
             positions,
             commits: watch::channel(last_seq).1,
             metrics,
+            cluster: None,
         })
     }
 
@@ -481,6 +528,18 @@ impl Daemon {
     pub fn with_commits_from(mut self, commits: watch::Receiver<u64>) -> Daemon {
         self.commits = commits;
         self
+    }
+
+    /// Issue 21: this daemon shares its database with other daemons; commands for trees they own
+    /// are forwarded to them, authenticated by `cluster` (see [`crate::forward`]).
+    pub fn with_cluster(mut self, cluster: crate::forward::Cluster) -> Daemon {
+        self.cluster = Some(Arc::new(cluster));
+        self
+    }
+
+    /// The daemons sharing this daemon's database, if any (see [`Daemon::with_cluster`]).
+    pub fn cluster(&self) -> Option<&Arc<crate::forward::Cluster>> {
+        self.cluster.as_ref()
     }
 
     /// The highest outbox seq committed by any writer (see [`Daemon::with_commits_from`]).
@@ -714,10 +773,10 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         self.driver.handle_timeout(now, &self.store);
                     }
                     Msg::Input(input, reply) => {
-                        if let Some(owner_address) = self.owned_elsewhere(now, &input) {
-                            debug!(kind = input.kind(), "command for a tree owned elsewhere");
+                        if let Err(e) = self.acquire(now, &input) {
+                            debug!(kind = input.kind(), "command not taken here");
                             if let Some(r) = reply {
-                                let _ = r.send(Err(DaemonError::OwnedElsewhere { owner_address }));
+                                let _ = r.send(Err(e));
                             }
                             continue;
                         }
@@ -763,10 +822,19 @@ impl<S: HostStore + Send + 'static> Core<S> {
         }
     }
 
-    /// Issue 21: the owner address when `input` is a command on an existing tree (submit,
-    /// cancel, answer, delete) whose lease another daemon holds unexpired.
-    fn owned_elsewhere(&mut self, now: i64, input: &Input) -> Option<String> {
-        let session = match input {
+    /// Issue 21: before a command on a tree (create, submit, cancel, answer, delete) reaches
+    /// the engine, this daemon makes sure it owns the tree (see [`Housekeeping::acquire`]):
+    /// - another daemon holds the tree's unexpired lease: [`DaemonError::OwnedElsewhere`]
+    ///   (nothing changes; the API forwards the request to the owner);
+    /// - the lease was free, released or expired: it is claimed now, the tree is reloaded from
+    ///   the store (never a stale copy), a tree whose owner stopped renewing is settled first
+    ///   as failover does, and the lease is released after the round unless a provider runs;
+    ///   the command's batch, a new tree's first batch included, is fenced by the claim.
+    fn acquire(&mut self, now: i64, input: &Input) -> Result<(), DaemonError> {
+        let (session, create) = match input {
+            Input::Command(Command::CreateSession {
+                agent_session_id, ..
+            }) => (agent_session_id, true),
             Input::Command(
                 Command::Submit {
                     agent_session_id, ..
@@ -780,20 +848,51 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 | Command::DeleteSession {
                     agent_session_id, ..
                 },
-            ) => agent_session_id,
-            _ => return None,
+            ) => (agent_session_id, false),
+            _ => return Ok(()),
         };
-        let root = match self.store.root_of(session) {
-            Ok(Some(root)) => root,
-            // Unknown session: the engine answers it (not found).
-            Ok(None) => return None,
-            Err(e) => {
-                warn!(error = %e, "root of a command's session not readable");
-                return None;
+        let root = if create {
+            session.clone()
+        } else {
+            match self.store.root_of(session) {
+                Ok(Some(root)) => root,
+                // Unknown session: the engine answers it (not found).
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    warn!(error = %e, "root of a command's session not readable");
+                    return Err(DaemonError::Storage(
+                        "the session's tree could not be read".into(),
+                    ));
+                }
             }
         };
-        self.housekeeping
-            .owner_elsewhere(&mut self.store, &root, now)
+        match self.housekeeping.acquire(&mut self.store, &root, now) {
+            Acquired::Held => Ok(()),
+            Acquired::Claimed { orphaned } => {
+                debug!(root = %root, orphaned, "tree lease claimed for a command");
+                if !create {
+                    self.driver.reload(&root, &self.store);
+                    if orphaned {
+                        self.settle_orphan(now, &root);
+                    }
+                }
+                self.to_release.push(root);
+                Ok(())
+            }
+            Acquired::Elsewhere {
+                owner_address,
+                expires_at_ms,
+            } => Err(DaemonError::OwnedElsewhere {
+                owner_address,
+                expires_at_ms,
+            }),
+            Acquired::Unknown(e) => {
+                warn!(root = %root, error = %e, "tree lease not claimable");
+                Err(DaemonError::Storage(
+                    "the tree's lease could not be claimed".into(),
+                ))
+            }
+        }
     }
 
     /// Issue 21, failover: a tree whose owner died (its lease expired; this daemon claimed it)
@@ -803,14 +902,20 @@ impl<S: HostStore + Send + 'static> Core<S> {
         if self.runtimes.contains_key(&root) {
             return;
         }
-        info!(root = %root, "taking over a tree whose owner stopped renewing its lease");
         self.driver.reload(&root, &self.store);
+        self.settle_orphan(now, &root);
+        self.to_release.push(root);
+    }
+
+    /// The provider's exit of a tree (just reloaded) whose owner stopped renewing its lease:
+    /// every active turn settles interrupted, as at a restart.
+    fn settle_orphan(&mut self, now: i64, root: &Id) {
+        info!(root = %root, "taking over a tree whose owner stopped renewing its lease");
         let input = Input::Runtime(RuntimeAnswer::ProviderExited {
             root_agent_session_id: root.clone(),
             error: "the daemon that ran the provider is gone".into(),
         });
         self.driver.handle_input(now, input, None, &self.store);
-        self.to_release.push(root);
     }
 
     /// The provider name of a root session (`unknown` when its tree is not loaded).
@@ -951,10 +1056,20 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             self.driver.ack_commit(*id, p, &self.store);
                         }
                         Err(e) => {
+                            let refused = S::is_guard_failure(e.source_error())
+                                || S::is_fenced(e.source_error());
                             self.metrics
                                 .commit_failed(S::is_guard_failure(e.source_error()));
                             error!(error = %e, "step not committed; reloading its tree");
-                            self.driver.commit_failed(*id, &e.to_string(), &self.store);
+                            // Issue 21: a batch refused by a guard or the fence: the tree's
+                            // copy is dropped and reloaded (the driver does), the caller gets
+                            // `DaemonError::Conflict`.
+                            let why = if refused {
+                                COMMIT_CONFLICT.to_string()
+                            } else {
+                                e.to_string()
+                            };
+                            self.driver.commit_failed(*id, &why, &self.store);
                         }
                     }
                 }

@@ -19,6 +19,8 @@
 //! - [`api`]: axum routes and the Server-Sent Events stream.
 //! - [`follow`]: a position in the event stream, read from the file while behind and from each
 //!   commit's rows once caught up.
+//! - [`forward`]: several daemons on one PostgreSQL database: commands for a tree another
+//!   daemon owns are forwarded to it (authenticated by the database's cluster secret).
 //! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).
 //! - [`config`]: the TOML config.
 //! - [`web`]: the web view of agent trees at `/` (assets in the binary, cookie login).
@@ -35,6 +37,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod follow;
+pub mod forward;
 pub mod metrics;
 pub mod postgres;
 pub mod providers;

@@ -19,15 +19,19 @@
 //! never commits for the tree again, and stops its runtime at the next renewal. At start, live
 //! trees whose lease another daemon holds (unexpired) are not settled.
 //!
-//! Commands (submit, cancel, answer, delete) for a tree whose lease another daemon holds,
-//! unexpired, are refused (409 `owned_elsewhere`, naming the owner's address; nothing changes).
+//! Commands (create, submit, cancel, answer, delete) claim the tree's lease before the engine
+//! sees them ([`Housekeeping::acquire`]), so every batch for a tree, its first (the create)
+//! included, is fenced. A command for a tree whose lease another daemon holds, unexpired, is
+//! forwarded to that daemon (see [`crate::forward`]; authenticated by the database's cluster
+//! secret); an expired lease is claimed and the tree reloaded from the store (settled first,
+//! as failover does, when its owner stopped renewing).
 //!
 //! Failover: at every renewal tick a daemon claims the trees whose lease expired without being
 //! released (their owner died or was cut off) and settles them as a restart does.
-//!
-//! Not guaranteed yet (issue 21, rest): commands are not forwarded to the owner.
 
-use crate::daemon::{Daemon, DaemonOptions, Housekeeping, Ownership, StartError, StoreCheckpoint};
+use crate::daemon::{
+    Acquired, Daemon, DaemonOptions, Housekeeping, Ownership, StartError, StoreCheckpoint,
+};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -151,26 +155,24 @@ impl Housekeeping<PostgresStore> for Leases {
             }
         }
     }
-    fn owner_elsewhere(
-        &mut self,
-        store: &mut PostgresStore,
-        root: &Id,
-        now_ms: i64,
-    ) -> Option<String> {
+    fn acquire(&mut self, store: &mut PostgresStore, root: &Id, now_ms: i64) -> Acquired {
         if self.held.contains_key(root) {
-            return None;
+            return Acquired::Held;
         }
-        match store.lease(root) {
-            Ok(Some(l)) if l.owner != self.owner && l.expires_at_ms > now_ms => {
-                Some(l.owner_address)
+        let ttl = self.ttl_ms();
+        match store.claim_lease_after(root, &self.owner, &self.address, now_ms, ttl) {
+            Ok((Claim::Owned(l), previous)) => {
+                debug!(root = %root, epoch = l.epoch, "tree lease claimed");
+                self.held.insert(root.clone(), l.epoch);
+                Acquired::Claimed {
+                    orphaned: previous.is_some_and(|p| !p.is_released()),
+                }
             }
-            Ok(_) => None,
-            // Choice: an unreadable lease does not block the command; the fence and the
-            // store's version guards still hold.
-            Err(e) => {
-                warn!(root = %root, error = %e, "tree lease not readable");
-                None
-            }
+            Ok((Claim::HeldBy(l), _)) => Acquired::Elsewhere {
+                owner_address: l.owner_address,
+                expires_at_ms: l.expires_at_ms,
+            },
+            Err(e) => Acquired::Unknown(e.to_string()),
         }
     }
     fn renew_every(&self) -> Option<Duration> {
@@ -216,7 +218,12 @@ pub fn start(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, S
 }
 
 fn start_here(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, StartError> {
-    let writer = PostgresStore::connect(url).map_err(StartError::store)?;
+    let mut writer = PostgresStore::connect(url).map_err(StartError::store)?;
+    let candidate = crate::clock::random_hex(32)?;
+    let secret = writer
+        .cluster_secret(&candidate)
+        .map_err(StartError::store)?;
+    let cluster = crate::forward::Cluster::new(secret, leases.address.clone());
     let reader = PostgresStore::connect(url).map_err(StartError::store)?;
     let listener = OutboxListener::connect(url).map_err(StartError::store)?;
     let last = reader.last_outbox_seq().map_err(StartError::store)?;
@@ -226,7 +233,7 @@ fn start_here(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, 
     std::thread::Builder::new()
         .name("tutti-pg-listen".into())
         .spawn(move || listen(&url, listener, &tx))?;
-    Ok(daemon.with_commits_from(rx))
+    Ok(daemon.with_commits_from(rx).with_cluster(cluster))
 }
 
 /// The listener thread: raises `tx` to every notified (or polled) last seq; reconnects after an

@@ -5,7 +5,9 @@
 //!
 //! - `tuttid serve --db FILE|sqlite:FILE|postgres://... --listen 127.0.0.1:7420 --token-file FILE
 //!   [--config FILE] [--allow-non-loopback] [--metrics-listen 127.0.0.1:9464]` (`GET /metrics`
-//!   on its own listener without auth; otherwise on the API's, behind its token)
+//!   on its own listener without auth; otherwise on the API's, behind its token;
+//!   `[--advertise HOST:PORT]`: on PostgreSQL, where the other daemons on the database reach
+//!   this one)
 //! - `tuttid demo`: the daemon on an embedded SQLite file with the demo ACP agent; submits a
 //!   prompt, shows the root turn and its child lanes updating live, then leaves the API up.
 //! - `tuttid demo-agent` / `tuttid plain-agent`: the bundled ACP agents (the `demo` and `plain`
@@ -96,6 +98,12 @@ struct ServeArgs {
     /// behind the API's bearer token.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// PostgreSQL only: the address (`host:port`) at which the other daemons on the database
+    /// reach this one (the owner address of its tree leases, where they forward commands).
+    /// Default: the listen address with its bound port; required when listening on an
+    /// unspecified address (`0.0.0.0`, `[::]`).
+    #[arg(long)]
+    advertise: Option<String>,
 }
 
 /// Runs `tuttid` with the process arguments.
@@ -179,8 +187,33 @@ fn run(args: ServeArgs, demo: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{pick_db, Db};
+    use super::{advertise_address, pick_db, Db, ServeError};
     use std::path::{Path, PathBuf};
+
+    /// The lease's owner address is where other daemons forward commands: an unspecified
+    /// listen address on PostgreSQL is refused without `--advertise`.
+    #[test]
+    fn the_advertised_address_is_reachable_or_given() {
+        let any = "0.0.0.0:7420".parse().expect("addr");
+        let lo = "127.0.0.1:7420".parse().expect("addr");
+        assert!(matches!(
+            advertise_address(None, true, any),
+            Err(ServeError::NoAdvertise(_))
+        ));
+        assert_eq!(
+            advertise_address(Some("10.0.0.5:7420"), true, any).expect("given"),
+            "10.0.0.5:7420"
+        );
+        assert_eq!(
+            advertise_address(None, true, lo).expect("bound"),
+            "127.0.0.1:7420"
+        );
+        // SQLite has no other daemons.
+        assert_eq!(
+            advertise_address(None, false, any).expect("unused"),
+            "0.0.0.0:7420"
+        );
+    }
 
     #[test]
     fn db_is_picked_by_url() {
@@ -210,6 +243,21 @@ fn fail(msg: &str) -> ! {
 
 /// Issue 17: "Listening on a non-loopback address is refused unless an explicit flag says so
 /// (and then logged as a warning)".
+/// The owner address of this daemon's tree leases (PostgreSQL; see `--advertise`): the given
+/// one, else the bound listen address; an unspecified listen address (`0.0.0.0`, `[::]`) on
+/// PostgreSQL needs `--advertise` (the other daemons could not reach it there).
+fn advertise_address(
+    given: Option<&str>,
+    postgres: bool,
+    bound: SocketAddr,
+) -> Result<String, ServeError> {
+    match given {
+        Some(a) => Ok(a.to_string()),
+        None if postgres && bound.ip().is_unspecified() => Err(ServeError::NoAdvertise(bound)),
+        None => Ok(bound.to_string()),
+    }
+}
+
 fn check_listen(addr: SocketAddr, allowed: bool) -> Result<(), ServeError> {
     if addr.ip().is_loopback() {
         return Ok(());
@@ -224,6 +272,13 @@ fn check_listen(addr: SocketAddr, allowed: bool) -> Result<(), ServeError> {
 /// Why `tuttid serve` stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// PostgreSQL on an unspecified listen address without `--advertise`: other daemons could
+    /// not reach this one at its lease's owner address.
+    #[error(
+        "listening on {0} on PostgreSQL needs --advertise HOST:PORT: the other daemons on the \
+         database forward commands to the address in this daemon's tree leases"
+    )]
+    NoAdvertise(SocketAddr),
     /// Listening on a non-loopback address without `--allow-non-loopback`.
     #[error(
         "refusing to listen on {0}: not a loopback address, so the API would be reachable from \
@@ -373,6 +428,11 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         .await
         .map_err(listen)?;
     let addr = listener.local_addr().map_err(listen)?;
+    let advertise = advertise_address(
+        args.advertise.as_deref(),
+        matches!(choice, Db::Postgres(_)),
+        addr,
+    )?;
     let daemon = match &choice {
         Db::Sqlite(_) => Daemon::start(opts)?,
         // The owner address of this daemon's tree leases is the address it listens on (bound
@@ -383,7 +443,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
             crate::postgres::Leases::new(
                 crate::postgres::Leases::daemon_id(std::path::Path::new(&daemon_id))
                     .map_err(crate::daemon::StartError::from)?,
-                addr.to_string(),
+                advertise,
                 lease,
             ),
         )?,

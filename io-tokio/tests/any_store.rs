@@ -238,7 +238,8 @@ fn create(id: &str) -> Input {
 }
 
 /// "Group commit + one-by-one retry on failure": a group that fails as a whole is retried batch
-/// by batch; a batch that fails again answers a storage error, its tree is reloaded from the
+/// by batch; a batch that fails again answers an error (for a guard failure, the typed
+/// conflict), its tree is reloaded from the
 /// store (so the engine holds nothing the store does not), and the tree goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_group_is_retried_one_by_one_and_a_lost_batch_reloads_its_tree() {
@@ -258,8 +259,10 @@ async fn a_failed_group_is_retried_one_by_one_and_a_lost_batch_reloads_its_tree(
         })
     };
     let lost = d.call(submit("t1")).await;
+    // The injected failure is a guard failure: the caller gets the typed conflict (issue 21,
+    // commit races: 409 `commit_conflict`).
     assert!(
-        matches!(lost, Err(tutti_tokio::daemon::DaemonError::Storage(_))),
+        matches!(lost, Err(tutti_tokio::daemon::DaemonError::Conflict)),
         "{lost:?}"
     );
     assert!(store.get().turn("t1").expect("read").is_none());

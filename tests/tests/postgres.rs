@@ -348,6 +348,52 @@ fn a_stale_owner_is_fenced_after_a_takeover() {
         b.lease("R").expect("lease").map(|l| l.owner),
         Some("daemon-b".into())
     );
+
+    // Issue 21, fencing from the first batch: a tree's lease is claimed before its create
+    // commits, so even the create of an owner that lost the tree before committing it is
+    // refused, and nothing of the tree is written.
+    assert!(matches!(
+        a.claim_lease("T", "daemon-a", "127.0.0.1:1", 4_000, ttl)
+            .expect("claim"),
+        Claim::Owned(_)
+    ));
+    let (taken, previous) = b
+        .claim_lease_after("T", "daemon-b", "127.0.0.1:2", 6_000, ttl)
+        .expect("claim");
+    assert!(
+        matches!(taken, Claim::Owned(ref l) if l.epoch == 2),
+        "{taken:?}"
+    );
+    let previous = previous.expect("A's lease was there");
+    assert!(
+        !previous.is_released(),
+        "taken from an owner that stopped renewing (failover settles the tree)"
+    );
+    let mut e4 = Engine::new();
+    let create = decide(
+        &mut e4,
+        6_001,
+        json!({"type": "createSession", "agentSessionId": "T", "workspaceId": "W", "provider": "codex"}),
+    );
+    let before = b.outbox_after(0, usize::MAX).expect("outbox");
+    assert!(
+        matches!(a.apply(&create), Err(PgError::Fenced { .. })),
+        "the lost create is fenced"
+    );
+    assert!(b.session("T").expect("read").is_none(), "nothing written");
+    assert_eq!(b.outbox_after(0, usize::MAX).expect("outbox"), before);
+    // A released lease is told apart from an expired one.
+    assert!(b.release_lease("T", "daemon-b", 2).expect("release"));
+    let (_, previous) = a
+        .claim_lease_after("T", "daemon-a", "127.0.0.1:1", 6_002, ttl)
+        .expect("claim");
+    assert!(previous.expect("lease row").is_released());
+
+    // The cluster secret (how daemons authenticate forwarded commands): the first stored
+    // candidate wins, every later handle reads it.
+    let first = a.cluster_secret("secret-of-a").expect("secret");
+    assert_eq!(first, "secret-of-a");
+    assert_eq!(b.cluster_secret("secret-of-b").expect("secret"), first);
 }
 
 /// "Schema migrations with a version table": a database of version 1 (with data) is migrated to

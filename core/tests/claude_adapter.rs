@@ -2871,3 +2871,38 @@ fn a_late_start_ack_after_the_query_exited_does_not_revive_it() {
     assert_eq!(ops, [&json!("start"), &json!("start")], "{ops:?}");
     rig.assert_clean();
 }
+
+/// "A target whose task is unknown or already terminal is an idempotent no-op: it is simply not
+/// confirmed." A child-only cancel that waits for the child's task id (its `stopTask` is owed
+/// until `task_started`) is answered as soon as that child ends without one: the target is not
+/// confirmed (the engine settles it `interrupted`), no `stopTask` is sent, and the answer does
+/// not wait for the cancel deadline.
+#[test]
+fn child_only_cancel_of_a_child_that_ends_before_its_task_is_known_is_answered_at_once() {
+    let mut rig = Rig::new();
+    rig.started();
+    rig.agent(None, "tu-1", true);
+    let (cs, ct) = child("tu-1");
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":cs,"turnId":ct}));
+    assert!(rig.answers.is_empty(), "the stopTask is still owed");
+    // The child's task ends before any task_started named it.
+    let out = rig.notification("task-1", "tu-1", "completed");
+    assert!(out.events.is_empty(), "closed child: {:?}", out.events);
+    match &out.answers[..] {
+        [RuntimeAnswer::CancelResult {
+            operation_id,
+            acked,
+        }] => {
+            assert_eq!(operation_id.as_ref(), "op-1");
+            assert!(acked.is_empty(), "{acked:?}");
+        }
+        other => panic!("answered at once: {other:?}"),
+    }
+    assert_eq!(
+        rig.native.iter().filter(|c| c["op"] == "stopTask").count(),
+        0
+    );
+    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Interrupted));
+    assert!(rig.root().phase.is_active(), "the root keeps running");
+    rig.assert_clean();
+}

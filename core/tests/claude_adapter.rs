@@ -2906,3 +2906,51 @@ fn child_only_cancel_of_a_child_that_ends_before_its_task_is_known_is_answered_a
     assert!(rig.root().phase.is_active(), "the root keeps running");
     rig.assert_clean();
 }
+
+/// "An `ack` with `ok: false` ... confirms nothing": a refused root interrupt does not close the
+/// canceled root's provider turn that has produced no output yet, as an acknowledged one does
+/// ("provider turns of canceled roots that never produced output will not produce any"). Only
+/// that SDK turn's own `result` closes it, `canceled`, once.
+#[test]
+fn a_refused_root_interrupt_closes_no_provider_turn() {
+    let completions = |events: &[NormalizedEvent]| -> Vec<(String, Outcome)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                NormalizedEvent::RootProviderTurnCompleted {
+                    provider_turn_id,
+                    outcome,
+                    ..
+                } => Some((provider_turn_id.clone().unwrap_or_default(), *outcome)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut rig = Rig::new();
+    rig.submit(T1);
+    rig.ack("start", true);
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
+    let before = rig.events.len();
+    let out = rig.ack("interrupt", false);
+    assert!(
+        matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.is_empty())
+    );
+    assert_eq!(
+        rig.root().outcome,
+        Some(Outcome::Canceled),
+        "the user's intent"
+    );
+    assert_eq!(
+        completions(&rig.events[before..]),
+        [],
+        "nothing confirmed it"
+    );
+    // The SDK turn runs on and ends: its own result closes it.
+    rig.msg(init());
+    rig.result();
+    assert_eq!(
+        completions(&rig.events[before..]),
+        [("claude-1".to_string(), Outcome::Canceled)]
+    );
+    rig.assert_clean();
+}

@@ -1322,15 +1322,9 @@ impl ClaudeAdapter {
                 }
             }
             NativeOp::Input { entry, guide } => {
-                if ok {
-                    if let Some(i) = entry.as_ref().and_then(|e| {
-                        self.turns
-                            .iter()
-                            .position(|t| t.id == *e && t.kind == TurnKind::Guidance)
-                    }) {
-                        self.announce(i, out);
-                    }
-                } else {
+                // An accepted `input` changes nothing: the guidance turn it opens was announced
+                // when the input was sent ("guidance with `startOnRoot` its `synthetic-N` turn").
+                if !ok {
                     if let Some(e) = entry {
                         self.fail_turn(&e, error, out);
                     }

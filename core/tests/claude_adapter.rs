@@ -2954,3 +2954,34 @@ fn a_refused_root_interrupt_closes_no_provider_turn() {
     );
     rig.assert_clean();
 }
+
+/// "It cancels the reserved synthetic provider turn, disarms its timeout": a root cancel during
+/// the notification wait disarms the continuation timer at once, so the timer firing before the
+/// interrupt is acknowledged neither completes the reserved turn as a timeout nor sends a second
+/// interrupt; the acknowledged interrupt then closes it `canceled`.
+#[test]
+fn root_cancel_disarms_the_continuation_timer_before_the_interrupt_is_acknowledged() {
+    let mut rig = Rig::new();
+    rig.waiting_on_background_child();
+    let out = rig.notification("task-1", "tu-1", "completed");
+    let timer = out.timers[0].clone();
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
+    let interrupts = rig.native.iter().filter(|c| c["op"] == "interrupt").count();
+    let out = rig.timer(&timer.id, timer.at);
+    assert!(
+        out.events.is_empty() && out.native.is_empty(),
+        "disarmed by the cancel: {out:?}"
+    );
+    assert_eq!(
+        rig.native.iter().filter(|c| c["op"] == "interrupt").count(),
+        interrupts
+    );
+    let out = rig.ack("interrupt", true);
+    assert!(
+        matches!(&out.events[0], NormalizedEvent::RootProviderTurnCompleted { outcome: Outcome::Canceled, provider_turn_id: Some(p), .. } if p == "synthetic-1"),
+        "{:?}",
+        out.events
+    );
+    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    rig.assert_clean();
+}

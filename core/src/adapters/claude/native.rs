@@ -1375,7 +1375,8 @@ impl ClaudeAdapter {
         let mut kept = std::collections::VecDeque::with_capacity(self.turns.len());
         while let Some(t) = self.turns.pop_front() {
             if self.canceled_roots.contains(&t.turn) && !t.began {
-                if t.announced && t.is_live() {
+                // (A live turn was announced when it was queued.)
+                if t.is_live() {
                     out.events
                         .push(self.completed(&t.turn, &t.id, Outcome::Canceled, None));
                 }

@@ -2985,3 +2985,25 @@ fn root_cancel_disarms_the_continuation_timer_before_the_interrupt_is_acknowledg
     assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
     rig.assert_clean();
 }
+
+/// "The adapter logs it with ids and counts (`unreserved follow-up`)" only for a follow-up that
+/// nothing reserved: the follow-up that answers the notification its reservation was opened for
+/// is not logged as unreserved.
+#[test]
+fn a_reserved_follow_up_is_not_logged_as_unreserved() {
+    let mut rig = Rig::new();
+    rig.waiting_on_background_child();
+    rig.notification("task-1", "tu-1", "completed");
+    rig.msg(init());
+    rig.text(None, "the child reported back");
+    rig.result_with_origin();
+    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert!(
+        !rig.diagnostics
+            .iter()
+            .any(|d| d.contains("unreserved follow-up")),
+        "{:?}",
+        rig.diagnostics
+    );
+    rig.assert_clean();
+}

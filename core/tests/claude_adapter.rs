@@ -2851,3 +2851,159 @@ fn notifications_folded_into_a_tool_round_of_the_running_turn_are_answered_by_it
         if turn_id.as_ref() == T1 && text.starts_with("ROOT_FOLLOWUP"))));
     rig.assert_clean();
 }
+
+// --- mutants: the Claude adapter's cancel and continuation code (25c) ---
+
+/// "An `exited` line (the SDK query ended) ... The next `Start` sends `start` again": an
+/// acknowledgement of the ended query's own `start` that arrives after the `exited` line does not
+/// bring that query back, so the next root turn still starts a new query (with `start`, not
+/// `input` into a query that no longer exists).
+#[test]
+fn a_late_start_ack_after_the_query_exited_does_not_revive_it() {
+    let mut rig = Rig::new();
+    rig.submit(T1);
+    let start = rig.last_native("start");
+    rig.line(json!({"kind":"exited"}));
+    assert_eq!(rig.root().outcome, Some(Outcome::Interrupted));
+    rig.line(json!({"kind":"ack","op":"start","ok":true,"id":start["id"]}));
+    rig.submit("turn-2");
+    let ops: Vec<&Value> = rig.native.iter().map(|c| &c["op"]).collect();
+    assert_eq!(ops, [&json!("start"), &json!("start")], "{ops:?}");
+    rig.assert_clean();
+}
+
+/// "A target whose task is unknown or already terminal is an idempotent no-op: it is simply not
+/// confirmed." A child-only cancel that waits for the child's task id (its `stopTask` is owed
+/// until `task_started`) is answered as soon as that child ends without one: the target is not
+/// confirmed (the engine settles it `interrupted`), no `stopTask` is sent, and the answer does
+/// not wait for the cancel deadline.
+#[test]
+fn child_only_cancel_of_a_child_that_ends_before_its_task_is_known_is_answered_at_once() {
+    let mut rig = Rig::new();
+    rig.started();
+    rig.agent(None, "tu-1", true);
+    let (cs, ct) = child("tu-1");
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":cs,"turnId":ct}));
+    assert!(rig.answers.is_empty(), "the stopTask is still owed");
+    // The child's task ends before any task_started named it.
+    let out = rig.notification("task-1", "tu-1", "completed");
+    assert!(out.events.is_empty(), "closed child: {:?}", out.events);
+    match &out.answers[..] {
+        [RuntimeAnswer::CancelResult {
+            operation_id,
+            acked,
+        }] => {
+            assert_eq!(operation_id.as_ref(), "op-1");
+            assert!(acked.is_empty(), "{acked:?}");
+        }
+        other => panic!("answered at once: {other:?}"),
+    }
+    assert_eq!(
+        rig.native.iter().filter(|c| c["op"] == "stopTask").count(),
+        0
+    );
+    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Interrupted));
+    assert!(rig.root().phase.is_active(), "the root keeps running");
+    rig.assert_clean();
+}
+
+/// "An `ack` with `ok: false` ... confirms nothing": a refused root interrupt does not close the
+/// canceled root's provider turn that has produced no output yet, as an acknowledged one does
+/// ("provider turns of canceled roots that never produced output will not produce any"). Only
+/// that SDK turn's own `result` closes it, `canceled`, once.
+#[test]
+fn a_refused_root_interrupt_closes_no_provider_turn() {
+    let completions = |events: &[NormalizedEvent]| -> Vec<(String, Outcome)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                NormalizedEvent::RootProviderTurnCompleted {
+                    provider_turn_id,
+                    outcome,
+                    ..
+                } => Some((provider_turn_id.clone().unwrap_or_default(), *outcome)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut rig = Rig::new();
+    rig.submit(T1);
+    rig.ack("start", true);
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
+    let before = rig.events.len();
+    let out = rig.ack("interrupt", false);
+    assert!(
+        matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.is_empty())
+    );
+    assert_eq!(
+        rig.root().outcome,
+        Some(Outcome::Canceled),
+        "the user's intent"
+    );
+    assert_eq!(
+        completions(&rig.events[before..]),
+        [],
+        "nothing confirmed it"
+    );
+    // The SDK turn runs on and ends: its own result closes it.
+    rig.msg(init());
+    rig.result();
+    assert_eq!(
+        completions(&rig.events[before..]),
+        [("claude-1".to_string(), Outcome::Canceled)]
+    );
+    rig.assert_clean();
+}
+
+/// "It cancels the reserved synthetic provider turn, disarms its timeout": a root cancel during
+/// the notification wait disarms the continuation timer at once, so the timer firing before the
+/// interrupt is acknowledged neither completes the reserved turn as a timeout nor sends a second
+/// interrupt; the acknowledged interrupt then closes it `canceled`.
+#[test]
+fn root_cancel_disarms_the_continuation_timer_before_the_interrupt_is_acknowledged() {
+    let mut rig = Rig::new();
+    rig.waiting_on_background_child();
+    let out = rig.notification("task-1", "tu-1", "completed");
+    let timer = out.timers[0].clone();
+    rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
+    let interrupts = rig.native.iter().filter(|c| c["op"] == "interrupt").count();
+    let out = rig.timer(&timer.id, timer.at);
+    assert!(
+        out.events.is_empty() && out.native.is_empty(),
+        "disarmed by the cancel: {out:?}"
+    );
+    assert_eq!(
+        rig.native.iter().filter(|c| c["op"] == "interrupt").count(),
+        interrupts
+    );
+    let out = rig.ack("interrupt", true);
+    assert!(
+        matches!(&out.events[0], NormalizedEvent::RootProviderTurnCompleted { outcome: Outcome::Canceled, provider_turn_id: Some(p), .. } if p == "synthetic-1"),
+        "{:?}",
+        out.events
+    );
+    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    rig.assert_clean();
+}
+
+/// "The adapter logs it with ids and counts (`unreserved follow-up`)" only for a follow-up that
+/// nothing reserved: the follow-up that answers the notification its reservation was opened for
+/// is not logged as unreserved.
+#[test]
+fn a_reserved_follow_up_is_not_logged_as_unreserved() {
+    let mut rig = Rig::new();
+    rig.waiting_on_background_child();
+    rig.notification("task-1", "tu-1", "completed");
+    rig.msg(init());
+    rig.text(None, "the child reported back");
+    rig.result_with_origin();
+    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert!(
+        !rig.diagnostics
+            .iter()
+            .any(|d| d.contains("unreserved follow-up")),
+        "{:?}",
+        rig.diagnostics
+    );
+    rig.assert_clean();
+}

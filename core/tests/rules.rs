@@ -994,3 +994,155 @@ fn engine_reads_answer_from_the_loaded_tree_and_an_evicted_tree_answers_nothing(
     assert_eq!(pending(&h, "R"), ["q2"]);
     h.check();
 }
+
+// --- mutants: core/src/engine/child.rs, core/src/engine/tree.rs, the Claude adapter ---
+
+/// Spec, cancel: "Recovery replays the same idempotent target set instead of assuming that an
+/// earlier provider side effect completed." A committed batch applied again (the daemon crashed
+/// after the commit, before it learned so) is accepted and changes nothing: its version guards
+/// name the version it was decided on *and* the version it writes. A batch decided on an older
+/// version of an entity (a stale replay) is refused and never rolls the entity back.
+#[test]
+fn rule_6_a_committed_batch_replayed_after_a_crash_is_a_no_op_and_a_stale_one_is_refused() {
+    let mut h = H::new();
+    h.root("R");
+    let mut steps = vec![h.submit("R", "T"), h.started("R", "p1")];
+    // A child creation writes a session row and two turn rows; a cancel an operation row.
+    steps.push(h.child("C1", "CT1", "R", "T", "R", "T"));
+    steps.push(h.feed(json!({"type":"turnStarted","agentSessionId":"C1","turnId":"CT1"})));
+    steps.push(h.cancel("op1", "R", "T"));
+    steps.push(h.feed(json!({"type":"cancelResult","operationId":"op1",
+        "acked":[{"agentSessionId":"R","turnId":"T"},{"agentSessionId":"C1","turnId":"CT1"}]})));
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    // Each of those steps, replayed right after its own commit: a no-op.
+    let mut r = H::new();
+    r.root("R");
+    let kinds = |s: &tutti_core::Step| {
+        s.persist
+            .rows
+            .iter()
+            .map(|row| row.kind().to_string())
+            .collect::<Vec<_>>()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, step) in steps.iter().enumerate() {
+        r.store.apply(&step.persist).expect("first apply");
+        let state = r.store.load_tree("R").unwrap();
+        let outbox = r.store.outbox().len();
+        let replay = r.store.apply(&step.persist);
+        assert!(
+            replay.is_ok(),
+            "step {i} ({:?}) replayed: {replay:?}",
+            kinds(step)
+        );
+        assert_eq!(r.store.load_tree("R").unwrap(), state, "step {i} changed");
+        assert_eq!(r.store.outbox().len(), outbox, "step {i} republished");
+        seen.extend(kinds(step));
+    }
+    for kind in ["session", "turn", "cancelOperation"] {
+        assert!(
+            seen.contains(kind),
+            "the replayed steps wrote a {kind} row: {seen:?}"
+        );
+    }
+    // A stale batch (the child's start, decided before the cancel settled CT1) is refused.
+    let ct1 = r.store.turn("CT1").unwrap().expect("CT1");
+    let stale = r.store.apply(&steps[3].persist);
+    assert!(stale.is_err(), "a stale batch is refused");
+    assert_eq!(r.store.turn("CT1").unwrap().expect("CT1"), ct1);
+    assert_eq!(
+        r.store.load_tree("R").unwrap(),
+        h.store.load_tree("R").unwrap()
+    );
+}
+
+/// Rule 1 with rule 6 ("Preparing the durable root cancel operation also closes child creation
+/// for that root turn"): a child creation's batch is decided under child creation being open and
+/// says so to the store (the `ChildCreationOpen` guard, checked inside the transaction), so a
+/// creation racing a committed cancel preparation is refused by persistence and writes nothing.
+#[test]
+fn rule_1_child_creation_is_committed_only_while_child_creation_is_open() {
+    use tutti_core::step::Guard;
+    let mut h = tree_with_children(1);
+    let racing = {
+        // A second engine with the same state decides a creation; the first prepares a cancel.
+        let mut other = tutti_core::Engine::new();
+        other
+            .restore(h.store.load_tree("R").unwrap().unwrap())
+            .unwrap();
+        let input: tutti_core::Input = serde_json::from_value(json!({"type":"childSessionCreated",
+            "agentSessionId":"C2","turnId":"CT2","parentAgentSessionId":"R","parentTurnId":"T",
+            "rootAgentSessionId":"R","rootTurnId":"T"}))
+        .unwrap();
+        other.handle(100, &input).expect("accepted by that engine")
+    };
+    assert!(
+        racing.persist.guards.iter().any(|g| matches!(g,
+            Guard::ChildCreationOpen { root_turn_id, child_agent_session_id }
+                if &**root_turn_id == "T" && &**child_agent_session_id == "C2")),
+        "the creation batch is guarded by open child creation: {:?}",
+        racing.persist.guards
+    );
+    h.cancel("op1", "R", "T");
+    assert!(
+        h.store.apply(&racing.persist).is_err(),
+        "refused by persistence"
+    );
+    assert!(h.session("C2").is_none());
+    assert_eq!(h.turn("T")["childSessionCount"], 1);
+    h.check();
+}
+
+/// "The durable cancel operation, every target transition, pending interaction supersession, and
+/// outbox data commit together": a cancel over a wide tree (more targets than a step keeps in its
+/// small inline list) writes each session, turn and operation exactly once in one batch that the
+/// store accepts, and publishes each turn once.
+#[test]
+fn rule_6_a_wide_cancel_writes_each_entity_once_in_one_batch() {
+    use tutti_core::step::Row;
+    let n = 24;
+    let mut h = tree_with_children(n);
+    for i in 1..=n {
+        h.feed(json!({"type":"turnStarted","agentSessionId":format!("C{i}"),"turnId":format!("CT{i}")}));
+    }
+    let mut acked = vec![json!({"agentSessionId":"R","turnId":"T"})];
+    acked.extend(
+        (1..=n).map(|i| json!({"agentSessionId":format!("C{i}"),"turnId":format!("CT{i}")})),
+    );
+    let steps = [
+        h.cancel("op1", "R", "T"),
+        h.feed(json!({"type":"cancelResult","operationId":"op1","acked":acked})),
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        let mut keys: Vec<String> = step
+            .persist
+            .rows
+            .iter()
+            .filter_map(|r| match r {
+                Row::Session(s) => Some(format!("session {}", s.id)),
+                Row::Turn(t) => Some(format!("turn {}", t.id)),
+                Row::CancelOperation(o) => Some(format!("op {}", o.id)),
+                _ => None,
+            })
+            .collect();
+        let all = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), all, "step {i} wrote an entity twice");
+        let published: Vec<&tutti_core::model::Id> = step.outbox_turns().collect();
+        let mut once = published.clone();
+        once.sort();
+        once.dedup();
+        assert_eq!(
+            once.len(),
+            published.len(),
+            "step {i} published a turn twice"
+        );
+        assert!(all > 16, "step {i} is wide: {all} rows");
+    }
+    for i in 1..=n {
+        assert_eq!(h.outcome(&format!("CT{i}")).as_deref(), Some("canceled"));
+    }
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    h.check();
+}

@@ -1322,15 +1322,9 @@ impl ClaudeAdapter {
                 }
             }
             NativeOp::Input { entry, guide } => {
-                if ok {
-                    if let Some(i) = entry.as_ref().and_then(|e| {
-                        self.turns
-                            .iter()
-                            .position(|t| t.id == *e && t.kind == TurnKind::Guidance)
-                    }) {
-                        self.announce(i, out);
-                    }
-                } else {
+                // An accepted `input` changes nothing: the guidance turn it opens was announced
+                // when the input was sent ("guidance with `startOnRoot` its `synthetic-N` turn").
+                if !ok {
                     if let Some(e) = entry {
                         self.fail_turn(&e, error, out);
                     }
@@ -1381,7 +1375,8 @@ impl ClaudeAdapter {
         let mut kept = std::collections::VecDeque::with_capacity(self.turns.len());
         while let Some(t) = self.turns.pop_front() {
             if self.canceled_roots.contains(&t.turn) && !t.began {
-                if t.announced && t.is_live() {
+                // (A live turn was announced when it was queued.)
+                if t.is_live() {
                     out.events
                         .push(self.completed(&t.turn, &t.id, Outcome::Canceled, None));
                 }

@@ -306,7 +306,8 @@ impl ClaudeAdapter {
         let mut kept = std::collections::VecDeque::with_capacity(self.turns.len());
         while let Some(t) = self.turns.pop_front() {
             if t.held && t.turn == *turn {
-                if t.announced && t.is_live() {
+                // (A live turn was announced when it was queued.)
+                if t.is_live() {
                     out.events
                         .push(self.completed(&t.turn, &t.id, Outcome::Canceled, None));
                 }

@@ -32,10 +32,6 @@ use tutti_sqlite::{
     CheckpointEvent, CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore,
 };
 
-/// The error the engine thread reports to the driver for a batch the store refused by a guard
-/// or the fence (its callers get [`DaemonError::Conflict`]).
-const COMMIT_CONFLICT: &str = "refused by the store: the tree changed or its lease was lost";
-
 /// Inputs (and batches) one group commit takes at most (as the SQLite store's bound).
 const MAX_GROUP: usize = tutti_sqlite::MAX_GROUP;
 
@@ -270,7 +266,7 @@ impl From<DriverError> for DaemonError {
     fn from(e: DriverError) -> DaemonError {
         match e {
             DriverError::Rejected(r) => DaemonError::Rejected(r),
-            DriverError::Storage(m) if m == COMMIT_CONFLICT => DaemonError::Conflict,
+            DriverError::Refused => DaemonError::Conflict,
             DriverError::Storage(m) => DaemonError::Storage(m),
             other => DaemonError::Storage(other.to_string()),
         }
@@ -1064,12 +1060,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             // Issue 21: a batch refused by a guard or the fence: the tree's
                             // copy is dropped and reloaded (the driver does), the caller gets
                             // `DaemonError::Conflict`.
-                            let why = if refused {
-                                COMMIT_CONFLICT.to_string()
+                            if refused {
+                                self.driver.commit_refused(*id, &self.store);
                             } else {
-                                e.to_string()
-                            };
-                            self.driver.commit_failed(*id, &why, &self.store);
+                                self.driver.commit_failed(*id, &e.to_string(), &self.store);
+                            }
                         }
                     }
                 }

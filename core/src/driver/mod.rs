@@ -140,6 +140,11 @@ pub enum DriverError {
     /// The input's batch was not committed (nothing of it was written); its tree was reloaded.
     #[error("storage: {0}")]
     Storage(String),
+    /// The store refused the input's batch because another writer changed the tree first (a
+    /// version guard) or this host lost the tree (a fence); nothing of it was written, and the
+    /// tree was reloaded. The input may be retried (see [`Driver::commit_refused`]).
+    #[error("the store refused the batch: the tree changed or this host no longer owns it")]
+    Refused,
     /// A native message the adapter cannot use (dropped; nothing changed).
     #[error(transparent)]
     Adapter(#[from] AdapterError),
@@ -618,6 +623,18 @@ impl Driver {
     /// The batch was not committed: its tree is dropped from memory and reloaded from the store,
     /// and the later batches of that tree (decided on the lost state) are not to be committed.
     pub fn commit_failed(&mut self, id: BatchId, error: &str, trees: &dyn Trees) {
+        self.not_committed(id, DriverError::Storage(error.into()), trees);
+    }
+
+    /// [`Driver::commit_failed`] for a batch the store refused by a guard or a fence (see
+    /// [`HostStore::is_guard_failure`] and
+    /// [`HostStore::is_fenced`]): its caller gets
+    /// [`DriverError::Refused`] instead of a storage error.
+    pub fn commit_refused(&mut self, id: BatchId, trees: &dyn Trees) {
+        self.not_committed(id, DriverError::Refused, trees);
+    }
+
+    fn not_committed(&mut self, id: BatchId, error: DriverError, trees: &dyn Trees) {
         let Some(e) = self.entry_mut(id.0) else {
             return;
         };
@@ -625,7 +642,7 @@ impl Driver {
             return;
         }
         e.state = State::Failed;
-        e.outcome = Err(DriverError::Storage(error.into()));
+        e.outcome = Err(error);
         let root = e.root.clone();
         if let Some(root) = root {
             let later = (id.0 - self.front + 1) as usize;

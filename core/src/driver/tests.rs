@@ -630,3 +630,27 @@ fn an_internal_inconsistency_without_a_caller_is_a_diagnostic() {
         h.replies
     );
 }
+
+/// A batch the store refused by a guard or a fence answers its caller `Refused` (the daemon's
+/// 409 `commit_conflict`, issue 21), not a storage error, and reloads the tree like any failed
+/// commit.
+#[test]
+fn a_refused_commit_answers_its_caller_refused_and_reloads_the_tree() {
+    let (adapter, _log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    let first = h.d.poll_batch().unwrap();
+    h.d.commit_refused(first, &h.store);
+    assert!(h.d.engine().session("c1").is_none(), "tree not reloaded");
+    h.input(submit("root", "t9"), Some(9));
+    let id = h.d.poll_batch().unwrap();
+    h.d.commit_refused(id, &h.store);
+    h.drain();
+    assert!(
+        h.replies
+            .iter()
+            .any(|r| matches!(r, (9, Err(DriverError::Refused)))),
+        "{:?}",
+        h.replies
+    );
+}

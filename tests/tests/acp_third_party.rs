@@ -48,7 +48,7 @@ const WAIT: Duration = Duration::from_secs(90);
 struct Rig {
     d: TestDaemon,
     work: tempfile::TempDir,
-    _home: tempfile::TempDir,
+    home: tempfile::TempDir,
 }
 
 /// The `[providers.agent]` table of the daemon's config (the README's shape).
@@ -69,11 +69,7 @@ fn provider_toml(command: &[String], env: &[(String, String)]) -> String {
 impl Rig {
     fn start(toml: &str, home: tempfile::TempDir, work: tempfile::TempDir) -> Rig {
         let d = TestDaemon::start(EXE, Some(toml), &[]);
-        Rig {
-            d,
-            work,
-            _home: home,
-        }
+        Rig { d, work, home }
     }
 
     /// A root session of the agent, working in the rig's work dir.
@@ -201,6 +197,46 @@ impl Rig {
         pid
     }
 
+    /// Waits until the agent has written a transcript (a `.jsonl` file anywhere under its
+    /// home: the Claude CLI's `~/.claude/projects/`, Codex's `$CODEX_HOME/sessions/`) holding
+    /// every one of `needles`.
+    ///
+    /// The agent's own durability is not what these tests check: the Claude CLI writes its
+    /// transcript in batches, so a SIGKILL shortly after a turn can lose that turn on the
+    /// agent's side, and its `session/load` then answers "Session not found" (tutti falls back
+    /// to a new ACP session, as documented in the ACP adapter). Waiting here makes the kill land
+    /// after the agent saved the turn, so the test checks what tutti does with a saved one.
+    fn wait_agent_transcript(&self, needles: &[&str]) {
+        fn jsonl_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                match e.file_type() {
+                    Ok(t) if t.is_dir() => jsonl_files(&path, out),
+                    Ok(t) if t.is_file() && path.extension().is_some_and(|x| x == "jsonl") => {
+                        out.push(path)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let saved = procs::poll(WAIT.as_secs(), || {
+            let mut files = Vec::new();
+            jsonl_files(self.home.path(), &mut files);
+            files
+                .iter()
+                .filter_map(|f| std::fs::read_to_string(f).ok())
+                .any(|text| needles.iter().all(|n| text.contains(n)))
+                .then_some(())
+        });
+        assert!(
+            saved.is_some(),
+            "the agent saved a transcript with {needles:?} under its home"
+        );
+    }
+
     fn provider_session_id(&self, id: &str) -> Option<String> {
         self.d.detail(WS, id)["session"]["providerSessionId"]
             .as_str()
@@ -325,6 +361,7 @@ fn killed_mid_turn_then_the_conversation_continues(a: &impl UnderTest) {
     let (_, t1) = rig.submit(&id, "remember the word PAPAYA");
     assert_eq!(rig.settle(&id, &t1), "completed");
     let acp_session = rig.provider_session_id(&id).expect("the ACP session id");
+    rig.wait_agent_transcript(&["PAPAYA", "Noted."]);
     let (_, t2) = rig.submit(&id, "second question");
     a.request_carries("second question", "");
     let killed = rig.kill_agent_group();

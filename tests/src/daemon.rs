@@ -307,8 +307,22 @@ pub fn call(
 }
 
 impl Drop for TestDaemon {
+    /// SIGKILLs the daemon, then the process groups of the providers it still ran. A test that
+    /// failed halfway leaves nothing behind: a provider's own child (such as the demo agent's
+    /// `TUTTI_DEMO_GRANDCHILD`) would otherwise outlive the test and hold its output pipe open.
     fn drop(&mut self) {
+        let providers = self
+            .pid()
+            .map(crate::procs::children_of)
+            .unwrap_or_default();
         self.kill9();
+        for p in providers {
+            if let Ok(group) = libc::pid_t::try_from(p) {
+                // SAFETY: kill(2) of the process group a provider of this test's daemon led
+                // (each provider leads its own group); a pid that leads no group gets ESRCH.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+            }
+        }
     }
 }
 

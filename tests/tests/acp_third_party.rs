@@ -207,21 +207,6 @@ impl Rig {
     /// to a new ACP session, as documented in the ACP adapter). Waiting here makes the kill land
     /// after the agent saved the turn, so the test checks what tutti does with a saved one.
     fn wait_agent_transcript(&self, needles: &[&str]) {
-        fn jsonl_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                return;
-            };
-            for e in entries.flatten() {
-                let path = e.path();
-                match e.file_type() {
-                    Ok(t) if t.is_dir() => jsonl_files(&path, out),
-                    Ok(t) if t.is_file() && path.extension().is_some_and(|x| x == "jsonl") => {
-                        out.push(path)
-                    }
-                    _ => {}
-                }
-            }
-        }
         let saved = procs::poll(WAIT.as_secs(), || {
             let mut files = Vec::new();
             jsonl_files(self.home.path(), &mut files);
@@ -237,6 +222,17 @@ impl Rig {
         );
     }
 
+    /// Removes every transcript the agent saved under its home (see
+    /// [`Rig::wait_agent_transcript`]), as if it lost them; returns how many it removed.
+    fn remove_agent_transcripts(&self) -> usize {
+        let mut files = Vec::new();
+        jsonl_files(self.home.path(), &mut files);
+        files
+            .iter()
+            .filter(|f| std::fs::remove_file(f).is_ok())
+            .count()
+    }
+
     fn provider_session_id(&self, id: &str) -> Option<String> {
         self.d.detail(WS, id)["session"]["providerSessionId"]
             .as_str()
@@ -250,6 +246,23 @@ impl Drop for Rig {
     fn drop(&mut self) {
         if self.d.pid().is_some() {
             let _ = self.d.signal_and_wait(libc::SIGTERM, 15);
+        }
+    }
+}
+
+/// Every `.jsonl` file under `dir`, at any depth.
+fn jsonl_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => jsonl_files(&path, out),
+            Ok(t) if t.is_file() && path.extension().is_some_and(|x| x == "jsonl") => {
+                out.push(path)
+            }
+            _ => {}
         }
     }
 }
@@ -375,10 +388,54 @@ fn killed_mid_turn_then_the_conversation_continues(a: &impl UnderTest) {
         "the model receives the earlier history: {}",
         a.requests()
     );
+    let texts = rig.assistant_texts(&id, &t3);
+    assert!(
+        texts.iter().any(|t| t.contains("Noted.")),
+        "the relaunched agent's answer is recorded on the turn: {texts:?} of {:?}",
+        rig.messages(&id)
+    );
     assert_eq!(
         rig.provider_session_id(&id).as_deref(),
         Some(acp_session.as_str()),
         "the same ACP session (session/load)"
+    );
+}
+
+/// The agent's process group killed mid-turn after the agent's saved conversation was removed
+/// (the agent lost it): `session/load` of the recorded ACP session fails, and tutti falls back to
+/// a new ACP session, records its id as the root's provider session id, and the turn completes
+/// (the ACP adapter's documented fallback).
+fn a_lost_agent_session_continues_in_a_new_acp_session(a: &impl UnderTest) {
+    let rig = a.rig();
+    let id = rig.create();
+    let (_, t1) = rig.submit(&id, "remember the word PAPAYA");
+    assert_eq!(rig.settle(&id, &t1), "completed");
+    let acp_session = rig.provider_session_id(&id).expect("the ACP session id");
+    rig.wait_agent_transcript(&["PAPAYA", "Noted."]);
+    let (_, t2) = rig.submit(&id, "second question");
+    a.request_carries("second question", "");
+    rig.kill_agent_group();
+    assert_eq!(rig.settle(&id, &t2), "interrupted");
+    let removed = rig.remove_agent_transcripts();
+    assert!(removed > 0, "the agent had saved its conversation");
+    let (reply, t3) = rig.submit(&id, "third question");
+    assert_eq!(reply, "started");
+    assert_eq!(rig.settle(&id, &t3), "completed");
+    let now = rig.provider_session_id(&id).expect("a provider session id");
+    assert_ne!(
+        now, acp_session,
+        "the new ACP session's id is recorded on the root"
+    );
+    assert!(
+        !a.request_carries("third question", "PAPAYA"),
+        "the agent lost the history, so a new conversation started: {}",
+        a.requests()
+    );
+    let texts = rig.assistant_texts(&id, &t3);
+    assert!(
+        texts.iter().any(|t| t.contains("Noted.")),
+        "the new session's answer is recorded on the turn: {texts:?} of {:?}",
+        rig.messages(&id)
     );
 }
 
@@ -641,6 +698,20 @@ fn claude_code_acp_killed_mid_turn_is_interrupted_and_the_next_submit_continues_
 }
 
 #[test]
+fn claude_code_acp_that_lost_its_session_continues_in_a_new_acp_session_recorded_on_the_root() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "hang",
+                mm::Match::any().last_message_contains("second question"),
+                mm::Reply::stall("Thinking", None),
+            )
+            .fallback(mm::Reply::text("Noted.")),
+    );
+    a_lost_agent_session_continues_in_a_new_acp_session(&c);
+}
+
+#[test]
 fn claude_code_acp_daemon_sigterm_leaves_no_process_behind() {
     let mut c = Claude::start(mm::Script::new().fallback(mm::Reply::stall("Thinking", None)));
     let id = c.rig.create();
@@ -888,6 +959,20 @@ fn codex_acp_spawn_agent_tool_creates_no_child_session() {
     );
     let detail = c.rig.d.detail(WS, &id);
     assert!(children(&detail).is_empty(), "no child session: {detail:#}");
+}
+
+#[test]
+fn codex_acp_that_lost_its_session_continues_in_a_new_acp_session_recorded_on_the_root() {
+    let c = Codex::start(
+        MockResponses::builder()
+            .on(
+                mr::Match::root().last_user_text_contains("second question"),
+                mr::Reply::hang(),
+            )
+            .on(mr::Match::any(), mr::Reply::text("Noted.")),
+        "never",
+    );
+    a_lost_agent_session_continues_in_a_new_acp_session(&c);
 }
 
 #[test]

@@ -42,6 +42,23 @@ fn provider_session_id(detail: &Value) -> String {
         .to_string()
 }
 
+/// The texts of the root's assistant messages on `turn`.
+fn assistant_texts(d: &TestDaemon, id: &str, turn: &Value) -> Vec<String> {
+    let (st, v) = d.call(
+        "GET",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}/messages"),
+        None,
+    );
+    assert_eq!(st, 200, "messages: {v}");
+    v["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "assistant" && m["turnId"] == turn["id"])
+        .filter_map(|m| m["text"].as_str().map(String::from))
+        .collect()
+}
+
 fn gone(pids: &[u32]) -> bool {
     pids.iter().all(|p| !alive(*p))
 }
@@ -67,6 +84,11 @@ fn idle_acp_provider_is_stopped_and_the_next_submit_loads_the_same_session() {
     .expect("the agent and its grandchild share the agent's process group");
     let first = settled(&d, &id);
     let sid = provider_session_id(&first);
+    let first_texts = assistant_texts(&d, &id, turn_of(&first, &id).expect("first turn"));
+    assert!(
+        !first_texts.is_empty(),
+        "the first turn's answer is recorded"
+    );
     assert!(
         poll(60, || gone(&group).then_some(())).is_some(),
         "the idle provider's process group {group:?} is stopped"
@@ -85,6 +107,15 @@ fn idle_acp_provider_is_stopped_and_the_next_submit_loads_the_same_session() {
         provider_session_id(&second),
         sid,
         "the relaunched agent continues the same ACP session"
+    );
+    // Every answer of the relaunched agent is recorded: none is taken for a duplicate of the
+    // first process's messages.
+    let second_texts = assistant_texts(&d, &id, turn_of(&second, &id).expect("second turn"));
+    assert_eq!(
+        second_texts.len(),
+        first_texts.len(),
+        "the relaunched agent's answers are recorded like the first's: {first_texts:?} then \
+         {second_texts:?}"
     );
     // The agent's own record: the loaded session went on with its second turn.
     let mut state = d.db().into_os_string();
@@ -114,7 +145,13 @@ fn an_agent_without_load_session_gets_a_new_recorded_session_on_relaunch() {
     let id = d.create(WS, "plain");
     d.submit(WS, &id, "hello");
     let agent = the_provider(&d);
-    let first = provider_session_id(&settled(&d, &id));
+    let first_detail = settled(&d, &id);
+    let first = provider_session_id(&first_detail);
+    let first_texts = assistant_texts(&d, &id, turn_of(&first_detail, &id).expect("turn"));
+    assert!(
+        !first_texts.is_empty(),
+        "the first turn's answer is recorded"
+    );
     assert!(
         poll(60, || (!alive(agent)).then_some(())).is_some(),
         "idle provider stopped"
@@ -124,6 +161,12 @@ fn an_agent_without_load_session_gets_a_new_recorded_session_on_relaunch() {
     assert_eq!(turn_of(&second, &id).expect("turn")["outcome"], "completed");
     let now = provider_session_id(&second);
     assert_ne!(now, first, "a new ACP session, recorded on the root");
+    let second_texts = assistant_texts(&d, &id, turn_of(&second, &id).expect("turn"));
+    assert_eq!(
+        second_texts.len(),
+        first_texts.len(),
+        "the new session's answers are all recorded: {first_texts:?} then {second_texts:?}"
+    );
 }
 
 /// DELETE stops the provider at once (the idle timeout is off here).

@@ -129,6 +129,7 @@ pub struct AcpAdapter {
     permissions: BTreeMap<String, Permission>,
     /// Aggregated chunks per (native session, role).
     chunks: BTreeMap<(String, &'static str), String>,
+    /// Messages flushed by this adapter so far; see [`message_id`] for the ids built from it.
     message_no: u64,
     now: Millis,
     announced: Option<String>,
@@ -292,10 +293,11 @@ impl AcpAdapter {
             if let Some(text) = self.chunks.remove(&(native.to_string(), role)) {
                 if let Some((session, turn, _)) = self.owner(native) {
                     self.message_no += 1;
+                    let message_id = message_id(&turn, self.message_no);
                     out.events.push(NormalizedEvent::MessageAppended {
                         agent_session_id: session,
                         turn_id: turn,
-                        message_id: format!("acp-m{}", self.message_no).into(),
+                        message_id,
                         role: role.into(),
                         text: text.into(),
                     });
@@ -1030,6 +1032,18 @@ impl Adapter for AcpAdapter {
     }
 }
 
+/// The id of the `n`-th message this adapter flushed, on `turn`.
+///
+/// ACP messages carry no id of their own, so the adapter numbers them. The number alone is not
+/// enough: a relaunched agent process gets a new adapter whose numbering starts again, and the
+/// engine drops a message whose id the session already has as a duplicate, so the relaunched
+/// agent's first answers would be lost. The turn id makes the id unique: turn ids are never
+/// reused, and a turn never spans two adapters (a provider exit or a daemon restart settles the
+/// turns it ran).
+fn message_id(turn: &Id, n: u64) -> Id {
+    format!("acp-{turn}-m{n}").into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1064,6 +1078,80 @@ mod tests {
             turn_id: "t2".into(),
             text: "again".into(),
         }
+    }
+
+    /// Runs one prompt of `turn` in an initialized adapter bound to ACP session `sid`: the agent
+    /// sends one message chunk and ends the turn. Returns the ids of the messages it appended.
+    fn one_answered_prompt(a: &mut AcpAdapter, sid: &str, turn: &str) -> Vec<Id> {
+        let prompt = a.on_request(
+            10,
+            &ProviderRequest::Start {
+                root_agent_session_id: "root".into(),
+                agent_session_id: "root".into(),
+                turn_id: turn.into(),
+                text: "hello".into(),
+            },
+        );
+        let prompt_id = prompt
+            .native
+            .iter()
+            .find(|m| m["method"] == "session/prompt")
+            .expect("the prompt is sent")["id"]
+            .clone();
+        let chunk = a
+            .on_native(
+                11,
+                &json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+                    "sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": "answer"}}}}),
+            )
+            .expect("chunk");
+        let end = a
+            .on_native(
+                12,
+                &json!({"jsonrpc": "2.0", "id": prompt_id, "result": {"stopReason": "end_turn"}}),
+            )
+            .expect("prompt answer");
+        chunk
+            .events
+            .iter()
+            .chain(&end.events)
+            .filter_map(|e| match e {
+                NormalizedEvent::MessageAppended { message_id, .. } => Some(message_id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// "Never loses work": a relaunched agent process gets a new adapter, whose messages must
+    /// not take ids the session's earlier messages have (the engine drops those as duplicates,
+    /// which lost the first answers after every relaunch).
+    #[test]
+    fn a_relaunched_adapter_never_reuses_a_message_id_of_the_session() {
+        let mut first = adapter(None);
+        let out = initialized(&mut first, true);
+        let new_id = out.native[0]["id"].clone();
+        first
+            .on_native(
+                2,
+                &json!({"jsonrpc": "2.0", "id": new_id, "result": {"sessionId": "acp-1"}}),
+            )
+            .expect("session/new answer");
+        let before = one_answered_prompt(&mut first, "acp-1", "t1");
+        assert_eq!(before, vec![Id::from("acp-t1-m1")], "written out literally");
+
+        let mut relaunched = adapter(Some("acp-1"));
+        let out = initialized(&mut relaunched, true);
+        let load_id = out.native[0]["id"].clone();
+        relaunched
+            .on_native(3, &json!({"jsonrpc": "2.0", "id": load_id, "result": {}}))
+            .expect("load answer");
+        let after = one_answered_prompt(&mut relaunched, "acp-1", "t2");
+        assert_eq!(after.len(), 1, "the relaunched agent's answer is a message");
+        assert!(
+            !before.contains(&after[0]),
+            "a new id after the relaunch: {before:?} then {after:?}"
+        );
     }
 
     /// Issue 23 item 4: "relaunch with `session/load` of the recorded ACP session id when

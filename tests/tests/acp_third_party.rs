@@ -365,10 +365,10 @@ fn guidance_joins_the_running_turn(a: &impl UnderTest, gate: &Gate) -> (String, 
     (id, turn)
 }
 
-/// The agent's process group killed while the model hangs on "second question": the turn
-/// settles interrupted, and the next submit starts a new agent process that continues the same
-/// ACP session (`session/load`) with the earlier history.
-fn killed_mid_turn_then_the_conversation_continues(a: &impl UnderTest) {
+/// A root whose first turn ("remember the word PAPAYA") completed and was saved by the agent,
+/// and whose second turn was interrupted by a SIGKILL of the agent's process group while the
+/// model hung on "second question". Returns the session, its ACP session id and the killed pid.
+fn killed_during_the_second_turn(a: &impl UnderTest) -> (String, String, u32) {
     let rig = a.rig();
     let id = rig.create();
     let (_, t1) = rig.submit(&id, "remember the word PAPAYA");
@@ -379,6 +379,15 @@ fn killed_mid_turn_then_the_conversation_continues(a: &impl UnderTest) {
     a.request_carries("second question", "");
     let killed = rig.kill_agent_group();
     assert_eq!(rig.settle(&id, &t2), "interrupted");
+    (id, acp_session, killed)
+}
+
+/// The agent's process group killed while the model hangs on "second question": the turn
+/// settles interrupted, and the next submit starts a new agent process that continues the same
+/// ACP session (`session/load`) with the earlier history.
+fn killed_mid_turn_then_the_conversation_continues(a: &impl UnderTest) {
+    let rig = a.rig();
+    let (id, acp_session, killed) = killed_during_the_second_turn(a);
     let (reply, t3) = rig.submit(&id, "third question");
     assert_eq!(reply, "started");
     assert_eq!(rig.settle(&id, &t3), "completed");
@@ -401,21 +410,13 @@ fn killed_mid_turn_then_the_conversation_continues(a: &impl UnderTest) {
     );
 }
 
-/// The agent's process group killed mid-turn after the agent's saved conversation was removed
-/// (the agent lost it): `session/load` of the recorded ACP session fails, and tutti falls back to
+/// The agent's process group killed mid-turn, then the agent's saved conversation removed (as if
+/// the agent lost it): `session/load` of the recorded ACP session fails, and tutti falls back to
 /// a new ACP session, records its id as the root's provider session id, and the turn completes
 /// (the ACP adapter's documented fallback).
 fn a_lost_agent_session_continues_in_a_new_acp_session(a: &impl UnderTest) {
     let rig = a.rig();
-    let id = rig.create();
-    let (_, t1) = rig.submit(&id, "remember the word PAPAYA");
-    assert_eq!(rig.settle(&id, &t1), "completed");
-    let acp_session = rig.provider_session_id(&id).expect("the ACP session id");
-    rig.wait_agent_transcript(&["PAPAYA", "Noted."]);
-    let (_, t2) = rig.submit(&id, "second question");
-    a.request_carries("second question", "");
-    rig.kill_agent_group();
-    assert_eq!(rig.settle(&id, &t2), "interrupted");
+    let (id, acp_session, _) = killed_during_the_second_turn(a);
     let removed = rig.remove_agent_transcripts();
     assert!(removed > 0, "the agent had saved its conversation");
     let (reply, t3) = rig.submit(&id, "third question");
@@ -468,6 +469,21 @@ impl Claude {
                     .find(|r| r.last_message_text().contains(needle))
             },
             || self.mock.describe_requests(),
+        )
+    }
+}
+
+impl Claude {
+    /// The model answers "Noted." and hangs on "second question".
+    fn hanging_on_the_second_question() -> Claude {
+        Claude::start(
+            mm::Script::new()
+                .on(
+                    "hang",
+                    mm::Match::any().last_message_contains("second question"),
+                    mm::Reply::stall("Thinking", None),
+                )
+                .fallback(mm::Reply::text("Noted.")),
         )
     }
 }
@@ -685,29 +701,13 @@ fn claude_code_acp_task_tool_creates_no_child_session() {
 
 #[test]
 fn claude_code_acp_killed_mid_turn_is_interrupted_and_the_next_submit_continues_the_conversation() {
-    let c = Claude::start(
-        mm::Script::new()
-            .on(
-                "hang",
-                mm::Match::any().last_message_contains("second question"),
-                mm::Reply::stall("Thinking", None),
-            )
-            .fallback(mm::Reply::text("Noted.")),
-    );
+    let c = Claude::hanging_on_the_second_question();
     killed_mid_turn_then_the_conversation_continues(&c);
 }
 
 #[test]
 fn claude_code_acp_that_lost_its_session_continues_in_a_new_acp_session_recorded_on_the_root() {
-    let c = Claude::start(
-        mm::Script::new()
-            .on(
-                "hang",
-                mm::Match::any().last_message_contains("second question"),
-                mm::Reply::stall("Thinking", None),
-            )
-            .fallback(mm::Reply::text("Noted.")),
-    );
+    let c = Claude::hanging_on_the_second_question();
     a_lost_agent_session_continues_in_a_new_acp_session(&c);
 }
 
@@ -775,6 +775,21 @@ impl Codex {
                     .find(|r| r.last_user_text().is_some_and(|t| t.contains(needle)))
             },
             || self.mock.describe_requests(),
+        )
+    }
+}
+
+impl Codex {
+    /// The model answers "Noted." and hangs on "second question".
+    fn hanging_on_the_second_question() -> Codex {
+        Codex::start(
+            MockResponses::builder()
+                .on(
+                    mr::Match::root().last_user_text_contains("second question"),
+                    mr::Reply::hang(),
+                )
+                .on(mr::Match::any(), mr::Reply::text("Noted.")),
+            "never",
         )
     }
 }
@@ -963,29 +978,13 @@ fn codex_acp_spawn_agent_tool_creates_no_child_session() {
 
 #[test]
 fn codex_acp_that_lost_its_session_continues_in_a_new_acp_session_recorded_on_the_root() {
-    let c = Codex::start(
-        MockResponses::builder()
-            .on(
-                mr::Match::root().last_user_text_contains("second question"),
-                mr::Reply::hang(),
-            )
-            .on(mr::Match::any(), mr::Reply::text("Noted.")),
-        "never",
-    );
+    let c = Codex::hanging_on_the_second_question();
     a_lost_agent_session_continues_in_a_new_acp_session(&c);
 }
 
 #[test]
 fn codex_acp_killed_mid_turn_is_interrupted_and_the_next_submit_continues_the_conversation() {
-    let c = Codex::start(
-        MockResponses::builder()
-            .on(
-                mr::Match::root().last_user_text_contains("second question"),
-                mr::Reply::hang(),
-            )
-            .on(mr::Match::any(), mr::Reply::text("Noted.")),
-        "never",
-    );
+    let c = Codex::hanging_on_the_second_question();
     killed_mid_turn_then_the_conversation_continues(&c);
 }
 

@@ -1019,6 +1019,18 @@ fn an_idle_codex_is_stopped_and_the_next_submit_resumes_the_same_thread() {
         Some(thread.as_str()),
         "the root keeps its thread"
     );
+    // The relaunched app-server's answer is recorded, not taken for a duplicate of the first
+    // process's messages.
+    let second_turn: Vec<Value> = r
+        .messages(&id)
+        .into_iter()
+        .filter(|m| m["turnId"] == t2.as_str())
+        .collect();
+    let answers = texts(&second_turn, "assistant");
+    assert!(
+        answers.iter().any(|t| t == "second answer"),
+        "the second turn's answer is recorded: {answers:?}"
+    );
     let reqs = r.mock.requests();
     let second = reqs
         .iter()

@@ -145,6 +145,16 @@ impl SqliteStore {
         &self.path
     }
 
+    /// The commit durability in effect on this connection, read back from SQLite
+    /// (`PRAGMA synchronous`), not from the options it was opened with. `None` for a mode this
+    /// crate never sets.
+    pub fn synchronous(&self) -> Result<Option<Synchronous>, SqliteError> {
+        let v: i64 = self
+            .conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))?;
+        Ok(Synchronous::from_pragma_value(v))
+    }
+
     /// Group commit: applies several batches, in order, in ONE transaction (one commit, one sync).
     ///
     /// Each batch's guards are checked against the state left by the batches before it in the

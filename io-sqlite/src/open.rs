@@ -18,6 +18,18 @@ pub enum Synchronous {
 }
 
 impl Synchronous {
+    /// The mode `PRAGMA synchronous` reports (`1` NORMAL, `2` FULL); other values (`0` OFF,
+    /// `3` EXTRA, which this crate never sets) are `None`.
+    pub fn from_pragma_value(v: i64) -> Option<Synchronous> {
+        match v {
+            1 => Some(Synchronous::Normal),
+            2 => Some(Synchronous::Full),
+            _ => None,
+        }
+    }
+}
+
+impl Synchronous {
     fn pragma(self) -> &'static str {
         match self {
             Synchronous::Normal => "NORMAL",

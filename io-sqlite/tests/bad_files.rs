@@ -213,3 +213,15 @@ fn a_new_file_is_owner_only_wal_and_ours() {
     let db = SqliteStore::open(&path2).expect("empty file is new");
     assert_eq!(db.load_live_trees().expect("read"), Vec::new());
 }
+
+/// Issue 36 item 13 ("durability the operator chooses"): the durability a store was opened with
+/// is the one SQLite has in effect on its connection, read back with `PRAGMA synchronous`.
+#[test]
+fn the_chosen_durability_is_the_synchronous_mode_in_effect() {
+    let (_dir, path) = support::temp_db();
+    for want in [Synchronous::Full, Synchronous::Normal, Synchronous::Full] {
+        let db =
+            SqliteStore::open_with(&path, &OpenOptions::new().synchronous(want)).expect("open");
+        assert_eq!(db.synchronous().expect("pragma"), Some(want));
+    }
+}

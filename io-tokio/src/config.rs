@@ -22,6 +22,7 @@
 //! cancel_timeout_ms = 10000   # bound of a provider cancel
 //! idle_timeout_secs = 300     # stop a provider whose tree is quiescent after this long; 0 = never
 //! lease_secs = 10             # PostgreSQL: how long a tree lease lasts unless renewed
+//! durability = "full"         # SQLite: "full" (default) or "normal", see `Durability`
 //! ```
 
 use serde::Deserialize;
@@ -83,6 +84,41 @@ pub struct ConfigFile {
     /// Resident trees and outbox retention.
     #[serde(default)]
     pub retention: RetentionConfig,
+    /// SQLite: how durable an acknowledged commit is. Default [`Durability::Full`].
+    #[serde(default)]
+    pub durability: Durability,
+}
+
+/// How durable an acknowledged write is on SQLite (issue 36: "durability the operator
+/// chooses"), the `durability` key of the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// `synchronous=FULL` (the default): every commit is synced to disk before the daemon
+    /// answers, so an acknowledged write survives a process crash, an OS crash and power loss.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: an acknowledged write survives a crash of the daemon, but the last
+    /// acknowledged transactions may be lost (never half of one) on power loss or an OS crash;
+    /// commits are faster (the WAL is synced only at checkpoints).
+    Normal,
+}
+
+impl Durability {
+    /// The SQLite mode.
+    pub fn synchronous(self) -> tutti_sqlite::Synchronous {
+        match self {
+            Durability::Full => tutti_sqlite::Synchronous::Full,
+            Durability::Normal => tutti_sqlite::Synchronous::Normal,
+        }
+    }
+    /// The config value (`"full"`, `"normal"`), for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Normal => "normal",
+        }
+    }
 }
 
 impl ConfigFile {
@@ -188,4 +224,29 @@ pub fn data_dir() -> PathBuf {
         return PathBuf::from(h).join(".local/share/tutti");
     }
     PathBuf::from(".tutti")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 36 item 13: an acknowledged write survives power loss unless the operator chose
+    /// otherwise: no `durability` key is `full` (`synchronous=FULL`).
+    #[test]
+    fn durability_defaults_to_full_and_the_operator_may_choose_normal() {
+        let none: ConfigFile = toml::from_str("").expect("empty config");
+        assert_eq!(none.durability, Durability::Full);
+        assert_eq!(
+            none.durability.synchronous(),
+            tutti_sqlite::Synchronous::Full
+        );
+        let normal: ConfigFile = toml::from_str("durability = \"normal\"").expect("normal");
+        assert_eq!(
+            normal.durability.synchronous(),
+            tutti_sqlite::Synchronous::Normal
+        );
+        let full: ConfigFile = toml::from_str("durability = \"full\"").expect("full");
+        assert_eq!(full.durability, Durability::Full);
+        assert!(toml::from_str::<ConfigFile>("durability = \"off\"").is_err());
+    }
 }

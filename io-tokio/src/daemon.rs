@@ -328,6 +328,8 @@ pub struct DaemonOptions {
     pub idle_timeout: Option<std::time::Duration>,
     /// Resident trees and outbox retention (see [`crate::retention`]).
     pub retention: Retention,
+    /// SQLite commit durability (only [`Daemon::start`] opens the file; other stores ignore it).
+    pub durability: crate::config::Durability,
 }
 
 /// The default of [`DaemonOptions::idle_timeout`]: five minutes.
@@ -342,7 +344,17 @@ impl Daemon {
     pub fn start(opts: DaemonOptions) -> Result<Daemon, StartError> {
         // Commits never checkpoint: the checkpoint (and its fsync) runs on a thread of its own so
         // that it never holds up the engine thread (see `checkpointer`).
-        let store = SqliteStore::open_with(&opts.db, &OpenOptions::new().auto_checkpoint(false))?;
+        let store = SqliteStore::open_with(
+            &opts.db,
+            &OpenOptions::new()
+                .auto_checkpoint(false)
+                .synchronous(opts.durability.synchronous()),
+        )?;
+        tracing::info!(
+            durability = opts.durability.as_str(),
+            synchronous = ?store.synchronous().ok().flatten(),
+            "database opened"
+        );
         let reader = SqliteStore::open(&opts.db)?;
         let checkpoints =
             Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)?;

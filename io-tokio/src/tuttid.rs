@@ -398,6 +398,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         engine.cancel_timeout_ms = ms;
     }
     let retention = config.retention.resolve();
+    let durability = config.durability;
     let mut registry = Registry::with_builtins(config)?;
     // The demo agent's state lives next to the SQLite file; for PostgreSQL, next to the token
     // file (choice: the daemon's local files stay together).
@@ -419,6 +420,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         engine,
         idle_timeout,
         retention,
+        durability,
     };
     let listen = |source| ServeError::Listen {
         addr: args.listen,

@@ -145,6 +145,7 @@ fn start(store: &Shared, providers: Arc<Registry>) -> Daemon {
         Box::new(store.clone()),
         Box::new(StoreCheckpoint::default()),
         DaemonOptions {
+            durability: Default::default(),
             db: "memory".into(),
             providers: providers.clone(),
             engine: EngineConfig::default(),

@@ -46,6 +46,7 @@ fn start(name: &str) -> (TempDir, Daemon) {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let daemon = Daemon::start(DaemonOptions {
+        durability: Default::default(),
         db: dir.join("t.db"),
         providers: Arc::new(NoProviders),
         engine: EngineConfig::default(),

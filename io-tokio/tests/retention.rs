@@ -93,6 +93,7 @@ fn registry() -> Arc<Recording> {
 
 fn start(dir: &std::path::Path, providers: Arc<Recording>, retention: Retention) -> Daemon {
     Daemon::start(DaemonOptions {
+        durability: Default::default(),
         db: dir.join("t.db"),
         providers,
         engine: EngineConfig::default(),

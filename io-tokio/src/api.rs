@@ -853,7 +853,8 @@ struct EventsQuery {
 /// one `event: reset` first, with `id:` = `prunedThrough` (so a reconnect resumes after it) and
 /// data `{"requestedAfter": N, "prunedThrough": M, "oldestSeq": M + 1}`; the stream then goes on
 /// with the oldest kept row (seq above `prunedThrough`). The client should reload what it shows
-/// from the API: the rows in between are gone.
+/// from the API: the rows in between are gone. A position beyond the newest row gets the same
+/// reset with `prunedThrough` = the newest seq (see [`Follower`]).
 async fn events(
     State(s): State<AppState>,
     headers: HeaderMap,

@@ -19,6 +19,12 @@
 //! outbox_pruned_through`) gets [`Followed::Reset`] once, then continues with the oldest kept
 //! row: never a silent gap. Position 0 means "everything kept" and never resets (choice: a
 //! client with no position has nothing to miss).
+//!
+//! A follower that starts at a position beyond the newest row (a client coming back to a
+//! restored, older database, or to another database) gets a [`Followed::Reset`] too, with
+//! `pruned_through` = the newest seq: the rows it has seen are not the rows this database holds,
+//! so it reloads and continues after the newest row (issue 36 item 8). A position equal to the
+//! newest row is simply caught up.
 
 use crate::daemon::{Daemon, DaemonError};
 use std::sync::Arc;
@@ -57,7 +63,8 @@ pub enum Followed {
     Rows(Vec<OutboxRow>),
     /// The rows after `requested_after` up to and including `pruned_through` no longer exist
     /// (retention deleted them before this follower asked); the next rows have a seq above
-    /// `pruned_through`. The reader should reload what it shows from the API.
+    /// `pruned_through`. The reader should reload what it shows from the API. Also yielded, with
+    /// `pruned_through` = the newest seq, for a starting position beyond the newest row.
     Reset {
         /// The position the follower asked for.
         requested_after: u64,
@@ -77,6 +84,9 @@ pub struct Follower {
     /// Commits of any writer of the database (see [`Daemon::with_commits_from`]); `None` once
     /// its sender is gone.
     commits: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Whether the starting position was checked against the newest row (only the first read
+    /// can find it beyond: later positions are rows this follower was given).
+    head_checked: bool,
 }
 
 impl Drop for Follower {
@@ -102,6 +112,7 @@ impl Follower {
             live,
             behind: true,
             key,
+            head_checked: false,
         }
     }
 
@@ -138,21 +149,37 @@ impl Follower {
             if self.behind {
                 let d = self.daemon.clone();
                 let after = self.cursor;
-                // One read transaction: the pruned mark and the rows are of one committed state.
-                let (pruned, rows) = tokio::task::spawn_blocking(move || {
+                let check_head = !self.head_checked && after > 0;
+                // One read transaction: the pruned mark, the newest seq and the rows are of one
+                // committed state.
+                let (pruned, head, rows) = tokio::task::spawn_blocking(move || {
                     d.read(|r| {
                         let pruned = r.outbox_pruned_through()?;
-                        let rows = if after > 0 && after < pruned {
-                            Vec::new()
+                        let head = if check_head {
+                            Some(r.last_outbox_seq()?)
                         } else {
-                            r.outbox_after(after, PAGE)?
+                            None
                         };
-                        Ok::<_, crate::reads::ReadError>((pruned, rows))
+                        let rows =
+                            if (after > 0 && after < pruned) || head.is_some_and(|h| after > h) {
+                                Vec::new()
+                            } else {
+                                r.outbox_after(after, PAGE)?
+                            };
+                        Ok::<_, crate::reads::ReadError>((pruned, head, rows))
                     })
                 })
                 .await
                 .map_err(|e| DaemonError::Storage(e.to_string()))??
                 .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                self.head_checked = true;
+                if let Some(head) = head.filter(|h| after > *h) {
+                    self.advance(head);
+                    return Ok(Followed::Reset {
+                        requested_after: after,
+                        pruned_through: head,
+                    });
+                }
                 if after > 0 && after < pruned {
                     self.advance(pruned);
                     return Ok(Followed::Reset {

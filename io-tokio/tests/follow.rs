@@ -9,7 +9,7 @@ use tutti_core::model::{Capabilities, Id};
 use tutti_core::store::OutboxRow;
 use tutti_core::{Command, EngineConfig, Input};
 use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
-use tutti_tokio::follow::Follower;
+use tutti_tokio::follow::{Followed, Follower};
 use tutti_tokio::runtime::Transport;
 
 /// Sessions only: no provider is ever launched.
@@ -152,4 +152,44 @@ async fn a_follower_resumes_after_a_cursor_and_ends_when_the_daemon_stops() {
         .await
         .expect("ends");
     assert!(end.is_err(), "a stopped daemon ends the stream");
+}
+
+/// Issue 36 item 8: a position beyond the newest row (a client coming back to a restored, older
+/// database) is not accepted silently: the follower yields a reset to the newest row, then every
+/// later row; a position equal to the newest row is simply caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_beyond_the_newest_row_is_a_reset_to_the_newest_row() {
+    let (_dir, d) = start("beyond");
+    for i in 0..5 {
+        create(&d, i).await;
+    }
+    let mut f = Follower::new(&d, 50);
+    let first = tokio::time::timeout(Duration::from_secs(10), f.next_event())
+        .await
+        .expect("answers")
+        .expect("event");
+    assert_eq!(
+        first,
+        Followed::Reset {
+            requested_after: 50,
+            pruned_through: 5
+        }
+    );
+    assert_eq!(f.cursor(), 5);
+    create(&d, 5).await;
+    let next = collect(&mut f, 1).await;
+    assert_eq!(next[0].seq, 6, "continues after the newest row");
+
+    // At the head: no reset, the next row is the next committed one.
+    let mut at_head = Follower::new(&d, 6);
+    create(&d, 6).await;
+    match tokio::time::timeout(Duration::from_secs(10), at_head.next_event())
+        .await
+        .expect("answers")
+        .expect("event")
+    {
+        Followed::Rows(rows) => assert_eq!(rows[0].seq, 7),
+        other => panic!("a caught-up position is no reset: {other:?}"),
+    }
+    d.shutdown().await;
 }

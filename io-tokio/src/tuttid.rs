@@ -74,8 +74,8 @@ struct ServeArgs {
     /// `tutti_tokio::postgres`).
     #[arg(long)]
     db: Option<PathBuf>,
-    /// Listen address (loopback by default).
-    #[arg(long, default_value = "127.0.0.1:7420")]
+    /// Listen address: `IP:PORT`, `[IPv6]:PORT` or `localhost:PORT` (loopback by default).
+    #[arg(long, default_value = "127.0.0.1:7420", value_parser = parse_listen)]
     listen: SocketAddr,
     /// Bearer token file (created with mode 0600 if missing).
     #[arg(long)]
@@ -96,7 +96,7 @@ struct ServeArgs {
     /// Serve `GET /metrics` (Prometheus) without auth on this address of its own (loopback
     /// unless --allow-non-loopback). Without it `/metrics` is served on the API's listener,
     /// behind the API's bearer token.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_listen)]
     metrics_listen: Option<SocketAddr>,
     /// PostgreSQL only: the address (`host:port`) at which the other daemons on the database
     /// reach this one (the owner address of its tree leases, where they forward commands).
@@ -187,8 +187,46 @@ fn run(args: ServeArgs, demo: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{advertise_address, pick_db, Db, ServeError};
+    use super::{advertise_address, check_listen, parse_listen, pick_db, Db, ServeError};
     use std::path::{Path, PathBuf};
+
+    #[test]
+    fn localhost_is_accepted_as_a_loopback_listen_address() {
+        for s in ["localhost:7420", "LocalHost:7420"] {
+            let addr = parse_listen(s).expect(s);
+            assert_eq!(addr, "127.0.0.1:7420".parse().expect("addr"));
+            assert!(check_listen(addr, false).is_ok(), "{s}");
+        }
+        assert_eq!(
+            parse_listen("localhost:0").expect("any port"),
+            "127.0.0.1:0".parse().expect("addr")
+        );
+        assert!(parse_listen("localhost:70000").is_err());
+        assert!(parse_listen("localhost").is_err());
+        assert!(parse_listen("example.org:7420").is_err());
+    }
+
+    #[test]
+    fn ipv4_mapped_loopback_is_a_loopback_listen_address() {
+        let mapped = parse_listen("[::ffff:127.0.0.1]:7420").expect("mapped");
+        assert!(check_listen(mapped, false).is_ok());
+        let mapped_other = parse_listen("[::ffff:127.9.8.7]:7420").expect("mapped");
+        assert!(check_listen(mapped_other, false).is_ok());
+        // A mapped address that is not loopback is still refused, as are the others.
+        for s in [
+            "[::ffff:10.0.0.5]:7420",
+            "10.0.0.5:7420",
+            "0.0.0.0:7420",
+            "[::]:7420",
+        ] {
+            let addr = parse_listen(s).expect(s);
+            assert!(
+                matches!(check_listen(addr, false), Err(ServeError::NonLoopback(_))),
+                "{s}"
+            );
+        }
+        assert!(check_listen(parse_listen("[::1]:7420").expect("v6"), false).is_ok());
+    }
 
     /// The lease's owner address is where other daemons forward commands: an unspecified
     /// listen address on PostgreSQL is refused without `--advertise`.
@@ -258,8 +296,41 @@ fn advertise_address(
     }
 }
 
+/// Issue 36 (10): a listen address (`--listen`, `--metrics-listen`): a socket address literal
+/// (`127.0.0.1:7420`, `[::1]:7420`), or `localhost:PORT` (any case).
+/// Choice: `localhost` resolves to `127.0.0.1` without asking the system resolver (RFC 6761: the
+/// name is always loopback), so a hosts file that maps it elsewhere, or to `::1` only, cannot
+/// turn it into another address; other host names are refused (name the address).
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Some((host, port)) = s.rsplit_once(':') {
+        if host.eq_ignore_ascii_case("localhost") {
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("{port:?} is not a port number (0..=65535)"))?;
+            return Ok(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)));
+        }
+    }
+    Err(format!(
+        "{s:?} is not a listen address: use IP:PORT, [IPv6]:PORT or localhost:PORT"
+    ))
+}
+
+/// Whether `ip` is a loopback address: `127.0.0.0/8`, `::1`, or an IPv4-mapped IPv6 loopback
+/// (`::ffff:127.0.0.1`, which the kernel routes as IPv4 loopback).
+fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
 fn check_listen(addr: SocketAddr, allowed: bool) -> Result<(), ServeError> {
-    if addr.ip().is_loopback() {
+    if is_loopback(addr.ip()) {
         return Ok(());
     }
     if !allowed {

@@ -8,7 +8,7 @@
 //! `replay-native --provider codex|claude FILE`.
 
 use crate::config::data_dir;
-use crate::render::render;
+use crate::render::{escape, render};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
@@ -110,9 +110,29 @@ macro_rules! outln {
 pub fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(&cli) {
-        eprintln!("tutti: {e}");
+        eprintln!("tutti: {}", escape(&e));
         std::process::exit(1);
     }
+}
+
+/// The `tutti sessions` listing of a `GET .../agent-sessions` answer: one line per session
+/// (id, provider, `idle` or `active TURN`, title), every field escaped as `tutti show` does,
+/// the title quoted as there.
+fn sessions_lines(v: &Value) -> String {
+    let field = |s: &Value, k: &str| escape(s[k].as_str().unwrap_or(""));
+    let mut text = String::new();
+    for s in v["sessions"].as_array().into_iter().flatten() {
+        let state = s["activeTurnId"]
+            .as_str()
+            .map_or("idle".to_string(), |t| format!("active {}", escape(t)));
+        text.push_str(&format!(
+            "{}  {}  {state}  \"{}\"\n",
+            field(s, "id"),
+            field(s, "provider"),
+            field(s, "title"),
+        ));
+    }
+    text
 }
 
 struct Client {
@@ -193,8 +213,24 @@ fn replay<S: tutti_core::store::Store>(
     Ok(snaps)
 }
 
+/// Prints `v` as pretty JSON. The JSON writer escapes C0 controls but leaves DEL and C1 controls
+/// raw inside strings; those are written as `\uXXXX` escapes too, so the output is still the same
+/// JSON and nothing in it drives the terminal.
 fn print(v: &Value) {
-    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", json_text(v));
+}
+
+fn json_text(v: &Value) -> String {
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    let mut safe = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' {
+            safe.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            safe.push(c);
+        }
+    }
+    safe
 }
 
 fn run(cli: &Cli) -> Result<(), String> {
@@ -209,18 +245,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Cmd::Sessions => {
             let c = Client::new(cli)?;
-            let v = c.call("GET", &c.url(""), None)?;
-            for s in v["sessions"].as_array().into_iter().flatten() {
-                outln!(
-                    "{}  {}  {}  {}",
-                    s["id"].as_str().unwrap_or(""),
-                    s["provider"].as_str().unwrap_or(""),
-                    s["activeTurnId"]
-                        .as_str()
-                        .map_or("idle".to_string(), |t| format!("active {t}")),
-                    s["title"].as_str().unwrap_or("")
-                );
-            }
+            out(&sessions_lines(&c.call("GET", &c.url(""), None)?));
         }
         Cmd::Show { id } => out(&Client::new(cli)?.show(id)?),
         Cmd::Watch { id } => {
@@ -326,4 +351,48 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTILE: &str = "evil\u{1b}]0;x\u{7}\u{1b}[2J\r\nfake line\u{9b}";
+
+    #[test]
+    fn sessions_listing_escapes_titles_and_ids_like_show() {
+        let v = json!({"sessions": [
+            {"id": "s1", "provider": "demo", "title": HOSTILE},
+            {"id": "s\u{1b}[2J", "provider": "p\r", "activeTurnId": "t\n1"},
+        ]});
+        let text = sessions_lines(&v);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert_eq!(text.lines().count(), 2, "{text:?}");
+        let first = text.lines().next().unwrap_or_default();
+        assert_eq!(
+            first,
+            format!("s1  demo  idle  \"{}\"", escape(HOSTILE)),
+            "the same escaping as `tutti show`"
+        );
+        assert!(
+            first.contains("\\u{1b}]0;x\\u{7}\\u{1b}[2J\\r\\nfake line"),
+            "{first}"
+        );
+        assert!(text.contains("s\\u{1b}[2J  p\\r  active t\\n1"), "{text}");
+    }
+
+    #[test]
+    fn json_output_escapes_del_and_c1_controls_and_stays_json() {
+        let v = json!({"title": HOSTILE, "x": "a\u{7f}b"});
+        let text = json_text(&v);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        let back: Value = serde_json::from_str(&text).expect("still JSON");
+        assert_eq!(back, v);
+    }
 }

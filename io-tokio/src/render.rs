@@ -15,6 +15,16 @@ pub enum RenderError {
     NotFound,
 }
 
+/// Escapes `text` for a terminal: exactly the escaping `tutti show` applies to titles (Rust's
+/// `Debug` form of a string, without the surrounding quotes), so control characters (ESC, BEL,
+/// CR, LF, DEL, C1), quotes and backslashes come out as visible escapes (`\u{1b}`, `\r`, `\n`,
+/// `\"`) and never reach the terminal. Every CLI output of provider- or user-supplied text
+/// (titles, ids, errors) goes through it.
+pub fn escape(text: &str) -> String {
+    let quoted = format!("{text:?}");
+    quoted[1..quoted.len() - 1].to_string()
+}
+
 /// Renders a session and its nested children from a store.
 pub fn render_tree(s: &dyn crate::reads::Reads, id: &str) -> Result<String, RenderError> {
     let d = s.session_detail(id)?.ok_or(RenderError::NotFound)?;
@@ -72,10 +82,10 @@ fn line(out: &mut String, depth: usize, s: &Session, t: Option<&Turn>) {
         },
         None => "idle".into(),
     };
-    let title = s.title.clone().unwrap_or_default();
+    let title = escape(s.title.as_deref().unwrap_or_default());
     let via = s
         .parent_tool_call_id()
-        .map(|c| format!(" <- tool call {c}"))
+        .map(|c| format!(" <- tool call {}", escape(c)))
         .unwrap_or_default();
     let provider = t
         .and_then(|t| t.root_provider_turn.as_ref())
@@ -88,7 +98,7 @@ fn line(out: &mut String, depth: usize, s: &Session, t: Option<&Turn>) {
         .unwrap_or_default();
     let kind = if s.is_child() { "child" } else { "root" };
     out.push_str(&format!(
-        "{indent}{kind} {} {title:?}{via}: {state}{provider}\n",
-        s.id
+        "{indent}{kind} {} \"{title}\"{via}: {state}{provider}\n",
+        escape(&s.id)
     ));
 }

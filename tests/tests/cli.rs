@@ -110,3 +110,22 @@ fn cli_replay_runs_a_scenario_in_memory_and_through_sqlite() {
     let stored: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(stored, mem, "the file holds exactly the replayed state");
 }
+
+#[test]
+fn cli_sessions_escapes_a_hostile_title() {
+    let d = TestDaemon::start(TUTTID, None, &[]);
+    let title = "evil\u{1b}]0;x\u{7}\u{1b}[2J\r\nfake line";
+    let (ok, out) = tutti(&d, &["new", "demo", "--title", title]);
+    assert!(ok, "{out}");
+    let (ok, out) = tutti(&d, &["sessions"]);
+    assert!(ok, "{out}");
+    assert!(
+        !out.chars().any(|c| c.is_control() && c != '\n'),
+        "no control character reaches the terminal: {out:?}"
+    );
+    assert!(
+        out.contains("\"evil\\u{1b}]0;x\\u{7}\\u{1b}[2J\\r\\nfake line\""),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 1, "{out:?}");
+}

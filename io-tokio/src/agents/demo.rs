@@ -388,6 +388,28 @@ struct Shared {
     state: Mutex<State>,
 }
 
+/// Writes a state file readable by its owner only: the file is mode 0600 in a folder of mode
+/// 0700 (the files hold prompt text; the database beside them is 0600 too). Both are created
+/// with those modes, and an existing folder or file (from an older version) gets them set.
+fn write_private(path: &std::path::Path, body: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(body)
+}
+
 impl Shared {
     fn new(speed: f64) -> Self {
         let started = std::time::SystemTime::now()
@@ -427,11 +449,7 @@ impl Shared {
             return;
         };
         let body = json!({"turns": session.turns, "prompts": session.prompts}).to_string();
-        let written = path
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&path, body));
-        if let Err(e) = written {
+        if let Err(e) = write_private(&path, body.as_bytes()) {
             log!("session {id}: state not saved: {}", e.kind());
         }
     }
@@ -1330,5 +1348,61 @@ pub async fn serve() -> std::process::ExitCode {
             log!("connection ended with error {}", error.code);
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &std::path::Path) -> u32 {
+        std::fs::metadata(p).map_or(0, |m| m.permissions().mode() & 0o777)
+    }
+
+    fn shared(dir: &std::path::Path) -> Shared {
+        Shared {
+            speed: 1.0,
+            state_dir: Some(dir.to_path_buf()),
+            id_prefix: "demo-session-test".into(),
+            expose: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        std::env::temp_dir().join(format!("tutti-{name}-{}-{nanos}", std::process::id()))
+    }
+
+    #[test]
+    fn demo_state_files_are_0600_in_a_0700_folder() {
+        let base = scratch("demo-state");
+        let dir = base.join("db.sqlite.demo-agent");
+        let a = shared(&dir);
+        let session = RootSession {
+            turns: 1,
+            prompts: vec!["secret prompt".into()],
+            ..RootSession::default()
+        };
+        a.save("s1", &session);
+        let file = dir.join("s1.json");
+        assert_eq!(mode(&dir), 0o700, "new folder");
+        assert_eq!(mode(&file), 0o600, "new file");
+        assert_eq!(
+            a.load("s1").map(|s| s.prompts),
+            Some(session.prompts.clone())
+        );
+
+        // A folder and file left world-readable by an older version are tightened on the next save.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        a.save("s1", &session);
+        assert_eq!(mode(&dir), 0o700, "existing folder");
+        assert_eq!(mode(&file), 0o600, "existing file");
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

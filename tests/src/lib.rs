@@ -1,6 +1,7 @@
 //! Shared helpers for the cross-crate tests.
 
 pub mod acp_agents;
+pub mod acp_wire;
 pub mod browser;
 pub mod claude_client;
 pub mod claude_install;

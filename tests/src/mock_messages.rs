@@ -103,6 +103,17 @@ impl RecordedRequest {
         }
     }
 
+    /// A request the CLI makes beside its agent loop rather than as a step of it: the
+    /// session-title generation (system text "You are naming a coding session") and the prompt
+    /// suggestion (last message starting "[SUGGESTION MODE:"). Claude Code 2.1.318 under
+    /// `claude-agent-acp` 0.101.0 makes both; their messages quote the user's prompt, so rules
+    /// meant for the conversation must not answer them (see [`Match::side`]).
+    pub fn is_side_request(&self) -> bool {
+        self.system_text()
+            .contains("You are naming a coding session")
+            || self.last_message_text().contains("[SUGGESTION MODE:")
+    }
+
     pub fn is_subagent(&self) -> bool {
         self.agent_id().is_some() || self.system_text().contains(SUBAGENT_SYSTEM_MARKER)
     }
@@ -143,6 +154,18 @@ impl RecordedRequest {
     pub fn last_message_text(&self) -> String {
         self.messages()
             .last()
+            .map(|m| content_text(m.get("content")))
+            .unwrap_or_default()
+    }
+
+    /// Text of the last message whose role is `user`. Claude Code 2.1.318 (under
+    /// `claude-agent-acp` 0.101.0) ends a session's first request with a `system`-role message
+    /// (the environment), so the newest user input is not always the last message.
+    pub fn last_user_text(&self) -> String {
+        self.messages()
+            .iter()
+            .rev()
+            .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
             .map(|m| content_text(m.get("content")))
             .unwrap_or_default()
     }
@@ -222,8 +245,10 @@ pub struct Match {
     text_contains: Vec<String>,
     text_lacks: Vec<String>,
     last_contains: Vec<String>,
+    last_user_contains: Vec<String>,
     tool_results: Option<(usize, usize)>,
     has_tool: Vec<String>,
+    side: Option<bool>,
     custom: Option<Predicate>,
 }
 
@@ -245,6 +270,14 @@ impl Match {
     pub fn subagent() -> Self {
         Self {
             role: Some(Role::Subagent),
+            ..Self::default()
+        }
+    }
+
+    /// Only side requests ([`RecordedRequest::is_side_request`]).
+    pub fn side() -> Self {
+        Self {
+            side: Some(true),
             ..Self::default()
         }
     }
@@ -280,6 +313,12 @@ impl Match {
         self
     }
 
+    /// The last `user`-role message's text contains `s` ([`RecordedRequest::last_user_text`]).
+    pub fn last_user_contains(mut self, s: &str) -> Self {
+        self.last_user_contains.push(s.to_owned());
+        self
+    }
+
     /// Exactly `n` `tool_result` blocks in the conversation.
     pub fn tool_results(mut self, n: usize) -> Self {
         self.tool_results = Some((n, n));
@@ -305,6 +344,11 @@ impl Match {
     }
 
     pub fn matches(&self, r: &RecordedRequest) -> bool {
+        if let Some(side) = self.side {
+            if r.is_side_request() != side {
+                return false;
+            }
+        }
         if let Some(role) = self.role {
             if r.role() != role {
                 return false;
@@ -333,6 +377,12 @@ impl Match {
         if !self.last_contains.is_empty() {
             let last = r.last_message_text();
             if !self.last_contains.iter().all(|s| last.contains(s)) {
+                return false;
+            }
+        }
+        if !self.last_user_contains.is_empty() {
+            let last = r.last_user_text();
+            if !self.last_user_contains.iter().all(|s| last.contains(s)) {
                 return false;
             }
         }
@@ -558,6 +608,22 @@ impl Script {
     pub fn rule(mut self, rule: Rule) -> Self {
         self.rules.push(rule);
         self
+    }
+
+    /// Puts `rule` before every rule added so far.
+    pub fn first(mut self, rule: Rule) -> Self {
+        self.rules.insert(0, rule);
+        self
+    }
+
+    /// Answers every side request ([`Match::side`]) with a short text before any other rule
+    /// sees it.
+    pub fn answering_side_requests(self) -> Self {
+        self.first(Rule::new(
+            "side request",
+            Match::side(),
+            Reply::text("Side answer."),
+        ))
     }
 
     /// Shorthand for `rule(Rule::new(name, when, reply))`.

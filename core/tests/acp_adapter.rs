@@ -9,7 +9,7 @@
 //! agent sends (initialize, `session/new`, prompt answers, `session/update` notifications).
 
 use serde_json::{json, Value};
-use tutti_core::adapters::acp::{AcpAdapter, AcpConfig, CAPABILITY_KEY, SUBAGENT_META_KEY};
+use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::{child_ids, Adapter, AdapterOutput};
 use tutti_core::model::{Outcome, Target};
 use tutti_core::step::ProviderRequest;
@@ -18,20 +18,20 @@ use tutti_core::{NormalizedEvent, RuntimeAnswer};
 const ROOT: &str = "R";
 const SESSION: &str = "S";
 
-/// An initialized adapter with session `S`; `subagents` advertises the subagents extension.
-fn opened(subagents: bool) -> AcpAdapter {
+/// An initialized adapter with session `S`.
+fn opened() -> AcpAdapter {
     let mut a = AcpAdapter::new(ROOT.into(), AcpConfig::default());
     let out = a.open(0);
+    assert_eq!(
+        out.native[0]["params"]["clientCapabilities"]["subagents"],
+        json!({}),
+        "the client opts in to ACP v1 subagent sessions"
+    );
     let init = out.native[0]["id"].clone();
-    let caps = if subagents {
-        json!({"_meta": {CAPABILITY_KEY: {}}})
-    } else {
-        json!({})
-    };
     let out = a
         .on_native(
             1,
-            &json!({"jsonrpc": "2.0", "id": init, "result": {"protocolVersion": 1, "agentCapabilities": caps}}),
+            &json!({"jsonrpc": "2.0", "id": init, "result": {"protocolVersion": 1, "agentCapabilities": {}}}),
         )
         .expect("initialize answer");
     let new = request_id(&out, "session/new");
@@ -40,7 +40,6 @@ fn opened(subagents: bool) -> AcpAdapter {
         &json!({"jsonrpc": "2.0", "id": new, "result": {"sessionId": SESSION}}),
     )
     .expect("session/new answer");
-    assert_eq!(a.subagents_advertised(), subagents);
     a
 }
 
@@ -54,8 +53,8 @@ fn request_id(out: &AdapterOutput, method: &str) -> Value {
 }
 
 /// Starts root turn `T`; returns the adapter and the running prompt's rpc id.
-fn running(subagents: bool) -> (AcpAdapter, Value) {
-    let mut a = opened(subagents);
+fn running() -> (AcpAdapter, Value) {
+    let mut a = opened();
     let out = a.on_request(
         3,
         &ProviderRequest::Start {
@@ -111,8 +110,26 @@ fn notifications(out: &AdapterOutput, method: &str) -> Vec<Value> {
 fn subagent_update(child: &str, state: Value) -> Value {
     json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": SESSION,
         "update": {"sessionUpdate": "subagent_update", "sessionId": child,
-            "title": "helper", "capabilities": {"cancel": {}}, "state": state,
-            "_meta": {SUBAGENT_META_KEY: {"parentToolCallId": "tc1"}}}}})
+            "title": "helper", "capabilities": {"cancel": {}}, "state": state}}})
+}
+
+/// Announces `child` (running) and delivers the delegating `session_message` that links it, as
+/// claude-agent-acp does; returns both outputs' events.
+fn announce(a: &mut AcpAdapter, now: i64, child: &str) -> AdapterOutput {
+    let mut out = a
+        .on_native(now, &subagent_update(child, json!({"state": "running"})))
+        .expect("child announced");
+    out.extend(
+        a.on_native(
+            now,
+            &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": SESSION,
+                "update": {"sessionUpdate": "session_message", "messageId": "toolu_1",
+                    "senderSessionId": SESSION, "recipientSessionId": child,
+                    "content": [{"type": "text", "text": "do it"}]}}}),
+        )
+        .expect("delegation message"),
+    );
+    out
 }
 
 /// The root's acknowledgement is the running prompt answering `cancelled`: the
@@ -121,7 +138,7 @@ fn subagent_update(child: &str, state: Value) -> Value {
 /// provider turn is reported interrupted.
 #[test]
 fn acp_root_cancel_is_acknowledged_by_the_prompt_answering_cancelled_and_not_before() {
-    let (mut a, prompt) = running(false);
+    let (mut a, prompt) = running();
     let out = cancel(&mut a, 4, vec![target(ROOT, "T")]);
     assert_eq!(
         notifications(&out, "session/cancel")
@@ -177,7 +194,7 @@ fn acp_root_cancel_is_acknowledged_by_the_prompt_answering_cancelled_and_not_bef
 /// A root target with no prompt running has nothing left to stop: it is acknowledged at once.
 #[test]
 fn acp_root_cancel_without_a_running_prompt_is_acknowledged_at_once() {
-    let (mut a, prompt) = running(false);
+    let (mut a, prompt) = running();
     a.on_native(
         4,
         &json!({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "end_turn"}}),
@@ -195,10 +212,8 @@ fn acp_root_cancel_without_a_running_prompt_is_acknowledged_at_once() {
 /// then the cancel is not answered and the root prompt is left running.
 #[test]
 fn acp_child_cancel_is_acknowledged_by_the_child_idling_cancelled() {
-    let (mut a, _prompt) = running(true);
-    let out = a
-        .on_native(4, &subagent_update("child-1", json!({"state": "running"})))
-        .expect("child announced");
+    let (mut a, _prompt) = running();
+    let out = announce(&mut a, 4, "child-1");
     let (session, turn) = child_ids(&ROOT.into(), "acp", "child-1", 1);
     assert!(
         out.events.iter().any(|e| matches!(
@@ -254,9 +269,8 @@ fn acp_child_cancel_is_acknowledged_by_the_child_idling_cancelled() {
 /// completes and the cancel stays unanswered until its bound, which answers the empty subset.
 #[test]
 fn acp_child_ending_normally_does_not_acknowledge_the_cancel() {
-    let (mut a, _prompt) = running(true);
-    a.on_native(4, &subagent_update("child-1", json!({"state": "running"})))
-        .expect("child announced");
+    let (mut a, _prompt) = running();
+    announce(&mut a, 4, "child-1");
     let (session, turn) = child_ids(&ROOT.into(), "acp", "child-1", 1);
     let out = cancel(&mut a, 5, vec![target(&session, &turn)]);
     let timer = out.timers.first().expect("cancel timer").id.clone();
@@ -385,7 +399,7 @@ fn tool_updates(out: &AdapterOutput) -> Vec<(String, String)> {
 /// status the agent gave it.
 #[test]
 fn acp_permission_for_an_unreported_tool_call_records_the_call_once() {
-    let (mut a, _prompt) = running(false);
+    let (mut a, _prompt) = running();
     let permission = |id: &str, call: &str| {
         json!({"jsonrpc": "2.0", "id": id, "method": "session/request_permission", "params": {
             "sessionId": SESSION,

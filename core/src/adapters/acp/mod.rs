@@ -1,11 +1,13 @@
 //! The ACP (Agent Client Protocol v1) adapter: JSON-RPC 2.0 over the agent's stdio.
 //!
-//! Standard ACP is root-only: "it does not infer child sessions from ordinary tool/progress
-//! updates"; a tool named Task or Agent stays an ordinary tool call. An agent that advertises the
-//! subagents extension (`agentCapabilities._meta["tutti.dev/subagents"]`, the ACP subagents RFD
-//! shape carried by `subagent_update` session updates, with `_meta["tutti.dev/subagent"]` naming
-//! the parent tool call; see the demo agent's docs for the exact wire) gets real child sessions
-//! through the same engine rules. Agents that don't advertise it emit no child-session state.
+//! The client advertises `clientCapabilities.subagents: {}` in `initialize` (ACP v1's opt-in to
+//! the standard subagent sessions, stabilized 2026-11-20). An agent exposes its subagents by
+//! sending `subagent_update` session updates; there is no agent capability. Those become real
+//! child sessions through the same engine rules as Codex and Claude ([`subagents`] states each
+//! mapping choice). An agent that sends no `subagent_update` stays root-only: "it does not infer
+//! child sessions from ordinary tool/progress updates"; a tool named Task or Agent stays an
+//! ordinary tool call (claude-agent-acp without the capability flattens its subagents' tool
+//! calls onto the root this way).
 //!
 //! Choices where the spec is silent, written down here:
 //! - The prompt request *is* the root provider turn: sending `session/prompt` emits
@@ -18,10 +20,11 @@
 //! - Message chunks are aggregated per session and flushed as one message when another kind of
 //!   update arrives, the prompt answers, the child settles, or the driver asks before a cancel
 //!   ([`Adapter::flush_text`]: text streamed before a cancel is kept on the canceled turn).
-//! - Cancel: `session/cancel` for the root when the root is a target (that also cancels the
-//!   agent's subagents); for a child-only target set, `session/cancel` per child when the agent
-//!   advertised per-child cancel (`capabilities.cancel` on the child's announcement), otherwise
-//!   nothing is sent and the target is simply not confirmed. Confirmation is the provider's own
+//! - Cancel: for a target set with the root, `session/cancel` for the root and for every
+//!   running child that advertised `capabilities.cancel` (claude-agent-acp keeps background
+//!   subagents running after a parent cancel for clients that can cancel them); for a
+//!   child-only target set, `session/cancel` per child that advertised it, otherwise nothing is
+//!   sent and the target is simply not confirmed. Confirmation is the provider's own
 //!   fact: the prompt answering `cancelled` (root; immediately if no prompt was running) and a
 //!   child's `idle`/`cancelled` state. The acknowledged subset is reported when every target is
 //!   confirmed or the cancel timer fires.
@@ -34,22 +37,29 @@
 //!   id, after an idle stop, a provider exit or a daemon restart) and the agent advertising
 //!   `agentCapabilities.loadSession: true`, the adapter sends `session/load` instead of
 //!   `session/new`. The history the agent replays before it answers is not re-recorded (it is
-//!   already in the store): updates arrive before the session is bound and are dropped. If the
-//!   agent does not advertise `loadSession`, or the load fails, a new ACP session is created and
-//!   reported as the root's new provider session id (`sessionMetadataUpdated`), so the session
-//!   states which provider conversation it continues.
+//!   already in the store): updates arrive before the session is bound and are dropped, except
+//!   that the children it replays are bound to their recorded child sessions (see
+//!   [`subagents`]). If the agent does not advertise `loadSession`, or the load fails, a new ACP
+//!   session is created and reported as the root's new provider session id
+//!   (`sessionMetadataUpdated`), so the session states which provider conversation it continues.
+//! - Root traffic with no prompt open (claude-agent-acp continues on its own after a background
+//!   child: `usage_update` `_meta` origin `task-notification`) belongs to the canonical root turn
+//!   while that turn is still active (a child still works and the root gate holds it open) and
+//!   is not being canceled; otherwise it is a late notification and is dropped, so it never
+//!   resurrects a settled root turn. The agent's own request ids (from 0, the same numbers as
+//!   ours) are told from our responses by their `method`.
 
-use super::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
+pub mod replay;
+pub mod subagents;
+
+pub use replay::replay_transcript;
+
+use super::{Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
 use crate::model::{Id, Millis, Outcome, Target, Text};
 use crate::step::{GuideMode, ProviderRequest};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-
-/// `_meta` key of the subagents capability in `initialize`.
-pub const CAPABILITY_KEY: &str = "tutti.dev/subagents";
-/// `_meta` key of an announcing `subagent_update`.
-pub const SUBAGENT_META_KEY: &str = "tutti.dev/subagent";
 
 /// Settings of one ACP adapter.
 #[derive(Debug, Clone)]
@@ -71,15 +81,6 @@ impl Default for AcpConfig {
             resume_session_id: None,
         }
     }
-}
-
-#[derive(Debug, Clone)]
-struct Child {
-    session: Id,
-    turn: Id,
-    turn_no: u32,
-    active: bool,
-    can_cancel: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -112,7 +113,10 @@ pub struct AcpAdapter {
     next_id: u64,
     pending: BTreeMap<u64, Pending>,
     session: Option<String>,
-    subagents: bool,
+    /// The ACP session a `session/load` is loading (its replay is arriving).
+    loading: Option<String>,
+    /// Children announced by `subagent_update`, waiting one message for their link.
+    announcements: Vec<subagents::Announcement>,
     /// Requests waiting for `session/new`.
     queued: Vec<ProviderRequest>,
     root_turn: Option<Id>,
@@ -120,7 +124,7 @@ pub struct AcpAdapter {
     prompt: Option<u64>,
     /// Guidance waiting for the running prompt to answer.
     guidance: Vec<String>,
-    children: BTreeMap<String, Child>,
+    children: BTreeMap<String, subagents::Child>,
     /// Canonical child session id -> native child id.
     native_of: BTreeMap<Id, String>,
     /// Cancellation boundary of the canceled root execution.
@@ -151,7 +155,8 @@ impl AcpAdapter {
             next_id: 0,
             pending: BTreeMap::new(),
             session: None,
-            subagents: false,
+            loading: None,
+            announcements: Vec::new(),
             queued: Vec::new(),
             root_turn: None,
             prompt: None,
@@ -171,11 +176,6 @@ impl AcpAdapter {
             session_error: None,
             tool_calls: Default::default(),
         }
-    }
-
-    /// Whether the agent advertised the subagents extension.
-    pub fn subagents_advertised(&self) -> bool {
-        self.subagents
     }
 
     fn request(
@@ -278,11 +278,7 @@ impl AcpAdapter {
     fn owner(&self, native: &str) -> Option<(Id, Id, bool)> {
         if Some(native) == self.session.as_deref() {
             let turn = self.root_turn.clone()?;
-            return Some((
-                self.root.clone(),
-                turn,
-                self.prompt.is_some() && !self.boundary,
-            ));
+            return Some((self.root.clone(), turn, self.root_active()));
         }
         let c = self.children.get(native)?;
         Some((c.session.clone(), c.turn.clone(), c.active))
@@ -345,10 +341,6 @@ impl AcpAdapter {
         let error = msg.get("error");
         match kind {
             Pending::Initialize => {
-                self.subagents = result
-                    .and_then(|r| r.pointer("/agentCapabilities/_meta"))
-                    .and_then(|m| m.get(CAPABILITY_KEY))
-                    .is_some();
                 let load = result
                     .and_then(|r| r.pointer("/agentCapabilities/loadSession"))
                     .and_then(Value::as_bool)
@@ -356,6 +348,7 @@ impl AcpAdapter {
                 let cwd = self.cfg.cwd.clone();
                 match self.cfg.resume_session_id.clone() {
                     Some(sid) if load => {
+                        self.loading = Some(sid.clone());
                         self.request(
                             out,
                             "session/load",
@@ -374,6 +367,7 @@ impl AcpAdapter {
                 }
             }
             Pending::LoadSession(sid) => {
+                self.loading = None;
                 if error.is_some() {
                     out.diagnostics
                         .push("acp: session/load failed; starting a new session".into());
@@ -491,7 +485,8 @@ impl AcpAdapter {
             .and_then(Value::as_str)
             .unwrap_or_default();
         if kind == "subagent_update" {
-            return self.on_subagent(out, &native, update);
+            self.on_subagent(out, &native, update);
+            return Ok(());
         }
         let Some((session, turn, accepting)) = self.owner(&native) else {
             out.diagnostics
@@ -520,6 +515,7 @@ impl AcpAdapter {
                     .or_default()
                     .push_str(text);
             }
+            "session_message" => self.on_session_message(out, &native, session, turn, update),
             "tool_call" | "tool_call_update" => {
                 self.flush(out, &native);
                 let Some(call) = update.get("toolCallId").and_then(Value::as_str) else {
@@ -547,156 +543,6 @@ impl AcpAdapter {
                 });
             }
             _ => self.flush(out, &native),
-        }
-        Ok(())
-    }
-
-    fn on_subagent(
-        &mut self,
-        out: &mut AdapterOutput,
-        parent_native: &str,
-        update: &Value,
-    ) -> Result<(), AdapterError> {
-        if !self.subagents {
-            out.diagnostics
-                .push("acp: subagent_update without the advertised capability dropped".into());
-            return Ok(());
-        }
-        let child_native = update
-            .get("sessionId")
-            .and_then(Value::as_str)
-            .ok_or(AdapterError::MissingField {
-                method: "subagent_update".into(),
-                field: "sessionId",
-            })?
-            .to_string();
-        if !self.children.contains_key(&child_native) {
-            let Some(meta) =
-                update.pointer(&format!("/_meta/{}", SUBAGENT_META_KEY.replace('/', "~1")))
-            else {
-                out.diagnostics
-                    .push("acp: unannounced child dropped".into());
-                return Ok(());
-            };
-            if self.boundary {
-                // "A newly revealed native child thread is interrupted without allocating or
-                // emitting a canonical child session/turn."
-                out.native.push(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": child_native}}));
-                return Ok(());
-            }
-            let (Some((parent_session, parent_turn, _)), Some(root_turn)) =
-                (self.owner(parent_native), self.root_turn.clone())
-            else {
-                out.diagnostics
-                    .push("acp: child of an unknown parent dropped".into());
-                return Ok(());
-            };
-            let (session, turn) = child_ids(&self.root, "acp", &child_native, 1);
-            let title = update
-                .get("title")
-                .or_else(|| update.get("description"))
-                .and_then(Value::as_str)
-                .map(String::from);
-            out.events.push(NormalizedEvent::ChildSessionCreated {
-                agent_session_id: session.clone(),
-                turn_id: turn.clone(),
-                parent_agent_session_id: parent_session,
-                parent_turn_id: parent_turn,
-                parent_tool_call_id: meta
-                    .get("parentToolCallId")
-                    .and_then(Value::as_str)
-                    .map(Id::from),
-                root_agent_session_id: self.root.clone(),
-                root_turn_id: root_turn,
-                title,
-                provider_session_id: Some(child_native.clone()),
-                provider_aliases: None,
-            });
-            let can_cancel = update.pointer("/capabilities/cancel").is_some();
-            self.native_of.insert(session.clone(), child_native.clone());
-            self.children.insert(
-                child_native.clone(),
-                Child {
-                    session,
-                    turn,
-                    turn_no: 1,
-                    active: true,
-                    can_cancel,
-                },
-            );
-        }
-        let Some(state) = update.get("state") else {
-            return Ok(());
-        };
-        let Some(c) = self.children.get(&child_native).cloned() else {
-            return Ok(());
-        };
-        match state
-            .get("state")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-        {
-            "running" => {
-                if !c.active {
-                    // A reused child: its next turn.
-                    let n = c.turn_no + 1;
-                    let (_, turn) = child_ids(&self.root, "acp", &child_native, n);
-                    if let Some(ch) = self.children.get_mut(&child_native) {
-                        ch.turn = turn;
-                        ch.turn_no = n;
-                        ch.active = true;
-                    }
-                }
-                if let Some(ch) = self.children.get(&child_native) {
-                    out.events.push(NormalizedEvent::TurnStarted {
-                        agent_session_id: ch.session.clone(),
-                        turn_id: ch.turn.clone(),
-                        provider_turn_id: None,
-                    });
-                }
-            }
-            "requires_action" => out.events.push(NormalizedEvent::TurnWaiting {
-                agent_session_id: c.session.clone(),
-                turn_id: c.turn.clone(),
-            }),
-            "idle" => {
-                self.flush(out, &child_native);
-                if let Some(ch) = self.children.get_mut(&child_native) {
-                    ch.active = false;
-                }
-                let stop = state
-                    .get("stopReason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("end_turn");
-                let target = Target {
-                    agent_session_id: c.session.clone(),
-                    turn_id: c.turn.clone(),
-                };
-                let (outcome, error) = match stop {
-                    "cancelled" => {
-                        self.ack(out, &target);
-                        (Outcome::Canceled, None)
-                    }
-                    "error" | "refusal" => (
-                        Outcome::Failed,
-                        Some(
-                            state
-                                .pointer("/error/message")
-                                .and_then(Value::as_str)
-                                .unwrap_or("subagent failed")
-                                .to_string(),
-                        ),
-                    ),
-                    _ => (Outcome::Completed, None),
-                };
-                out.events.push(NormalizedEvent::TurnTerminal {
-                    agent_session_id: c.session,
-                    turn_id: c.turn,
-                    outcome,
-                    error,
-                });
-            }
-            _ => {}
         }
         Ok(())
     }
@@ -819,6 +665,14 @@ impl Adapter for AcpAdapter {
             return out;
         }
         match request {
+            ProviderRequest::Cancel { targets, .. }
+                if targets.iter().any(|t| t.agent_session_id == self.root) =>
+            {
+                self.cancel_announced(&mut out)
+            }
+            _ => self.create_announced(&mut out),
+        }
+        match request {
             ProviderRequest::Start { turn_id, text, .. }
                 if self.prompt.is_some() && self.prompt_turn.as_ref() != Some(turn_id) =>
             {
@@ -881,7 +735,20 @@ impl Adapter for AcpAdapter {
                     self.boundary = true;
                     self.guidance.clear();
                     self.flush_all(&mut out);
-                    out.native.push(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
+                    out.native.push(subagents::cancel_notification(&session));
+                    // claude-agent-acp keeps background subagents running after a parent
+                    // cancel (for clients that can cancel them): every running child that
+                    // accepts `session/cancel` is sent one, targets or not.
+                    for t in targets {
+                        if let Some(n) = self.native_of.get(&t.agent_session_id) {
+                            self.closed.insert(n.clone());
+                        }
+                    }
+                    for (n, c) in &self.children {
+                        if c.active && c.can_cancel {
+                            out.native.push(subagents::cancel_notification(n));
+                        }
+                    }
                     if self.prompt.is_none() {
                         op.acked.push(rt);
                     }
@@ -919,7 +786,7 @@ impl Adapter for AcpAdapter {
                                 .get(&n)
                                 .is_some_and(|c| c.can_cancel && c.active)
                             {
-                                out.native.push(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": n}}));
+                                out.native.push(subagents::cancel_notification(&n));
                             }
                         }
                     }
@@ -954,6 +821,7 @@ impl Adapter for AcpAdapter {
         let obj = msg
             .as_object()
             .ok_or_else(|| AdapterError::Malformed("not a JSON object".into()))?;
+        self.settle_announcements(&mut out, msg);
         let method = obj.get("method").and_then(Value::as_str);
         let id = obj.get("id");
         match (method, id) {

@@ -5,7 +5,7 @@
 //!
 //! Live (through the HTTP API): `sessions`, `show ID`, `watch ID`, `submit ID TEXT`,
 //! `cancel ID [TURN]`, `status`. Offline: `replay [--db FILE|postgres://...] SCENARIO.jsonl`, `snapshot --db FILE`,
-//! `replay-native --provider codex|claude FILE`.
+//! `replay-native --provider codex|claude|acp FILE`.
 
 use crate::config::data_dir;
 use crate::render::{escape, render};
@@ -345,7 +345,8 @@ fn run(cli: &Cli) -> Result<(), String> {
                 "claude" => {
                     serde_json::to_value(tutti_core::adapters::claude::replay_transcript(&text)?)
                 }
-                other => return Err(format!("unknown provider {other} (codex, claude)")),
+                "acp" => serde_json::to_value(tutti_core::adapters::acp::replay_transcript(&text)?),
+                other => return Err(format!("unknown provider {other} (codex, claude, acp)")),
             };
             print(&out.map_err(|e| e.to_string())?);
         }

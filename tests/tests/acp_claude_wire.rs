@@ -133,6 +133,68 @@ impl Run {
             self.c.save(&path).expect("save the capture");
         }
     }
+
+    /// This run's fresh capture replayed by `tutti replay-native --provider acp`: the tree it
+    /// gives (issue 35: "real captures of this agent that you have not seen replay to the right
+    /// tree").
+    fn replayed(&self) -> Tree {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join(format!("{}.wire.jsonl", self.name));
+        self.c.save(&path).expect("save the capture");
+        let out = std::process::Command::new(TUTTI)
+            .args(["replay-native", "--provider", "acp"])
+            .arg(&path)
+            .output()
+            .expect("run tutti");
+        assert!(
+            out.status.success(),
+            "{}: replay-native: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("replay-native prints JSON");
+        assert_eq!(v["violations"], json!([]), "{}: {v}", self.name);
+        Tree(v["snapshot"].clone())
+    }
+}
+
+const TUTTI: &str = env!("CARGO_BIN_EXE_tutti-test");
+
+/// A replayed tree (`TreeSnapshot` JSON).
+struct Tree(Value);
+
+impl Tree {
+    fn children(&self) -> Vec<&Value> {
+        self.0["sessions"]
+            .as_array()
+            .map(|s| s.iter().filter(|s| s["kind"] == "child").collect())
+            .unwrap_or_default()
+    }
+
+    /// The outcome of the turn of `session` (the root's is `turn-1`).
+    fn outcome(&self, session: &str) -> Value {
+        self.0["turns"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["agentSessionId"] == session))
+            .map(|t| t["outcome"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    /// The canonical child session of native child `native`.
+    fn child(&self, native: &str) -> &Value {
+        self.children()
+            .into_iter()
+            .find(|c| c["providerSessionId"] == native)
+            .unwrap_or_else(|| panic!("no child session for {native}: {}", self.0))
+    }
+
+    /// Every turn settled, with these outcomes for root and children together.
+    fn all_settled(&self, outcome: &str) -> bool {
+        self.0["turns"].as_array().is_some_and(|t| {
+            t.iter()
+                .all(|t| t["phase"] == "settled" && t["outcome"] == outcome)
+        })
+    }
 }
 
 fn subagent_updates(v: &[Value]) -> Vec<Value> {
@@ -172,6 +234,16 @@ fn foreground_child() {
     assert_eq!(a["result"]["stopReason"], "end_turn", "{a}");
     let subs = subagent_updates(&r.c.received());
     assert!(!subs.is_empty(), "{}", r.c.transcript());
+    let tree = r.replayed();
+    let native = subs[0]["params"]["update"]["sessionId"]
+        .as_str()
+        .unwrap_or_default();
+    let child = tree.child(native);
+    assert!(child["parentToolCallId"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("toolu_")));
+    assert_eq!(child["parentAgentSessionId"], "root");
+    assert!(tree.all_settled("completed"), "{}", tree.0);
 }
 
 /// An `Agent` tool use block (the CLI's delegation tool).
@@ -256,6 +328,13 @@ fn two_parallel_children_finishing_apart() {
     r.settle_quiet(Duration::from_secs(2));
     r.save();
     assert_eq!(a["result"]["stopReason"], "end_turn", "{a}");
+    let tree = r.replayed();
+    assert_eq!(tree.children().len(), 2, "{}", tree.0);
+    assert_ne!(
+        tree.child(&fast)["parentToolCallId"],
+        tree.child(&slow)["parentToolCallId"]
+    );
+    assert!(tree.all_settled("completed"), "{}", tree.0);
 }
 
 #[test]
@@ -306,6 +385,9 @@ fn background_child_outliving_the_prompt() {
         "the prompt is held open while the child runs"
     );
     assert_eq!(a["result"]["stopReason"], "end_turn", "{a}");
+    let tree = r.replayed();
+    tree.child(&child);
+    assert!(tree.all_settled("completed"), "{}", tree.0);
 }
 
 /// Picks the `allow_once` option of a permission request.
@@ -366,6 +448,15 @@ fn permission_inside_a_child() {
         std::fs::read_to_string(&file).ok().as_deref(),
         Some("from the child")
     );
+    let tree = r.replayed();
+    let session = tree.child(&child)["id"].clone();
+    let interactions = tree.0["interactions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(interactions.len(), 1, "{}", tree.0);
+    assert_eq!(interactions[0]["agentSessionId"], session);
+    assert!(tree.all_settled("completed"), "{}", tree.0);
 }
 
 #[test]
@@ -402,6 +493,13 @@ fn child_only_cancel() {
     r.settle_quiet(Duration::from_secs(2));
     r.save();
     assert_eq!(a["result"]["stopReason"], "end_turn", "{a}");
+    let tree = r.replayed();
+    let session = tree.child(&child)["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(tree.outcome(&session), "canceled", "{}", tree.0);
+    assert_eq!(tree.outcome("root"), "completed", "{}", tree.0);
 }
 
 #[test]
@@ -447,6 +545,13 @@ fn whole_tree_cancel_with_a_background_child() {
     r.save();
     assert_eq!(a["result"]["stopReason"], "cancelled", "{a}");
     assert!(still, "the background child outlived the root cancel");
+    let tree = r.replayed();
+    let session = tree.child(&child)["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(tree.outcome(&session), "canceled", "{}", tree.0);
+    assert_eq!(tree.outcome("root"), "canceled", "{}", tree.0);
 }
 
 #[test]
@@ -484,7 +589,17 @@ fn nested_child() {
     r.settle_quiet(Duration::from_secs(2));
     r.save();
     assert_eq!(a["result"]["stopReason"], "end_turn", "{a}");
-    eprintln!("model:\n{}", r.mock.describe_requests());
+    let child = child_for(&r, "CHILD-NEST");
+    let grandchild = child_for(&r, "GRANDCHILD");
+    let tree = r.replayed();
+    assert_eq!(tree.children().len(), 2, "{}", tree.0);
+    assert_eq!(
+        tree.child(&grandchild)["parentAgentSessionId"],
+        tree.child(&child)["id"],
+        "the grandchild's parent is the child"
+    );
+    assert_eq!(tree.child(&grandchild)["rootAgentSessionId"], "root");
+    assert!(tree.all_settled("completed"), "{}", tree.0);
 }
 
 #[test]
@@ -524,6 +639,9 @@ fn without_the_capability() {
     r.save();
     assert_eq!(a["result"]["stopReason"], "end_turn", "{a}");
     assert!(subagent_updates(&r.c.received()).is_empty());
+    let tree = r.replayed();
+    assert!(tree.children().is_empty(), "root-only: {}", tree.0);
+    assert!(tree.all_settled("completed"), "{}", tree.0);
 }
 
 /// A root that delegated to a foreground child, then a new agent process loading the session
@@ -553,6 +671,7 @@ fn relaunch_loads_a_session_with_a_child() {
     r.answered(p);
     r.settle_quiet(Duration::from_secs(2));
     r.save();
+    assert_eq!(r.replayed().children().len(), 1);
     r.c.stop(Duration::from_secs(5));
     let mut c = spawn_initialized(&r.mock, r._home.path(), r.work.path(), true);
     let sid = r.sid.clone();
@@ -582,4 +701,11 @@ fn relaunch_loads_a_session_with_a_child() {
         third.all_text().contains("PAPAYA"),
         "the loaded session carries the earlier history"
     );
+    let tree = r.replayed();
+    assert!(
+        tree.children().is_empty(),
+        "the replayed child is bound, not created again: {}",
+        tree.0
+    );
+    assert!(tree.all_settled("completed"), "{}", tree.0);
 }

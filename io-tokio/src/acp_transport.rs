@@ -56,10 +56,12 @@
 //! # Fidelity of the typed round trip
 //!
 //! Incoming messages are parsed by the crate into the schema types and serialized back with
-//! serde. What the adapter reads survives that round trip (see the tests below): `_meta` of
-//! `agentCapabilities` and of `subagent_update` (`tutti.dev/subagent`), the per-child
-//! `capabilities.cancel`, the v1 `state` snapshots with their error objects, tool call ids,
-//! titles, statuses and kinds, permission options; defaults the wire omits stay omitted. What
+//! serde. What the adapter reads survives that round trip (see the tests below): the
+//! `subagent_update` fields (the child's `sessionId`, `title`, `description`, the per-child
+//! `capabilities.cancel`, the v1 `state` snapshots with their error objects), `session_message`
+//! (`messageId`, sender, recipient, content), the `session` tool-call content, tool call ids,
+//! titles, statuses and kinds, permission options, `agentCapabilities.loadSession`; defaults
+//! the wire omits stay omitted. What
 //! doesn't map 1:1, accepted as is: fields the schema does not define (outside `_meta`) are
 //! dropped; a `session/update` that does not parse as [`SessionNotification`] is dropped by the
 //! crate (logged there as a handler error, never forwarded, so the runtime does not count it as
@@ -580,8 +582,7 @@ mod tests {
     /// The demo agent's `initialize` answer (agents/demo.rs header).
     fn demo_initialize_result() -> Value {
         json!({"protocolVersion": 1,
-               "agentCapabilities": {"loadSession": false,
-                                     "_meta": {"tutti.dev/subagents": {"version": 1}}},
+               "agentCapabilities": {"loadSession": true},
                "authMethods": [],
                "agentInfo": {"name": "tutti-demo-agent", "version": "0.1.0"}})
     }
@@ -609,9 +610,9 @@ mod tests {
         let (mut rx, mut sink, mut agent) = start();
         let init = initialize(&mut rx, &mut sink, &mut agent).await;
         assert_eq!(
-            init.pointer("/agentCapabilities/_meta/tutti.dev~1subagents/version"),
-            Some(&json!(1)),
-            "the capability _meta survives: {init}"
+            init.pointer("/agentCapabilities/loadSession"),
+            Some(&json!(true)),
+            "the capability survives: {init}"
         );
 
         sink.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "session/new",
@@ -644,9 +645,13 @@ mod tests {
                    "rawInput": {"agent": "explorer", "background": false}}),
             json!({"sessionUpdate": "subagent_update", "sessionId": "s1-child-1",
                    "title": "explorer", "description": "subtask 1 of 1",
-                   "capabilities": {"cancel": {}},
-                   "_meta": {"tutti.dev/subagent": {"version": 1,
-                       "parentToolCallId": "s1-delegate-1", "background": false}}}),
+                   "capabilities": {"cancel": {}}}),
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": "s1-delegate-1",
+                   "content": [{"type": "session", "sessionId": "s1-child-1"}]}),
+            json!({"sessionUpdate": "session_message", "messageId": "toolu_1",
+                   "senderSessionId": "s1", "recipientSessionId": "s1-child-1",
+                   "recipientMessageId": "toolu_1",
+                   "content": [{"type": "text", "text": "go"}]}),
             json!({"sessionUpdate": "subagent_update", "sessionId": "s1-child-1",
                    "state": {"state": "running"}}),
             json!({"sessionUpdate": "subagent_update", "sessionId": "s1-child-1",
@@ -690,6 +695,10 @@ mod tests {
                 "content",
                 "kind",
                 "rawInput",
+                "messageId",
+                "senderSessionId",
+                "recipientSessionId",
+                "recipientMessageId",
             ] {
                 assert_eq!(got.get(key), u.get(key), "{key} of {u} came back as {got}");
             }

@@ -245,6 +245,8 @@ struct Transcript {
     children: Vec<(String, ChildFacts)>,
     root_tool_calls: Vec<String>,
     root_tool_titles: Vec<String>,
+    /// (tool call id, background) of every delegation tool call.
+    delegations: Vec<(String, bool)>,
     root_messages: usize,
     permissions: Vec<String>,
     answered_at: Option<usize>,
@@ -291,20 +293,18 @@ impl Transcript {
             let child = id(&update.session_id).to_owned();
             let wire = serde_json::to_value(update).expect("subagent_update serializes");
             if self.child(&child).is_none() {
-                // The announcement: parent on the outer id, tutti facts in `_meta`.
-                let meta = &wire["_meta"]["tutti.dev/subagent"];
-                assert_eq!(meta["version"], 1, "announcement carries the extension");
+                // The announcement: parent on the outer id; the standard shape has no
+                // extension `_meta`.
+                assert!(
+                    wire.get("_meta").is_none(),
+                    "no extension on the announcement: {wire}"
+                );
                 assert!(
                     session == self.root || self.child(&session).is_some(),
                     "a child is announced on a known parent stream"
                 );
                 let facts = ChildFacts {
                     parent: session.clone(),
-                    parent_tool_call: meta["parentToolCallId"]
-                        .as_str()
-                        .expect("parentToolCallId")
-                        .to_owned(),
-                    background: meta["background"].as_bool().expect("background flag"),
                     ..ChildFacts::default()
                 };
                 assert!(
@@ -327,6 +327,41 @@ impl Transcript {
             }
             return;
         }
+        // Delegations on any stream: the tool call names its background flag; the standard
+        // `session` content links it to the child it delegated to.
+        match &notification.update {
+            SessionUpdate::ToolCall(call) => {
+                let background = call
+                    .raw_input
+                    .as_ref()
+                    .and_then(|i| i.get("background"))
+                    .and_then(Value::as_bool);
+                if let Some(background) = background {
+                    self.delegations
+                        .push((call.tool_call_id.0.to_string(), background));
+                }
+            }
+            SessionUpdate::ToolCallUpdate(update) => {
+                for content in update.fields.content.iter().flatten() {
+                    if let ToolCallContent::Session(reference) = content {
+                        let call = update.tool_call_id.0.to_string();
+                        let background = self
+                            .delegations
+                            .iter()
+                            .find(|(c, _)| *c == call)
+                            .map(|(_, b)| *b)
+                            .expect("the session reference is on a delegation tool call");
+                        let facts = self
+                            .child_mut(id(&reference.session_id))
+                            .expect("a session reference names an announced child");
+                        assert_eq!(facts.parent, session, "linked on the parent's stream");
+                        facts.parent_tool_call = call;
+                        facts.background = background;
+                    }
+                }
+            }
+            _ => {}
+        }
         if session == self.root {
             if self.answered_at.is_some() {
                 self.late_root_updates += 1;
@@ -336,16 +371,6 @@ impl Transcript {
                 SessionUpdate::ToolCall(call) => {
                     self.root_tool_calls.push(call.tool_call_id.0.to_string());
                     self.root_tool_titles.push(call.title.clone());
-                }
-                SessionUpdate::ToolCallUpdate(update) => {
-                    for content in update.fields.content.iter().flatten() {
-                        if let ToolCallContent::Session(reference) = content {
-                            assert!(
-                                self.child(id(&reference.session_id)).is_some(),
-                                "a session reference names an announced child"
-                            );
-                        }
-                    }
                 }
                 _ => {}
             }
@@ -418,23 +443,21 @@ fn child_id(root: &SessionId, turn: u32, path: &str) -> String {
     format!("{}-t{turn}-{path}", id(root))
 }
 
+/// ACP v1 has no agent capability for subagents (the client opts in): neither bundled agent
+/// advertises the retired `tutti.dev/subagents` extension.
 #[tokio::test]
-async fn demo_agent_advertises_the_subagent_capability() {
-    let client = AcpClient::launch(DEMO, &[("TUTTI_DEMO_SPEED", FAST)]).await;
-    let init = client.initialize(true).await;
-    assert_eq!(init.protocol_version, ProtocolVersion::V1);
-    let meta = init.agent_capabilities.meta.expect("capability _meta");
-    assert_eq!(meta["tutti.dev/subagents"]["version"], 1);
-    client.shutdown().await;
-}
-
-#[tokio::test]
-async fn plain_agent_advertises_no_subagent_capability() {
-    let client = AcpClient::launch(PLAIN, &[("TUTTI_DEMO_SPEED", FAST)]).await;
-    let init = client.initialize(true).await;
-    let meta = init.agent_capabilities.meta.unwrap_or_default();
-    assert!(!meta.contains_key("tutti.dev/subagents"));
-    client.shutdown().await;
+async fn the_bundled_agents_advertise_no_subagent_extension() {
+    for agent in [DEMO, PLAIN] {
+        let client = AcpClient::launch(agent, &[("TUTTI_DEMO_SPEED", FAST)]).await;
+        let init = client.initialize(true).await;
+        assert_eq!(init.protocol_version, ProtocolVersion::V1);
+        let meta = init.agent_capabilities.meta.unwrap_or_default();
+        assert!(
+            !meta.keys().any(|k| k.starts_with("tutti.dev")),
+            "{agent}: {meta:?}"
+        );
+        client.shutdown().await;
+    }
 }
 
 /// Default scenario: 3 children; child 1 asks a permission, child 2 fails, child 3 runs in

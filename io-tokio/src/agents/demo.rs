@@ -1,28 +1,24 @@
 //! `tutti-demo-agent`: a real ACP (Agent Client Protocol, v1) agent over stdio that works
 //! through a prompt by delegating to provider-native subagents, exposed as child sessions.
 //!
-//! It is built with the `agent-client-protocol` crate (5.2, schema 1.17) and its
-//! `unstable_subagents` types, which follow the ACP "Subagent Sessions" RFD
-//! (`docs/rfds/subagents.mdx`, the revision with reusable child sessions, `subagent_update`
-//! associations and v1 `state` snapshots). Facts that the RFD does not carry but tutti needs
-//! (the parent tool call that spawned a child, whether the child may outlive the root prompt)
-//! travel in the `_meta` of the announcing `subagent_update` under the key
-//! `"tutti.dev/subagent"`. The daemon's ACP adapter parses exactly the shapes below.
+//! It is built with the `agent-client-protocol` crate (5.2) and its subagent types, and speaks
+//! the standard ACP v1 subagent sessions (stabilized 2026-11-20: `subagent_update` with v1
+//! `state` snapshots, `session` tool-call content), the shapes the daemon's ACP adapter maps
+//! (`tutti_core::adapters::acp::subagents`). It uses no extension of its own.
 //!
 //! # Capability negotiation
 //!
-//! The agent always advertises the tutti extension in `initialize`:
+//! There is no agent capability for subagents: `initialize` answers
 //!
 //! ```json
 //! {"protocolVersion":1,
-//!  "agentCapabilities":{"loadSession":true, "...":"...",
-//!                       "_meta":{"tutti.dev/subagents":{"version":1}}},
+//!  "agentCapabilities":{"loadSession":true, "...":"..."},
 //!  "authMethods":[],
 //!  "agentInfo":{"name":"tutti-demo-agent","version":"0.1.0"}}
 //! ```
 //!
-//! As the RFD requires, child sessions are exposed only when the client opted in with the
-//! (unstable, v1) client capability `{"clientCapabilities":{"subagents":{}}}`. Without it the
+//! Child sessions are exposed only when the client opted in with the v1 client capability
+//! `{"clientCapabilities":{"subagents":{}}}`. Without it the
 //! agent still delegates internally but stays root-only: no `subagent_update`, no child-scoped
 //! traffic, no session references in tool calls, no child permission requests (the work is
 //! treated as allowed), and the prompt waits for every subagent, including the ones that
@@ -46,17 +42,16 @@
 //! 2. **Spawned**: the announcing `subagent_update` (the first one for an unknown child id),
 //!    sent before any traffic bearing the child id and before the parent prompt answers.
 //!    `update.sessionId` is the stable child session id (unique on the connection, never
-//!    reused). `_meta["tutti.dev/subagent"]` is present on the announcement only:
+//!    reused):
 //!
 //!    ```json
 //!    {"sessionId":"demo-session-1","update":{"sessionUpdate":"subagent_update",
 //!      "sessionId":"demo-session-1-t1-child-1","title":"explorer",
-//!      "description":"subtask 1 of 3","capabilities":{"cancel":{}},
-//!      "_meta":{"tutti.dev/subagent":{"version":1,
-//!        "parentToolCallId":"demo-session-1-t1-delegate-1","background":false}}}}
+//!      "description":"subtask 1 of 3","capabilities":{"cancel":{}}}}
 //!    ```
 //!
-//!    Right after it the parent's tool call gains a display-only session reference:
+//!    Right after it the parent's tool call gains the standard session reference, which is
+//!    what links the child to the tool call that delegated it:
 //!
 //!    ```json
 //!    {"sessionId":"demo-session-1","update":{"sessionUpdate":"tool_call_update",
@@ -124,7 +119,7 @@
 //!    `cancelled` outcome, and the agent ignores that answer.
 //!
 //! 6. **Nested** children are announced on their parent child's stream (outer `sessionId` =
-//!    the child), with `parentToolCallId` naming a tool call on that child's stream.
+//!    the child), and linked by a session reference on a tool call of that child's stream.
 //!
 //! # Cancellation
 //!
@@ -191,7 +186,7 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, ErrorStopReason,
     IdleStateUpdate, IdleStopReason, Implementation, InitializeRequest, InitializeResponse,
-    LoadSessionRequest, LoadSessionResponse, Meta, NewSessionRequest, NewSessionResponse,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
     PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse,
     RequestPermissionOutcome, RequestPermissionRequest, RequiresActionStateUpdate,
     RunningStateUpdate, SessionCancelCapabilities, SessionNotification, SessionReference,
@@ -207,12 +202,6 @@ use tokio::task::JoinHandle;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
 
-/// `_meta` key of the agent capability advertised in `initialize`.
-const CAPABILITY_KEY: &str = "tutti.dev/subagents";
-/// `_meta` key carried by an announcing `subagent_update`.
-const SUBAGENT_META_KEY: &str = "tutti.dev/subagent";
-/// Version of the tutti subagent extension described in this file.
-const EXTENSION_VERSION: u64 = 1;
 /// Upper bound of `children=N`.
 const MAX_CHILDREN: usize = 8;
 /// JSON-RPC "internal error", used as the code of a failed child's error object.
@@ -485,12 +474,6 @@ struct Turn {
     token: CancellationToken,
 }
 
-fn meta(key: &str, value: serde_json::Value) -> Meta {
-    let mut meta = Meta::new();
-    meta.insert(key.to_owned(), value);
-    meta
-}
-
 fn text_block(text: impl Into<String>) -> ContentBlock {
     ContentBlock::Text(TextContent::new(text.into()))
 }
@@ -565,15 +548,7 @@ impl Demo {
                 .description(format!("subtask {} of {}", spec.number, spec.of))
                 .capabilities(
                     SubagentSessionCapabilities::new().cancel(SessionCancelCapabilities::new()),
-                )
-                .meta(meta(
-                    SUBAGENT_META_KEY,
-                    json!({
-                        "version": EXTENSION_VERSION,
-                        "parentToolCallId": spec.parent_tool_call,
-                        "background": spec.background,
-                    }),
-                ));
+                );
             self.subagent(spec, announce)?;
             self.tool_update(
                 &spec.parent_session,
@@ -1086,9 +1061,7 @@ fn handle_initialize(
     responder.respond(
         InitializeResponse::new(ProtocolVersion::V1)
             .agent_capabilities(
-                AgentCapabilities::new()
-                    .load_session(shared.state_dir.is_some())
-                    .meta(meta(CAPABILITY_KEY, json!({"version": EXTENSION_VERSION}))),
+                AgentCapabilities::new().load_session(shared.state_dir.is_some()),
             )
             .agent_info(Implementation::new(
                 "tutti-demo-agent",

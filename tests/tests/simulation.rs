@@ -217,7 +217,7 @@ impl Host {
 }
 
 const ACP_HANDSHAKE: [&str; 2] = [
-    r#"<< {"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{"_meta":{"tutti.dev/subagents":{"version":1}}}}}"#,
+    r#"<< {"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}}"#,
     r#"<< {"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}}"#,
 ];
 
@@ -294,7 +294,8 @@ fn regression_acp_child_cancel_answers_the_childs_pending_permission() {
     let mut lines = ACP_HANDSHAKE.to_vec();
     lines.extend([
         r#"<< {"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"d1","title":"Delegate","status":"in_progress"}}}"#,
-        r#"<< {"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"subagent_update","sessionId":"c1","capabilities":{},"_meta":{"tutti.dev/subagent":{"version":1,"parentToolCallId":"d1","background":false}}}}}"#,
+        r#"<< {"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"subagent_update","sessionId":"c1","capabilities":{}}}}"#,
+        r#"<< {"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"d1","content":[{"type":"session","sessionId":"c1"}]}}}"#,
         r#"<< {"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"subagent_update","sessionId":"c1","state":{"state":"running"}}}}"#,
         r#"<< {"jsonrpc":"2.0","id":"perm-1","method":"session/request_permission","params":{"sessionId":"c1","toolCall":{"toolCallId":"e1","title":"Edit"},"options":[{"optionId":"allow","name":"Allow","kind":"allow_once"},{"optionId":"reject","name":"Reject","kind":"reject_once"}]}}"#,
         "!cancel-child 0",

@@ -1060,9 +1060,7 @@ fn handle_initialize(
     );
     responder.respond(
         InitializeResponse::new(ProtocolVersion::V1)
-            .agent_capabilities(
-                AgentCapabilities::new().load_session(shared.state_dir.is_some()),
-            )
+            .agent_capabilities(AgentCapabilities::new().load_session(shared.state_dir.is_some()))
             .agent_info(Implementation::new(
                 "tutti-demo-agent",
                 env!("CARGO_PKG_VERSION"),

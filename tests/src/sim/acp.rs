@@ -1,12 +1,16 @@
-//! A simulated ACP agent (JSON-RPC 2.0 over one stdio pipe) with the subagents extension, in the
-//! wire shapes of `io-tokio/src/agents/demo.rs`: `initialize` (advertising
-//! `_meta["tutti.dev/subagents"]`, or not: then it stays root-only), `session/new`,
+//! A simulated ACP agent (JSON-RPC 2.0 over one stdio pipe) with standard ACP v1 subagent
+//! sessions, in both shapes real agents send: the demo agent's (`io-tokio/src/agents/demo.rs`: a
+//! delegation `tool_call` linked to the child by a `session` content) and claude-agent-acp's (no
+//! tool call: the delegating `session_message` pair whose `messageId` is the tool-use id, a
+//! `<id>:reply` message after a foreground child's `idle`). Some incarnations send no
+//! `subagent_update` at all (then it stays root-only). Besides: `initialize`, `session/new`,
 //! `session/prompt` answered with a stop reason, `session/update` notifications
-//! (`agent_message_chunk`, `tool_call`, `tool_call_update`, `subagent_update` announcements with
-//! `_meta["tutti.dev/subagent"]` and `state` snapshots on the parent stream),
-//! `session/request_permission` requests for child tool calls, `session/cancel` for the root (all
-//! live subagents report `cancelled`, descendants first, then the prompt answers `cancelled`) or
-//! for one child that advertised `capabilities.cancel`.
+//! (`agent_message_chunk`, `tool_call`, `tool_call_update`, `subagent_update` announcements and
+//! `state` snapshots on the parent stream), `session/request_permission` requests for child
+//! tool calls, `session/cancel` for the root (live subagents report `cancelled`, descendants
+//! first, then the prompt answers `cancelled`; a claude-style background child keeps running, as
+//! the real agent's do, until it is cancelled itself) or for one child that advertised
+//! `capabilities.cancel`.
 //!
 //! Children run concurrently (their traffic interleaves), may be foreground (the delegation tool
 //! call completes after the child's terminal) or background (it completes at once; the child may
@@ -41,6 +45,8 @@ struct Child {
     fail: bool,
     hang: bool,
     can_cancel: bool,
+    /// claude-agent-acp's shape (session messages, no delegation tool call).
+    claude: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +145,7 @@ impl AcpAgent {
             fail: rng.chance(150),
             hang: !self.calm && rng.chance(80),
             can_cancel: rng.chance(700),
+            claude: rng.chance(500),
         });
     }
 
@@ -148,7 +155,16 @@ impl AcpAgent {
         self.permissions.retain(|_, c| *c != i);
         let c = self.children[i].clone();
         let mut out = vec![self.snapshot(i)];
-        if !c.background {
+        if c.claude {
+            if !c.background && reason == "end_turn" {
+                out.push(update(
+                    &c.parent,
+                    json!({"sessionUpdate":"session_message",
+                    "messageId":format!("{}:reply", c.call),"senderSessionId":c.native,
+                    "recipientSessionId":c.parent,"content":[{"type":"text","text":"done"}]}),
+                ));
+            }
+        } else if !c.background {
             let (status, outcome) = match reason {
                 "end_turn" => ("completed", "completed"),
                 "cancelled" => ("failed", "cancelled"),
@@ -273,6 +289,27 @@ impl AcpAgent {
     fn step_child(&mut self, i: usize, rng: &mut Rng) -> Vec<Value> {
         let c = self.children[i].clone();
         match c.state {
+            State::Announce if c.claude => {
+                self.children[i].state = State::Starting;
+                vec![
+                    update(
+                        &c.parent,
+                        json!({"sessionUpdate":"subagent_update","sessionId":c.native,"title":"explorer","description":"general-purpose",
+                        "capabilities": if c.can_cancel { json!({"cancel":{}}) } else { json!({}) },
+                        "state":{"state":"running"}}),
+                    ),
+                    update(
+                        &c.parent,
+                        json!({"sessionUpdate":"session_message","messageId":c.call,"senderSessionId":c.parent,
+                            "recipientSessionId":c.native,"recipientMessageId":c.call,"content":[{"type":"text","text":"go"}]}),
+                    ),
+                    update(
+                        &c.native,
+                        json!({"sessionUpdate":"session_message","messageId":c.call,"senderSessionId":c.parent,
+                            "recipientSessionId":c.native,"senderMessageId":c.call,"content":[{"type":"text","text":"go"}]}),
+                    ),
+                ]
+            }
             State::Announce => {
                 self.children[i].state = State::Starting;
                 let mut out = vec![
@@ -283,8 +320,7 @@ impl AcpAgent {
                     update(
                         &c.parent,
                         json!({"sessionUpdate":"subagent_update","sessionId":c.native,"title":"explorer","description":"a subtask",
-                        "capabilities": if c.can_cancel { json!({"cancel":{}}) } else { json!({}) },
-                        "_meta":{"tutti.dev/subagent":{"version":1,"parentToolCallId":c.call,"background":c.background}}}),
+                        "capabilities": if c.can_cancel { json!({"cancel":{}}) } else { json!({}) }}),
                     ),
                     update(
                         &c.parent,
@@ -339,18 +375,11 @@ impl Provider for AcpAgent {
         let method = msg.get("method").and_then(Value::as_str);
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
         match (method, id) {
-            (Some("initialize"), Some(id)) => {
-                let meta = if self.subagents {
-                    json!({"tutti.dev/subagents":{"version":1}})
-                } else {
-                    json!({})
-                };
-                vec![
-                    json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":1,
-                    "agentCapabilities":{"loadSession":false,"_meta":meta},"authMethods":[],
-                    "agentInfo":{"name":"sim-agent","version":"0.1.0"}}}),
-                ]
-            }
+            (Some("initialize"), Some(id)) => vec![
+                json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":1,
+                "agentCapabilities":{"loadSession":false},"authMethods":[],
+                "agentInfo":{"name":"sim-agent","version":"0.1.0"}}}),
+            ],
             (Some("session/new"), Some(id)) => {
                 let s = format!("{}-session", self.tag);
                 self.session = Some(s.clone());
@@ -393,7 +422,11 @@ impl Provider for AcpAgent {
                     .unwrap_or_default()
                     .to_string();
                 if target == self.root() {
-                    let all: Vec<usize> = (0..self.children.len()).collect();
+                    // claude-agent-acp keeps background subagents running after a parent
+                    // cancel: they end when they are cancelled themselves.
+                    let all: Vec<usize> = (0..self.children.len())
+                        .filter(|&i| !(self.children[i].claude && self.children[i].background))
+                        .collect();
                     let mut out = self.cancel(all);
                     if let Some(p) = self.prompt.take() {
                         self.answered = true;

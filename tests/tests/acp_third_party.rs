@@ -673,6 +673,463 @@ fn claude_agent_acp_daemon_sigterm_leaves_no_process_behind() {
     sigterm_leaves_nothing(&mut c.rig, 2);
 }
 
+// ---- claude-agent-acp's subagents as child sessions (issue 35) ------------------------------
+
+/// An `Agent` tool use block (the Claude CLI's delegation tool).
+fn agent_block(description: &str, prompt: &str, background: bool) -> mm::Block {
+    mm::Block::ToolUse {
+        id: String::new(),
+        name: "Agent".into(),
+        input: json!({"description": description, "prompt": prompt,
+                      "subagent_type": "general-purpose", "run_in_background": background}),
+    }
+}
+
+impl Claude {
+    /// The child session titled `title`, once it exists.
+    fn child(&self, id: &str, title: &str) -> Value {
+        let d = self.rig.wait(id, &format!("the child {title:?}"), |v| {
+            children(v).iter().any(|c| c["title"] == title)
+        });
+        children(&d)
+            .into_iter()
+            .find(|c| c["title"] == title)
+            .expect("the child")
+    }
+
+    /// The outcome of `session`'s last turn, once it has one.
+    fn outcome(&self, root: &str, session: &str) -> String {
+        let d = self.rig.wait(root, &format!("{session} settled"), |v| {
+            turn_of(v, session).is_some_and(|t| t["outcome"].is_string())
+        });
+        turn_of(&d, session).expect("the turn")["outcome"]
+            .as_str()
+            .expect("an outcome")
+            .to_string()
+    }
+
+    /// Whether `session`'s last turn is still unsettled now.
+    fn running(&self, root: &str, session: &str) -> bool {
+        turn_of(&self.rig.d.detail(WS, root), session).is_some_and(|t| t["outcome"].is_null())
+    }
+}
+
+/// "The real agent's subagents appear as child sessions with lanes": the delegation is a child
+/// session of the root turn, linked to the delegation (`parentToolCallId` = the model's tool-use
+/// id, with its card on the root turn), whose own text is recorded on its own turn; the child
+/// completes and the root completes after it.
+#[test]
+fn claude_agent_acp_foreground_subagent_is_a_child_session_with_a_lane() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "child",
+                mm::Match::subagent().first_user_contains("CHILD-ONE"),
+                mm::Reply::text("Child one done."),
+            )
+            .on(
+                "delegate",
+                mm::Match::root().tool_results(0),
+                mm::Reply::agent(
+                    "look around",
+                    "CHILD-ONE find it",
+                    Some("general-purpose"),
+                    false,
+                ),
+            )
+            .fallback(mm::Reply::text("Delegated and done.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate please");
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    let child = c.child(&id, "look around");
+    let cid = child["id"].as_str().expect("child id");
+    assert_eq!(child["parentAgentSessionId"], id.as_str());
+    assert_eq!(child["parentTurnId"], turn.as_str());
+    let call = child["parentToolCallId"]
+        .as_str()
+        .expect("a delegation link");
+    assert!(
+        call.starts_with("toolu_"),
+        "the model's tool-use id: {call}"
+    );
+    assert!(
+        c.rig
+            .tool_call_rows()
+            .iter()
+            .any(|t| t["toolCallId"] == call && t["turnId"] == turn.as_str()),
+        "the lane hangs on a delegation card of the root turn"
+    );
+    assert_eq!(c.outcome(&id, cid), "completed");
+    let texts: Vec<String> = c
+        .rig
+        .messages(cid)
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .filter_map(|m| m["text"].as_str().map(String::from))
+        .collect();
+    assert!(texts.iter().any(|t| t == "Child one done."), "{texts:?}");
+}
+
+/// Two parallel subagents finishing apart: the root turn stays open while the slow one works
+/// after the fast one completed, and settles once both did.
+#[test]
+fn claude_agent_acp_parallel_subagents_keep_the_root_open_until_both_finish() {
+    let gate = Gate::new();
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "fast",
+                mm::Match::subagent().first_user_contains("CHILD-FAST"),
+                mm::Reply::text("Fast child done."),
+            )
+            .on(
+                "slow",
+                mm::Match::subagent().first_user_contains("CHILD-SLOW"),
+                mm::Reply::text("Slow child done.").until(&gate),
+            )
+            .on(
+                "delegate",
+                mm::Match::root().tool_results(0),
+                mm::Reply::blocks(vec![
+                    agent_block("fast one", "CHILD-FAST go", false),
+                    agent_block("slow one", "CHILD-SLOW go", false),
+                ]),
+            )
+            .fallback(mm::Reply::text("Both done.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate twice");
+    let fast = c.child(&id, "fast one");
+    let slow = c.child(&id, "slow one");
+    let (fast, slow) = (
+        fast["id"].as_str().expect("id").to_string(),
+        slow["id"].as_str().expect("id").to_string(),
+    );
+    assert_eq!(c.outcome(&id, &fast), "completed");
+    assert!(c.running(&id, &slow), "the slow child still works");
+    assert!(c.running(&id, &id), "the root turn waits for it");
+    gate.open();
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    assert_eq!(c.outcome(&id, &slow), "completed");
+}
+
+/// A background subagent (`run_in_background`): the root turn waits while it works, the child
+/// settles, and then the root does, with the agent's own follow-up recorded on the root turn.
+#[test]
+fn claude_agent_acp_background_subagent_keeps_the_root_waiting_until_it_settles() {
+    let gate = Gate::new();
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "bg child",
+                mm::Match::subagent().first_user_contains("CHILD-BG"),
+                mm::Reply::text("Background child done.").until(&gate),
+            )
+            .on(
+                "delegate",
+                mm::Match::root().tool_results(0),
+                mm::Reply::blocks(vec![agent_block("in the background", "CHILD-BG go", true)]),
+            )
+            .on(
+                "notified",
+                mm::Match::root().text_contains("task-notification"),
+                mm::Reply::text("The background child reported."),
+            )
+            .fallback(mm::Reply::text("Started it in the background.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate in the background");
+    let child = c.child(&id, "in the background");
+    let cid = child["id"].as_str().expect("id").to_string();
+    c.rig.wait(&id, "the root's text", |_| {
+        c.rig
+            .assistant_texts(&id, &turn)
+            .iter()
+            .any(|t| t.contains("Started it"))
+    });
+    assert!(
+        c.running(&id, &id),
+        "the root turn waits for the background child"
+    );
+    gate.open();
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    assert_eq!(c.outcome(&id, &cid), "completed");
+    assert!(
+        c.rig
+            .assistant_texts(&id, &turn)
+            .iter()
+            .any(|t| t.contains("The background child reported.")),
+        "the agent's follow-up belongs to the root turn"
+    );
+}
+
+/// A permission inside a subagent is an interaction of the child's turn; answering it on that
+/// exact child tuple lets the child write and complete.
+#[test]
+fn claude_agent_acp_permission_inside_a_subagent_is_answered_on_the_child_turn() {
+    let c = Claude::start(mm::Script::new());
+    let file = c.rig.work.path().join("child.txt");
+    c.mock.set_script(
+        mm::Script::new()
+            .answering_side_requests()
+            .on(
+                "child write",
+                mm::Match::subagent()
+                    .first_user_contains("CHILD-WRITE")
+                    .tool_results(0),
+                mm::Reply::write_file(&file.to_string_lossy(), "from the child"),
+            )
+            .on(
+                "child done",
+                mm::Match::subagent().first_user_contains("CHILD-WRITE"),
+                mm::Reply::text("Child wrote it."),
+            )
+            .on(
+                "delegate",
+                mm::Match::root().tool_results(0),
+                mm::Reply::blocks(vec![agent_block(
+                    "write a file",
+                    "CHILD-WRITE do it",
+                    false,
+                )]),
+            )
+            .fallback(mm::Reply::text("The child wrote it.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate a write");
+    let child = c.child(&id, "write a file");
+    let cid = child["id"].as_str().expect("id").to_string();
+    let pending = c.rig.next_pending(&id, &[]);
+    assert_eq!(pending["agentSessionId"], cid.as_str(), "{pending:#}");
+    assert_eq!(pending["turnId"], child["lastTurnId"], "{pending:#}");
+    c.rig.answer(&pending, json!("allow"));
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    assert_eq!(c.outcome(&id, &cid), "completed");
+    assert_eq!(
+        std::fs::read_to_string(&file).ok().as_deref(),
+        Some("from the child")
+    );
+}
+
+/// Child-only cancel: `session/cancel` of that subagent; it settles canceled and the root goes
+/// on to complete.
+#[test]
+fn claude_agent_acp_child_only_cancel_cancels_the_subagent_and_the_root_goes_on() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "child hangs",
+                mm::Match::subagent().first_user_contains("CHILD-HANG"),
+                mm::Reply::stall("Child working", None),
+            )
+            .on(
+                "delegate",
+                mm::Match::root().tool_results(0),
+                mm::Reply::blocks(vec![agent_block("hang", "CHILD-HANG go", false)]),
+            )
+            .fallback(mm::Reply::text("The child was stopped; carrying on.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate something long");
+    let child = c.child(&id, "hang");
+    let cid = child["id"].as_str().expect("id").to_string();
+    wait_model(
+        "the child's model request",
+        || {
+            c.mock
+                .message_requests()
+                .into_iter()
+                .find(|q| q.first_user_text().contains("CHILD-HANG"))
+        },
+        || c.mock.describe_requests(),
+    );
+    c.rig
+        .cancel(&cid, child["lastTurnId"].as_str().expect("turn"));
+    assert_eq!(c.outcome(&id, &cid), "canceled");
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+}
+
+/// Whole-tree cancel with a background subagent: the agent keeps background subagents running
+/// after a parent cancel, so tutti cancels the child too; the child's own `idle`/`cancelled`
+/// confirms it (canceled, not the interrupted timeout), the root settles canceled, and the
+/// agent's follow-up after the cancel is not recorded on the canceled root.
+#[test]
+fn claude_agent_acp_whole_tree_cancel_ends_the_background_subagent() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "bg child hangs",
+                mm::Match::subagent().first_user_contains("CHILD-BG-HANG"),
+                mm::Reply::stall("Child working", None),
+            )
+            .on(
+                "delegate",
+                mm::Match::root().tool_results(0),
+                mm::Reply::blocks(vec![agent_block("hang in bg", "CHILD-BG-HANG go", true)]),
+            )
+            .on(
+                "notified",
+                mm::Match::root().text_contains("task-notification"),
+                mm::Reply::text("AFTER-CANCEL follow-up."),
+            )
+            .fallback(mm::Reply::text("Started it in the background.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate in the background");
+    let child = c.child(&id, "hang in bg");
+    let cid = child["id"].as_str().expect("id").to_string();
+    wait_model(
+        "the child's model request",
+        || {
+            c.mock
+                .message_requests()
+                .into_iter()
+                .find(|q| q.first_user_text().contains("CHILD-BG-HANG"))
+        },
+        || c.mock.describe_requests(),
+    );
+    c.rig.cancel(&id, &turn);
+    assert_eq!(c.rig.settle(&id, &turn), "canceled");
+    assert_eq!(
+        c.outcome(&id, &cid),
+        "canceled",
+        "the agent confirmed the child's cancel"
+    );
+    // The agent's own follow-up after the cancel (it reaches the model) stays off the
+    // canceled root turn.
+    wait_model(
+        "the agent's follow-up",
+        || {
+            c.mock
+                .message_requests()
+                .into_iter()
+                .find(|q| !q.is_subagent() && q.all_text().contains("task-notification"))
+        },
+        || c.mock.describe_requests(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !c.rig
+            .assistant_texts(&id, &turn)
+            .iter()
+            .any(|t| t.contains("AFTER-CANCEL")),
+        "nothing resurrects the canceled root"
+    );
+}
+
+/// A subagent delegating to its own subagent: the grandchild is a child of the child session's
+/// turn, in the same tree.
+#[test]
+fn claude_agent_acp_nested_subagent_is_a_grandchild_session() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "grandchild",
+                mm::Match::subagent().first_user_contains("GRANDCHILD"),
+                mm::Reply::text("Grandchild done."),
+            )
+            .on(
+                "child delegates",
+                mm::Match::subagent()
+                    .first_user_contains("CHILD-NEST")
+                    .tool_results(0),
+                mm::Reply::blocks(vec![agent_block("deeper", "GRANDCHILD go", false)]),
+            )
+            .on(
+                "child done",
+                mm::Match::subagent().first_user_contains("CHILD-NEST"),
+                mm::Reply::text("Child done."),
+            )
+            .on(
+                "delegate",
+                mm::Match::root().tool_results(0),
+                mm::Reply::blocks(vec![agent_block("nest", "CHILD-NEST go", false)]),
+            )
+            .fallback(mm::Reply::text("Nested done.")),
+    );
+    let id = c.rig.create();
+    let (_, turn) = c.rig.submit(&id, "delegate nested");
+    assert_eq!(c.rig.settle(&id, &turn), "completed");
+    let child = c.child(&id, "nest");
+    let grand = c.child(&id, "deeper");
+    assert_eq!(grand["parentAgentSessionId"], child["id"]);
+    assert_eq!(grand["parentTurnId"], child["lastTurnId"]);
+    assert_eq!(grand["rootAgentSessionId"], id.as_str());
+    assert_eq!(
+        c.outcome(&id, grand["id"].as_str().expect("id")),
+        "completed"
+    );
+}
+
+/// Relaunch: after the agent process is gone, the next submit loads the ACP session; the agent
+/// replays the subagent it ran (same child id) and reports it idle once more, which binds to the
+/// recorded child session: no duplicate child, nothing reopened, and the second turn completes
+/// with the earlier conversation.
+#[test]
+fn claude_agent_acp_relaunch_binds_the_restored_subagent_to_its_recorded_child() {
+    let c = Claude::start(
+        mm::Script::new()
+            .on(
+                "child",
+                mm::Match::subagent().first_user_contains("CHILD-PAPAYA"),
+                mm::Reply::text("Child saw PAPAYA."),
+            )
+            .on(
+                "delegate",
+                mm::Match::root()
+                    .tool_results(0)
+                    .text_lacks("third question"),
+                mm::Reply::blocks(vec![agent_block("remember", "CHILD-PAPAYA go", false)]),
+            )
+            .fallback(mm::Reply::text("Noted.")),
+    );
+    let id = c.rig.create();
+    let (_, first) = c.rig.submit(&id, "remember the word PAPAYA");
+    assert_eq!(c.rig.settle(&id, &first), "completed");
+    let child = c.child(&id, "remember");
+    c.rig.wait_agent_transcript(&["PAPAYA", "Noted."]);
+    let acp_session = c.rig.provider_session_id(&id);
+    c.rig.kill_agent_group();
+    // The daemon noticed the exit before the next submit (a submit racing the kill would go
+    // to the dying process and be interrupted, which `killed_mid_turn...` covers).
+    procs::poll(WAIT.as_secs(), || {
+        let r = ureq::get(&format!("http://{}/metrics", c.rig.d.addr))
+            .set("authorization", &format!("Bearer {}", c.rig.d.token))
+            .call()
+            .ok()?;
+        let text = r.into_string().ok()?;
+        text.lines()
+            .any(|l| l.starts_with("tutti_provider_process_exits") && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .expect("the daemon notices the agent's exit");
+    let (reply, second) = c.rig.submit(&id, "third question");
+    assert_eq!(reply, "started");
+    assert_eq!(c.rig.settle(&id, &second), "completed");
+    assert!(
+        c.request_carries("third question", "PAPAYA"),
+        "the loaded session carries the earlier history"
+    );
+    assert_eq!(
+        c.rig.provider_session_id(&id),
+        acp_session,
+        "session/load, not a new one"
+    );
+    let d = c.rig.d.detail(WS, &id);
+    let kids = children(&d);
+    assert_eq!(kids.len(), 1, "no duplicate child: {d:#}");
+    assert_eq!(kids[0]["id"], child["id"]);
+    assert_eq!(
+        kids[0]["lastTurnId"], child["lastTurnId"],
+        "nothing reopened"
+    );
+    assert_eq!(
+        turn_of(&d, kids[0]["id"].as_str().expect("id")).expect("turn")["outcome"],
+        "completed"
+    );
+}
+
 // ---- codex-acp ------------------------------------------------------------------------------
 
 /// codex-acp against the scripted Responses server. Fields drop in order: the daemon first, the

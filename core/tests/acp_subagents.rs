@@ -879,3 +879,105 @@ fn a_child_replayed_by_session_load_binds_to_its_recorded_session() {
         started[0].1
     );
 }
+
+/// "State for a deleted child" is a diagnostic and changes nothing: after the user deleted a
+/// settled child session, the agent reusing it (`running`, then `idle`) opens no turn, does
+/// not bring the child back, and the root's next turn settles as usual.
+#[test]
+fn state_for_a_deleted_child_changes_nothing() {
+    use tutti_core::driver::Driver;
+    use tutti_core::input::{Command, Input};
+    use tutti_core::store::MemoryStore;
+
+    let mut store = MemoryStore::new();
+    let mut d = Driver::new();
+    let mut now = 0;
+    let mut tick = || {
+        now += 1;
+        now
+    };
+    let root: tutti_core::model::Id = "root".into();
+    let input = |d: &mut Driver, store: &mut MemoryStore, now: i64, c: Command| {
+        d.handle_input(now, Input::Command(c), None, store);
+        d.commit_pending(store);
+    };
+    let native = |d: &mut Driver, store: &mut MemoryStore, now: i64, m: Value| {
+        d.handle_native(now, "root", &m, store).expect("accepted");
+        d.commit_pending(store);
+    };
+    input(
+        &mut d,
+        &mut store,
+        tick(),
+        Command::CreateSession {
+            agent_session_id: root.clone(),
+            workspace_id: "w".into(),
+            provider: "acp".into(),
+            title: None,
+            capabilities: None,
+        },
+    );
+    d.attach(
+        tick(),
+        root.clone(),
+        Box::new(AcpAdapter::new(root.clone(), AcpConfig::default())),
+        &store,
+    );
+    d.commit_pending(&mut store);
+    let submit = |turn: &str| Command::Submit {
+        agent_session_id: "root".into(),
+        turn_id: turn.into(),
+        text: "go".into(),
+    };
+    input(&mut d, &mut store, tick(), submit("T1"));
+    for m in [
+        json!({"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 1, "agentCapabilities": {}}}),
+        json!({"jsonrpc": "2.0", "id": 1, "result": {"sessionId": SESSION}}),
+        sub(SESSION, "c1", running()),
+        message(SESSION, "m1", SESSION, "c1"),
+        sub(SESSION, "c1", idle("end_turn")),
+        json!({"jsonrpc": "2.0", "id": 2, "result": {"stopReason": "end_turn"}}),
+    ] {
+        native(&mut d, &mut store, tick(), m);
+    }
+    let (child, first) = child_ids(&root, "acp", "c1", 1);
+    assert_eq!(
+        d.engine().turn("root", "T1").and_then(|t| t.outcome),
+        Some(Outcome::Completed)
+    );
+    input(
+        &mut d,
+        &mut store,
+        tick(),
+        Command::DeleteSession {
+            agent_session_id: child.clone(),
+        },
+    );
+    assert!(d
+        .engine()
+        .session(&child)
+        .is_some_and(|s| s.deleted_at.is_some()));
+    input(&mut d, &mut store, tick(), submit("T2"));
+    let before = d.engine().snapshot("root").expect("tree");
+    for m in [
+        sub(SESSION, "c1", json!({"state": {"state": "running"}})),
+        sub(SESSION, "c1", idle("end_turn")),
+    ] {
+        native(&mut d, &mut store, tick(), m);
+    }
+    let after = d.engine().snapshot("root").expect("tree");
+    assert_eq!(before.turns, after.turns, "no turn opened or settled");
+    assert_eq!(before.sessions, after.sessions, "the child stays deleted");
+    assert!(d.engine().turn(&child, &first).is_none());
+    native(
+        &mut d,
+        &mut store,
+        tick(),
+        json!({"jsonrpc": "2.0", "id": 3, "result": {"stopReason": "end_turn"}}),
+    );
+    assert_eq!(
+        d.engine().turn("root", "T2").and_then(|t| t.outcome),
+        Some(Outcome::Completed)
+    );
+    assert!(d.engine().check_invariants().is_empty());
+}

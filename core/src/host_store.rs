@@ -3,8 +3,8 @@
 //! provider's working directory, and a checkpoint hook.
 //!
 //! The daemon (`tutti-tokio`) uses only [`Store`] and [`HostStore`], so any store that passes the
-//! store conformance suite (`tutti_tests::conformance`) can run it. [`MemoryStore`] and
-//! `tutti_sqlite::SqliteStore` implement both.
+//! store conformance suite (`tutti_tests::conformance`) can run it. [`MemoryStore`],
+//! `tutti_sqlite::SqliteStore` and `tutti_postgres::PostgresStore` implement both.
 //!
 //! [`MemoryStore`]: crate::store::MemoryStore
 

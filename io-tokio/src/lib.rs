@@ -1,20 +1,30 @@
 //! # tutti-tokio
 //!
 //! The tokio driver of tutti: it carries out the engine's [`tutti_core::Step`]s against real
-//! provider processes, a clock and the SQLite store, and serves the spec's HTTP API.
+//! provider processes, a clock and a store (an embedded SQLite file or PostgreSQL), and serves
+//! the spec's HTTP API.
 //!
 //! ## The driver loop
 //!
-//! The [`daemon`] owns one engine thread. Inputs (API commands, normalized events from provider
-//! runtimes, runtime answers, timers) arrive on one channel; the thread decides each with
-//! `Engine::handle`, group-commits the steps of inputs that arrived together in one SQLite
-//! transaction, and only then carries out each step: provider requests go to the root session's
-//! [`runtime`] (one provider process per root tree, driven by a pure adapter from
-//! `tutti_core::adapters`), timers are armed, the commit's outbox rows go to live followers of
-//! the event stream, and the command's reply is sent. A failed commit evicts the tree and reloads
-//! it from the file. Commits never checkpoint the WAL: a checkpoint thread of its own does, and
-//! asks the engine thread for a quick WAL restart between two group commits when the WAL grows
-//! past a bound under a load that never pauses.
+//! The [`daemon`] owns one engine thread, which owns one [`tutti_core::driver::Driver`]: the
+//! engine, the pure adapters of the live roots (from `tutti_core::adapters`) and every timer, as
+//! one sans-I/O machine. The thread's loop:
+//!
+//! 1. take what arrived on its one channel, as a group: API commands (`handle_input`, with a
+//!    reply token), native messages a provider [`runtime`] read from its process
+//!    (`handle_native`; runtimes only move lines, they decide nothing), runtime answers, and
+//!    the timers due by [`tutti_core::driver::Driver::poll_timeout`] (`handle_timeout`);
+//! 2. commit everything the driver decided for the group in one store transaction
+//!    (`commit_pending`: SQLite or PostgreSQL, fenced by the tree's lease on PostgreSQL); a
+//!    failed commit evicts the tree and reloads it from the store;
+//! 3. only then carry out the driver's [`tutti_core::driver::Output`]s: `Launch` a provider
+//!    process, `Transmit` native messages to one, `Publish` the committed outbox rows to the live
+//!    followers of the event stream, send each `Reply`, log each `Diagnostic`.
+//!
+//! Nothing leaves the daemon before the batch that caused it is durable. On SQLite, commits
+//! never checkpoint the WAL: a checkpoint thread of its own does, and asks the engine thread
+//! for a quick WAL restart between two group commits when the WAL grows past a bound under a
+//! load that never pauses.
 //!
 //! - [`api`]: axum routes and the Server-Sent Events stream.
 //! - [`follow`]: a position in the event stream, read from the file while behind and from each

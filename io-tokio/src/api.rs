@@ -311,6 +311,10 @@ pub fn router_with_web(
             get(messages),
         )
         .route(
+            "/v1/workspaces/{ws}/agent-sessions/{id}/tree-messages",
+            get(tree_messages),
+        )
+        .route(
             "/v1/workspaces/{ws}/agent-sessions/{id}/submit",
             post(submit).layer(fwd.clone()),
         )
@@ -713,6 +717,54 @@ async fn messages(
         .await?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(json!({"messages": msgs})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TreeMessagesQuery {
+    limit: Option<usize>,
+}
+
+/// `GET .../agent-sessions/{id}/tree-messages?limit=N`: the first `N` messages (default 100,
+/// 1 to 1000) of the session and of each of its nested children, in one read transaction with
+/// the event-stream position it reflects: `{"eventSeq", "sessions": [{"agentSessionId",
+/// "messages", "more"}]}` (`more`: the session has messages beyond these; page on with
+/// `.../{that session}/messages?after=<last seq>`). With the detail, what a view of a tree
+/// needs in two requests, however many lanes it has; every later change comes on
+/// `/v1/events?after=eventSeq` as rows that carry the whole entity (issue 32: "one read per
+/// change, bounded").
+async fn tree_messages(
+    State(s): State<AppState>,
+    Path((ws, id)): Path<(String, String)>,
+    q: Result<Query<TreeMessagesQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q?;
+    check_id("workspace id", &ws)?;
+    check_id("session id", &id)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
+        let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
+        let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        if *d.session.workspace_id != *ws {
+            return Ok(None);
+        }
+        let mut sessions = Vec::new();
+        for x in std::iter::once(&d.session).chain(d.child_sessions.iter()) {
+            let mut msgs = r
+                .messages(&x.id, None, limit + 1)
+                .map_err(|e| e.to_string())?;
+            let more = msgs.len() > limit;
+            msgs.truncate(limit);
+            sessions.push(json!({"agentSessionId": x.id, "messages": msgs, "more": more}));
+        }
+        Ok(Some(json!({"eventSeq": seq, "sessions": sessions})))
+    })
+    .await?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
+    .ok_or_else(|| ApiError::not_found("session"))?;
+    Ok(Json(out))
 }
 
 #[derive(Deserialize)]

@@ -497,7 +497,13 @@ impl Demo {
             .send_notification(SessionNotification::new(session.to_owned(), update))
     }
 
+    /// One `agent_message_chunk`. A chunk that ends a sentence ends with a newline, so the
+    /// chunks a client joins into one message do not run together ("found what I need.tester:").
     fn say(&self, session: &str, text: impl Into<String>) -> Result<(), Error> {
+        let mut text = text.into();
+        if text.ends_with(['.', '!', '?']) {
+            text.push('\n');
+        }
         self.update(
             session,
             SessionUpdate::AgentMessageChunk(ContentChunk::new(text_block(text))),

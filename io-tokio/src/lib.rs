@@ -23,6 +23,7 @@
 //!   daemon owns are forwarded to it (authenticated by the database's cluster secret).
 //! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).
 //! - [`config`]: the TOML config.
+//! - [`db_lock`]: one daemon per SQLite file (an advisory lock beside it).
 //! - [`web`]: the web view of agent trees at `/` (assets in the binary, cookie login).
 
 #![warn(missing_docs)]
@@ -35,6 +36,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+pub mod db_lock;
 pub mod demo;
 pub mod follow;
 pub mod forward;

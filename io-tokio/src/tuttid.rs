@@ -380,6 +380,9 @@ pub enum ServeError {
     /// The daemon core did not start.
     #[error(transparent)]
     Start(#[from] crate::daemon::StartError),
+    /// Another daemon serves this SQLite file (or its lock file is unusable).
+    #[error(transparent)]
+    DbLock(#[from] crate::db_lock::DbLockError),
     /// The listening socket.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -436,6 +439,9 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         Db::Sqlite(p) => p.clone(),
         Db::Postgres(url) => PathBuf::from(crate::postgres::redact(url)),
     };
+    // Issue 36 (1): one daemon per SQLite file. The lock is taken before anything opens the
+    // database (start-up recovery settles running trees) and held until the process ends.
+    let mut db_lock: Option<crate::db_lock::DbLock> = None;
     if let Db::Sqlite(db) = &choice {
         if let Some(parent) = db.parent() {
             std::fs::create_dir_all(parent).map_err(|source| ServeError::File {
@@ -444,6 +450,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
                 source,
             })?;
         }
+        db_lock = Some(crate::db_lock::DbLock::acquire(db)?);
     }
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
     check_listen(args.listen, args.allow_non_loopback)?;
@@ -501,6 +508,9 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         .await
         .map_err(listen)?;
     let addr = listener.local_addr().map_err(listen)?;
+    if let Some(l) = &db_lock {
+        l.write_holder(Some(&addr.to_string()))?;
+    }
     let advertise = advertise_address(
         args.advertise.as_deref(),
         matches!(choice, Db::Postgres(_)),
@@ -602,5 +612,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     {
         tracing::warn!("the engine did not stop in time; exiting anyway");
     }
+    // Held until here: the engine no longer writes.
+    drop(db_lock);
     Ok(())
 }

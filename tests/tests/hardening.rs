@@ -707,3 +707,80 @@ fn tuttid_demo_prints_a_cli_example_that_works() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
 }
+
+/// Issue 36 item 1: "A second daemon can open the same SQLite file without complaint; its
+/// start-up settles the first daemon's running tree as interrupted" and an acknowledged answer
+/// is lost. Now the second daemon refuses to start (non-zero exit, the holder's pid and address
+/// in its message) before touching the database: the first daemon's pending permission stays
+/// pending, its answer is taken and the tree completes. After the first daemon ends (SIGTERM),
+/// a new daemon starts on the file (the stale lock file is harmless).
+#[test]
+fn a_second_daemon_on_the_same_database_file_refuses_to_start() {
+    let mut d = TestDaemon::start(TUTTID, None, &[("TUTTI_DEMO_SPEED", "8")]);
+    let id = d.create(WS, "demo");
+    d.submit(WS, &id, "children=1 permission=1 fail=0 late=0");
+    let (path, i) = pending_interaction(&d, &id);
+    let pid = d.pid().expect("first daemon runs");
+    let other = format!("127.0.0.1:{}", free_port());
+    let errs = d.dir.path().join("second.stderr");
+    let mut second = Command::new(TUTTID)
+        .arg("serve")
+        .arg("--db")
+        .arg(d.db())
+        .arg("--listen")
+        .arg(&other)
+        .arg("--token-file")
+        .arg(d.dir.path().join("token"))
+        .env("TUTTI_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&errs).expect("stderr file"))
+        .spawn()
+        .expect("start the second tuttid");
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(st)) = second.try_wait() {
+            break Some(st);
+        }
+        if start.elapsed() > HANG {
+            let _ = second.kill();
+            let _ = second.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&errs).unwrap_or_default();
+    assert!(
+        status.is_some_and(|st| !st.success()),
+        "the second daemon refused to start (status {status:?}): {err}"
+    );
+    assert!(
+        err.contains(&format!("pid {pid}")) && err.contains(&d.addr),
+        "the message names the holder's pid {pid} and address {}: {err}",
+        d.addr
+    );
+    assert!(
+        ureq::get(&format!("http://{other}/healthz"))
+            .call()
+            .is_err(),
+        "the second daemon does not serve"
+    );
+    // Nothing of the first daemon's tree was settled by the refused start.
+    assert_eq!(status_of(&d, &id, &i["requestId"]), "pending");
+    let detail = d.detail(WS, &id);
+    assert!(
+        turn_of(&detail, &id).is_some_and(|t| t["outcome"].is_null()),
+        "the root turn still runs: {detail}"
+    );
+    let (st, v) = d.call("POST", &path, Some(json!({"response": "allow"})));
+    assert_eq!(st, 200, "{v}");
+    let end = d.wait_for(WS, &id, 30, "settled", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"].is_string())
+    });
+    assert_eq!(turn_of(&end, &id).expect("turn")["outcome"], "completed");
+    assert_eq!(status_of(&d, &id, &i["requestId"]), "answered");
+    // The first daemon ends; the kernel released its lock, so a new one starts on the file.
+    assert!(d.signal_and_wait(libc::SIGTERM, 10).is_some(), "stopped");
+    d.restart();
+    assert_eq!(d.detail(WS, &id)["session"]["id"], id.as_str());
+}

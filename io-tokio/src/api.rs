@@ -4,7 +4,8 @@
 //! case-insensitively, RFC 9110 11.1). Every error, including the router's own (unknown route,
 //! 405, a malformed query string or path) and the size limits, is the JSON envelope
 //! `{"error": {"code", "message"}}`: 400 `invalid`, 401 `unauthorized`, 404 `not_found`,
-//! 405 `method_not_allowed`, 409 `conflict` (or the engine's rejection code), 413 `too_large`
+//! 405 `method_not_allowed`, 408 `timeout` (a body slower than the connection's body timeout, see
+//! [`crate::connections`]), 409 `conflict` (or the engine's rejection code), 413 `too_large`
 //! (body over [`MAX_BODY`] bytes), 414 `uri_too_long` (over [`MAX_URI`]), 415
 //! `unsupported_media_type`, 431 `headers_too_large` (over [`MAX_HEADER_BYTES`] or
 //! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. (A request head beyond hyper's own limits,
@@ -184,12 +185,13 @@ impl From<QueryRejection> for ApiError {
 }
 
 /// The envelope's `code` for an error status.
-fn code_of(status: StatusCode) -> &'static str {
+pub(crate) fn code_of(status: StatusCode) -> &'static str {
     match status.as_u16() {
         400 => "invalid",
         401 => "unauthorized",
         404 => "not_found",
         405 => "method_not_allowed",
+        408 => "timeout",
         403 => "forbidden",
         409 => "conflict",
         413 => "too_large",

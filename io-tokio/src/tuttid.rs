@@ -394,9 +394,6 @@ pub enum ServeError {
     /// The web view's one-time login code could not be made (no randomness).
     #[error("cannot make a login code: {0}")]
     LoginCode(std::io::Error),
-    /// The HTTP server failed.
-    #[error("server: {0}")]
-    Server(std::io::Error),
     /// The server task panicked or was cancelled.
     #[error("server task: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -477,6 +474,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     }
     let retention = config.retention.resolve();
     let durability = config.durability;
+    let http = config.http.resolve();
     let mut registry = Registry::with_builtins(config)?;
     // The demo agent's state lives next to the SQLite file; for PostgreSQL, next to the token
     // file (choice: the daemon's local files stay together).
@@ -545,27 +543,16 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
                 source,
             })?;
         let mapp = crate::api::metrics_router(daemon.clone());
-        let mut mstop = stop_rx.clone();
-        tokio::spawn(async move {
-            let r = axum::serve(mlistener, mapp)
-                .with_graceful_shutdown(async move {
-                    let _ = mstop.wait_for(|stop| *stop).await;
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "metrics listener failed");
-            }
-        });
+        let mstop = stop_rx.clone();
+        tokio::spawn(crate::connections::serve(mlistener, mapp, http, mstop));
         eprintln!("tuttid: metrics on http://{maddr}/metrics (no auth)");
     }
-    let mut graceful = stop_rx.clone();
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = graceful.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
+    let mut server = tokio::spawn(crate::connections::serve(
+        listener,
+        app,
+        http,
+        stop_rx.clone(),
+    ));
     tokio::spawn(async move {
         let which = stop_signal().await;
         tracing::info!(signal = which, "stopping");
@@ -601,8 +588,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         }
     };
     match served {
-        Some(Ok(Ok(()))) | None => {}
-        Some(Ok(Err(e))) => return Err(ServeError::Server(e)),
+        Some(Ok(())) | None => {}
         Some(Err(e)) => return Err(ServeError::Task(e)),
     }
     server.abort();

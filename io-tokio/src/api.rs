@@ -8,8 +8,9 @@
 //! [`crate::connections`]), 409 `conflict` (or the engine's rejection code), 413 `too_large`
 //! (body over [`MAX_BODY`] bytes), 414 `uri_too_long` (over [`MAX_URI`]), 415
 //! `unsupported_media_type`, 431 `headers_too_large` (over [`MAX_HEADER_BYTES`] or
-//! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. (A request head beyond hyper's own limits,
-//! far above these, is answered by hyper with a bare status before any of this runs.)
+//! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. A head hyper cannot parse, or beyond its own
+//! limits (far above these), is answered by hyper before any of this runs; the connection's
+//! writer gives that answer the envelope too (see [`crate::connections`]).
 //!
 //! Several daemons on one PostgreSQL database (issue 21): a command on a tree another daemon
 //! owns is forwarded there (see [`crate::forward`]); `409 owned_elsewhere` when it cannot be

@@ -24,6 +24,17 @@
 //!   (at most [`crate::api::MAX_BODY`] bytes, else `413 too_large`) within it from the head,
 //!   before the router sees the request, else `408 timeout` with the JSON envelope. Requests
 //!   without a body (event streams included) are not concerned.
+//! - **Malformed heads get the JSON envelope** (item 12). hyper answers a head it cannot parse
+//!   (a control character in a header value, a garbage request line, a negative or invalid
+//!   `Content-Length`, a head beyond its own limits) itself, with a bare status and no body,
+//!   before any service runs, and offers no hook for it. Choice: rather than parse heads twice
+//!   (a validating pre-reader in front of hyper would have to track request boundaries on
+//!   keep-alive connections), the connection's writer recognises that answer on its way out (a
+//!   response head with an error status, no `content-type` and nothing after it in the same
+//!   write; every response of the router carries a `content-type`, errors included, and the
+//!   writer is not vectored so hyper writes a head and its body in one buffer) and writes in its
+//!   place the same status with the envelope (`invalid`, `uri_too_long`, `headers_too_large`)
+//!   and `Connection: close`; hyper closes the connection after it.
 //!
 //! Only HTTP/1.1 (and 1.0) is served (choice: no HTTP/2 prior-knowledge over plain TCP, which no
 //! browser speaks; `axum::serve` offered it). When `stop` becomes `true` the loop stops
@@ -339,6 +350,7 @@ async fn connection(
     let io = TokioIo::new(Watched {
         inner: stream,
         state: state.clone(),
+        replacement: None,
     });
     let service = ConnService {
         app,
@@ -505,10 +517,58 @@ async fn read_body(req: Request<Incoming>, timeout: Duration) -> Result<Request<
     }
 }
 
-/// The connection's socket as hyper sees it: reads mark the start of a head.
+/// The connection's socket as hyper sees it: reads mark the start of a head, and hyper's own
+/// bare error answers are replaced by the JSON envelope on the way out.
 struct Watched {
     inner: TcpStream,
     state: Arc<ConnState>,
+    /// An answer written in place of hyper's, and how much of it is out.
+    replacement: Option<(Vec<u8>, usize)>,
+}
+
+impl Watched {
+    /// Writes what is left of the replacement answer.
+    fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((bytes, done)) = &mut self.replacement {
+            if *done >= bytes.len() {
+                self.replacement = None;
+                break;
+            }
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*done..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *done += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The envelope answer to write instead of `buf`, when `buf` is hyper's own answer to a head it
+/// could not parse: a whole response head with an error status, no `content-type` and no body.
+fn replace_bare_error(buf: &[u8]) -> Option<Vec<u8>> {
+    let rest = buf.strip_prefix(b"HTTP/1.1 ")?;
+    let status: u16 = std::str::from_utf8(rest.get(..3)?).ok()?.parse().ok()?;
+    if !(400..=599).contains(&status) {
+        return None;
+    }
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    if end + 4 != buf.len() {
+        return None;
+    }
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    if head.contains("\r\ncontent-type:") {
+        return None;
+    }
+    let (code, message) = match status {
+        414 => ("uri_too_long", "request target too long"),
+        431 => ("headers_too_large", "request head too large"),
+        _ => (
+            crate::api::code_of(StatusCode::from_u16(status).ok()?),
+            "malformed request head (request line, header name or value, or Content-Length)",
+        ),
+    };
+    Some(raw_response(status, code, message, ""))
 }
 
 impl AsyncRead for Watched {
@@ -538,15 +598,29 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        if let Some(answer) = replace_bare_error(buf) {
+            this.replacement = Some((answer, 0));
+            // Taken; the replacement goes out now or on the next write, flush or shutdown.
+            if let Poll::Ready(Err(e)) = this.poll_replacement(cx) {
+                return Poll::Ready(Err(e));
+            }
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 
@@ -561,5 +635,21 @@ mod tests {
         assert_eq!(fd_bounded_cap(1024, Some(1 << 20)), 1024);
         assert_eq!(fd_bounded_cap(1024, Some(10)), MIN_CONNECTIONS);
         assert_eq!(fd_bounded_cap(4, Some(256)), 4);
+    }
+
+    #[test]
+    fn only_hypers_bare_error_answers_are_replaced() {
+        let bare = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        let out = String::from_utf8(replace_bare_error(bare).expect("replaced")).expect("utf8");
+        assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+        let body = out.split_once("\r\n\r\n").expect("head").1;
+        let v: serde_json::Value = serde_json::from_str(body).expect("json");
+        assert_eq!(v["error"]["code"], "invalid");
+        // The router's answers carry a content-type; success and bodies are left alone.
+        let json = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n\r\n";
+        assert!(replace_bare_error(json).is_none());
+        assert!(replace_bare_error(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_none());
+        assert!(replace_bare_error(b"HTTP/1.1 400 Bad Request\r\n\r\n{}").is_none());
+        assert!(replace_bare_error(b"data: {}\n\n").is_none());
     }
 }

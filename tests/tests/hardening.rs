@@ -1025,3 +1025,28 @@ fn healthz_answers_with_300_idle_connections_under_a_256_fd_limit() {
     assert!(!p.stderr().contains("panicked"), "{}", p.stderr());
     drop(idle);
 }
+
+/// Issue 36 item 12: "three malformed request heads (control character in a header value,
+/// garbage request line, negative Content-Length) get a bare 400 without the JSON envelope".
+#[test]
+fn malformed_request_heads_get_the_json_envelope() {
+    let p = serve_configured("", None);
+    for (what, head) in [
+        (
+            "control character in a header value",
+            "GET /healthz HTTP/1.1\r\nhost: x\r\nx-bad: a\u{1}b\r\n\r\n",
+        ),
+        ("garbage request line", "GARBAGE\u{7} !! ?\r\n\r\n"),
+        (
+            "negative Content-Length",
+            "POST /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: -5\r\n\r\n",
+        ),
+    ] {
+        let (st, v) = raw_http(&p.addr, head);
+        assert_eq!(st, 400, "{what}: {v}");
+        assert_eq!(v["error"]["code"], "invalid", "{what}: {v}");
+        assert!(v["error"]["message"].is_string(), "{what}: {v}");
+    }
+    // A well-formed request still answers on a new connection.
+    assert_eq!(p.call("GET", "/healthz", None).0, 200);
+}

@@ -19,7 +19,9 @@
 //! - **An idle keep-alive timeout** ([`HttpLimits::idle_timeout`]): a connection with no request
 //!   in flight and no byte of a new head for that long is closed. A request is in flight from its
 //!   head until its response body has been sent, so an event stream (`GET /v1/events`) is never
-//!   idle while it runs.
+//!   idle while it runs. (There is no write timeout: a client that stops reading a response
+//!   keeps its request in flight, as a follower that stops reading does; it holds one slot of
+//!   the cap, never more.)
 //! - **A body read timeout** ([`HttpLimits::body_timeout`]): a request's body is read in full
 //!   (at most [`crate::api::MAX_BODY`] bytes, else `413 too_large`) within it from the head,
 //!   before the router sees the request, else `408 timeout` with the JSON envelope. Requests

@@ -1026,6 +1026,38 @@ fn healthz_answers_with_300_idle_connections_under_a_256_fd_limit() {
     drop(idle);
 }
 
+/// Issue 36 item 2: an accept error such as `EMFILE` must not end or spin the listener. Under
+/// `RLIMIT_NOFILE` = 48 (below what the cap's floor and the refused connections need), 100 idle
+/// connections run the daemon out of descriptors: accept fails (logged), backs off and goes on,
+/// and `/healthz` answers once the idle connections are closed by the header timeout.
+#[test]
+fn accept_errors_like_emfile_back_off_and_the_daemon_recovers() {
+    let p = serve_configured("[http]\nheader_timeout_secs = 1\n", Some(48));
+    let idle: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&p.addr).expect("connect"))
+        .collect();
+    let start = Instant::now();
+    let mut answered = false;
+    while start.elapsed() < HANG {
+        let r = ureq::get(&format!("http://{}/healthz", p.addr))
+            .timeout(Duration::from_secs(2))
+            .call();
+        if r.is_ok_and(|r| r.status() == 200) {
+            answered = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = p.stderr();
+    assert!(answered, "/healthz did not come back; stderr: {err}");
+    assert!(
+        err.contains("accept failed") && err.contains("Too many open files"),
+        "the descriptor limit was reached and logged: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    drop(idle);
+}
+
 /// Issue 36 item 12: "three malformed request heads (control character in a header value,
 /// garbage request line, negative Content-Length) get a bare 400 without the JSON envelope".
 #[test]

@@ -4,11 +4,13 @@
 //! case-insensitively, RFC 9110 11.1). Every error, including the router's own (unknown route,
 //! 405, a malformed query string or path) and the size limits, is the JSON envelope
 //! `{"error": {"code", "message"}}`: 400 `invalid`, 401 `unauthorized`, 404 `not_found`,
-//! 405 `method_not_allowed`, 409 `conflict` (or the engine's rejection code), 413 `too_large`
+//! 405 `method_not_allowed`, 408 `timeout` (a body slower than the connection's body timeout, see
+//! [`crate::connections`]), 409 `conflict` (or the engine's rejection code), 413 `too_large`
 //! (body over [`MAX_BODY`] bytes), 414 `uri_too_long` (over [`MAX_URI`]), 415
 //! `unsupported_media_type`, 431 `headers_too_large` (over [`MAX_HEADER_BYTES`] or
-//! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. (A request head beyond hyper's own limits,
-//! far above these, is answered by hyper with a bare status before any of this runs.)
+//! [`MAX_HEADERS`]), 5xx `internal` / `unavailable`. A head hyper cannot parse, or beyond its own
+//! limits (far above these), is answered by hyper before any of this runs; the connection's
+//! writer gives that answer the envelope too (see [`crate::connections`]).
 //!
 //! Several daemons on one PostgreSQL database (issue 21): a command on a tree another daemon
 //! owns is forwarded there (see [`crate::forward`]); `409 owned_elsewhere` when it cannot be
@@ -184,12 +186,13 @@ impl From<QueryRejection> for ApiError {
 }
 
 /// The envelope's `code` for an error status.
-fn code_of(status: StatusCode) -> &'static str {
+pub(crate) fn code_of(status: StatusCode) -> &'static str {
     match status.as_u16() {
         400 => "invalid",
         401 => "unauthorized",
         404 => "not_found",
         405 => "method_not_allowed",
+        408 => "timeout",
         403 => "forbidden",
         409 => "conflict",
         413 => "too_large",

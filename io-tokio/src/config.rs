@@ -14,6 +14,12 @@
 //! outbox_keep_rows = 100000          # newest outbox rows kept (0: no count limit)
 //! outbox_keep_secs = 604800          # outbox rows younger than this are kept (0: no age limit)
 //! prune_interval_secs = 60           # time between retention passes (0: never prune)
+//!
+//! [http]                             # optional; defaults shown (see `tutti_tokio::connections`)
+//! header_timeout_secs = 10           # a request head must be complete within this
+//! body_timeout_secs = 30             # a request body must be read within this from its head
+//! idle_timeout_secs = 60             # close a keep-alive connection idle this long
+//! max_connections = 1024             # concurrent connections (at most (RLIMIT_NOFILE - 128) / 2)
 //! ```
 //!
 //! Top-level settings:
@@ -87,6 +93,9 @@ pub struct ConfigFile {
     /// SQLite: how durable an acknowledged commit is. Default [`Durability::Full`].
     #[serde(default)]
     pub durability: Durability,
+    /// HTTP connection limits (`[http]`, see [`crate::connections::HttpConfig`]).
+    #[serde(default)]
+    pub http: crate::connections::HttpConfig,
 }
 
 /// How durable an acknowledged write is on SQLite (issue 36: "durability the operator

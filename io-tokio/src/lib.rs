@@ -33,6 +33,8 @@
 //!   daemon owns are forwarded to it (authenticated by the database's cluster secret).
 //! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).
 //! - [`config`]: the TOML config.
+//! - [`connections`]: the HTTP accept loop (connection cap, header/body/idle timeouts).
+//! - [`db_lock`]: one daemon per SQLite file (an advisory lock beside it).
 //! - [`web`]: the web view of agent trees at `/` (assets in the binary, cookie login).
 
 #![warn(missing_docs)]
@@ -44,7 +46,9 @@ pub mod auth;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod connections;
 pub mod daemon;
+pub mod db_lock;
 pub mod demo;
 pub mod follow;
 pub mod forward;

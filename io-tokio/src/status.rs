@@ -1,6 +1,7 @@
 //! `tutti status`: a one-screen summary of a running daemon from `/healthz` and `/metrics`
 //! (issue 22: "version, uptime, database, live trees, waiting roots, processes, follower lag").
 
+use crate::render::escape;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -105,7 +106,9 @@ pub fn value(samples: &[Sample], name: &str, with: &[(&str, &str)]) -> f64 {
                 .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
         })
         .map(|s| s.value)
-        .sum()
+        .sum::<f64>()
+        // An empty sum is -0.0; shown as "0", not "-0".
+        + 0.0
 }
 
 /// Values of one label of a metric's samples.
@@ -124,7 +127,7 @@ fn list(m: &BTreeMap<String, f64>) -> String {
         return "none".into();
     }
     m.iter()
-        .map(|(k, v)| format!("{k} {v}"))
+        .map(|(k, v)| format!("{} {v}", escape(k)))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -140,8 +143,13 @@ fn duration(secs: u64) -> String {
     }
 }
 
-/// The summary text of `tutti status` for the daemon at `addr`.
+/// The summary text of `tutti status` for the daemon at `addr`. Every text that comes from the
+/// daemon or the user (the address, the version, the database label, label values such as
+/// provider names) has its control characters escaped (issue 36: "every CLI output escapes
+/// control characters"; the escaping of `tutti show`, [`crate::render::escape`]), so the
+/// summary cannot drive the terminal.
 pub fn render(addr: &str, health: &Value, metrics: &str) -> String {
+    let addr = escape(addr);
     let mut o = String::new();
     let samples = match parse(metrics) {
         Ok(s) => s,
@@ -151,7 +159,7 @@ pub fn render(addr: &str, health: &Value, metrics: &str) -> String {
         }
     };
     let v = |name: &str| value(&samples, name, &[]);
-    let version = health["version"].as_str().unwrap_or("?");
+    let version = escape(health["version"].as_str().unwrap_or("?"));
     let up = health["uptimeSeconds"].as_u64().unwrap_or(0);
     let ok = if health["ok"].as_bool() == Some(true) {
         "ok"
@@ -162,7 +170,7 @@ pub fn render(addr: &str, health: &Value, metrics: &str) -> String {
         .iter()
         .find(|s| s.name == "tutti_info")
         .and_then(|s| s.labels.iter().find(|(k, _)| k == "database"))
-        .map_or("?".to_string(), |(_, v)| v.clone());
+        .map_or("?".to_string(), |(_, v)| escape(v));
     let _ = writeln!(o, "tuttid {version} at {addr}: {ok}, up {}", duration(up));
     let _ = writeln!(o, "database        {db}");
     let _ = writeln!(
@@ -234,5 +242,27 @@ mod tests {
         assert_eq!(s[1].value, 4.5);
         assert!(parse("x{a=1} 2").is_err());
         assert!(parse("x 2z").is_err());
+    }
+
+    /// Issue 36: "every CLI output escapes control characters": a hostile version, database
+    /// path, provider name or address reaches `tutti status`'s output only as visible escapes.
+    #[test]
+    fn status_escapes_control_characters_of_the_daemons_texts() {
+        let hostile = "\u{1b}]0;owned\u{7}\u{1b}[2J\r";
+        let health =
+            serde_json::json!({"ok": true, "version": format!("1.0{hostile}"), "uptimeSeconds": 5});
+        let metrics = "tutti_info{database=\"/tmp/a\u{1b}[2J\\nb.db\"} 1\n\
+                       tutti_provider_processes{provider=\"evil\u{1b}]0;x\u{7}\"} 2\n\
+                       tutti_active_root_turns{phase=\"run\rning\"} 1\n# EOF\n";
+        let out = render(&format!("127.0.0.1:7420{hostile}"), &health, metrics);
+        assert!(
+            !out.chars().any(|c| c.is_control() && c != '\n'),
+            "no control character but line ends: {out:?}"
+        );
+        assert_eq!(out.lines().count(), 10, "one line per field: {out:?}");
+        assert!(out.contains("\\u{1b}]0;owned\\u{7}"), "{out}");
+        assert!(out.contains("/tmp/a\\u{1b}[2J\\nb.db"), "{out}");
+        assert!(out.contains("evil\\u{1b}]0;x\\u{7} 2"), "{out}");
+        assert!(!out.contains("-0"), "absent metrics are 0: {out}");
     }
 }

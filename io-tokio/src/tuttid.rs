@@ -380,6 +380,9 @@ pub enum ServeError {
     /// The daemon core did not start.
     #[error(transparent)]
     Start(#[from] crate::daemon::StartError),
+    /// Another daemon serves this SQLite file (or its lock file is unusable).
+    #[error(transparent)]
+    DbLock(#[from] crate::db_lock::DbLockError),
     /// The listening socket.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -391,9 +394,6 @@ pub enum ServeError {
     /// The web view's one-time login code could not be made (no randomness).
     #[error("cannot make a login code: {0}")]
     LoginCode(std::io::Error),
-    /// The HTTP server failed.
-    #[error("server: {0}")]
-    Server(std::io::Error),
     /// The server task panicked or was cancelled.
     #[error("server task: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -436,6 +436,9 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         Db::Sqlite(p) => p.clone(),
         Db::Postgres(url) => PathBuf::from(crate::postgres::redact(url)),
     };
+    // Issue 36 (1): one daemon per SQLite file. The lock is taken before anything opens the
+    // database (start-up recovery settles running trees) and held until the process ends.
+    let mut db_lock: Option<crate::db_lock::DbLock> = None;
     if let Db::Sqlite(db) = &choice {
         if let Some(parent) = db.parent() {
             std::fs::create_dir_all(parent).map_err(|source| ServeError::File {
@@ -444,6 +447,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
                 source,
             })?;
         }
+        db_lock = Some(crate::db_lock::DbLock::acquire(db)?);
     }
     let token_file = args.token_file.clone().unwrap_or_else(|| dir.join("token"));
     check_listen(args.listen, args.allow_non_loopback)?;
@@ -470,6 +474,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     }
     let retention = config.retention.resolve();
     let durability = config.durability;
+    let http = config.http.resolve();
     let mut registry = Registry::with_builtins(config)?;
     // The demo agent's state lives next to the SQLite file; for PostgreSQL, next to the token
     // file (choice: the daemon's local files stay together).
@@ -501,6 +506,9 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         .await
         .map_err(listen)?;
     let addr = listener.local_addr().map_err(listen)?;
+    if let Some(l) = &db_lock {
+        l.write_holder(Some(&addr.to_string()))?;
+    }
     let advertise = advertise_address(
         args.advertise.as_deref(),
         matches!(choice, Db::Postgres(_)),
@@ -535,27 +543,16 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
                 source,
             })?;
         let mapp = crate::api::metrics_router(daemon.clone());
-        let mut mstop = stop_rx.clone();
-        tokio::spawn(async move {
-            let r = axum::serve(mlistener, mapp)
-                .with_graceful_shutdown(async move {
-                    let _ = mstop.wait_for(|stop| *stop).await;
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "metrics listener failed");
-            }
-        });
+        let mstop = stop_rx.clone();
+        tokio::spawn(crate::connections::serve(mlistener, mapp, http, mstop));
         eprintln!("tuttid: metrics on http://{maddr}/metrics (no auth)");
     }
-    let mut graceful = stop_rx.clone();
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = graceful.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
+    let mut server = tokio::spawn(crate::connections::serve(
+        listener,
+        app,
+        http,
+        stop_rx.clone(),
+    ));
     tokio::spawn(async move {
         let which = stop_signal().await;
         tracing::info!(signal = which, "stopping");
@@ -591,8 +588,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         }
     };
     match served {
-        Some(Ok(Ok(()))) | None => {}
-        Some(Ok(Err(e))) => return Err(ServeError::Server(e)),
+        Some(Ok(())) | None => {}
         Some(Err(e)) => return Err(ServeError::Task(e)),
     }
     server.abort();
@@ -602,5 +598,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     {
         tracing::warn!("the engine did not stop in time; exiting anyway");
     }
+    // Held until here: the engine no longer writes.
+    drop(db_lock);
     Ok(())
 }

@@ -707,3 +707,378 @@ fn tuttid_demo_prints_a_cli_example_that_works() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
 }
+
+/// Issue 36 item 1: "A second daemon can open the same SQLite file without complaint; its
+/// start-up settles the first daemon's running tree as interrupted" and an acknowledged answer
+/// is lost. Now the second daemon refuses to start (non-zero exit, the holder's pid and address
+/// in its message) before touching the database: the first daemon's pending permission stays
+/// pending, its answer is taken and the tree completes. After the first daemon ends (SIGTERM),
+/// a new daemon starts on the file (the stale lock file is harmless).
+#[test]
+fn a_second_daemon_on_the_same_database_file_refuses_to_start() {
+    let mut d = TestDaemon::start(TUTTID, None, &[("TUTTI_DEMO_SPEED", "8")]);
+    let id = d.create(WS, "demo");
+    d.submit(WS, &id, "children=1 permission=1 fail=0 late=0");
+    let (path, i) = pending_interaction(&d, &id);
+    let pid = d.pid().expect("first daemon runs");
+    let other = format!("127.0.0.1:{}", free_port());
+    let errs = d.dir.path().join("second.stderr");
+    let mut second = Command::new(TUTTID)
+        .arg("serve")
+        .arg("--db")
+        .arg(d.db())
+        .arg("--listen")
+        .arg(&other)
+        .arg("--token-file")
+        .arg(d.dir.path().join("token"))
+        .env("TUTTI_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&errs).expect("stderr file"))
+        .spawn()
+        .expect("start the second tuttid");
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(st)) = second.try_wait() {
+            break Some(st);
+        }
+        if start.elapsed() > HANG {
+            let _ = second.kill();
+            let _ = second.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&errs).unwrap_or_default();
+    assert!(
+        status.is_some_and(|st| !st.success()),
+        "the second daemon refused to start (status {status:?}): {err}"
+    );
+    assert!(
+        err.contains(&format!("pid {pid}")) && err.contains(&d.addr),
+        "the message names the holder's pid {pid} and address {}: {err}",
+        d.addr
+    );
+    assert!(
+        ureq::get(&format!("http://{other}/healthz"))
+            .call()
+            .is_err(),
+        "the second daemon does not serve"
+    );
+    // Nothing of the first daemon's tree was settled by the refused start.
+    assert_eq!(status_of(&d, &id, &i["requestId"]), "pending");
+    let detail = d.detail(WS, &id);
+    assert!(
+        turn_of(&detail, &id).is_some_and(|t| t["outcome"].is_null()),
+        "the root turn still runs: {detail}"
+    );
+    let (st, v) = d.call("POST", &path, Some(json!({"response": "allow"})));
+    assert_eq!(st, 200, "{v}");
+    let end = d.wait_for(WS, &id, 30, "settled", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"].is_string())
+    });
+    assert_eq!(turn_of(&end, &id).expect("turn")["outcome"], "completed");
+    assert_eq!(status_of(&d, &id, &i["requestId"]), "answered");
+    // The first daemon ends; the kernel released its lock, so a new one starts on the file.
+    assert!(d.signal_and_wait(libc::SIGTERM, 10).is_some(), "stopped");
+    d.restart();
+    assert_eq!(d.detail(WS, &id)["session"]["id"], id.as_str());
+}
+
+/// `tuttid serve` with a config file (TOML `config`) and, when given, a lowered
+/// `RLIMIT_NOFILE` (soft and hard) set in the child before it runs.
+fn serve_configured(config: &str, nofile: Option<u64>) -> Proc {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, config).expect("config");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut c = Command::new(TUTTID);
+    c.arg("serve")
+        .arg("--db")
+        .arg(dir.path().join("tutti.db"))
+        .arg("--listen")
+        .arg(&addr)
+        .arg("--token-file")
+        .arg(dir.path().join("token"))
+        .arg("--config")
+        .arg(&cfg)
+        .env("TUTTI_LOG", "info")
+        .env("TUTTI_DEMO_SPEED", "8")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.path().join("stdout")).expect("stdout file"))
+        .stderr(std::fs::File::create(dir.path().join("stderr")).expect("stderr file"));
+    if let Some(n) = nofile {
+        // SAFETY: setrlimit(2) is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: n,
+                    rlim_max: n,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    let child = c.spawn().expect("start tuttid");
+    let mut p = Proc {
+        child,
+        dir,
+        addr,
+        token: String::new(),
+    };
+    p.wait_up();
+    p
+}
+
+/// Whether the server closed `s` (end of stream or reset) within `bound`.
+fn closed_by_server(s: &mut std::net::TcpStream, bound: Duration) -> bool {
+    s.set_read_timeout(Some(bound)).expect("timeout");
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    }
+}
+
+/// One keep-alive `GET /healthz` on an open connection; returns the status.
+fn healthz_on(s: &mut std::net::TcpStream) -> u16 {
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .expect("write");
+    s.set_read_timeout(Some(HANG)).expect("timeout");
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
+        let n = s.read(&mut buf).expect("read an answer");
+        assert!(n > 0, "closed before answering: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"))
+}
+
+/// Issue 36 item 2: "2,000 connections that sent half a request head were all still open after
+/// 65 s". With `header_timeout_secs = 1`, connections that sent half a head (or nothing) are
+/// closed by the server; a keep-alive connection idle after an answered request is not (the
+/// idle timeout, 60 s by default, is separate) and takes its next request.
+#[test]
+fn slowloris_connections_are_closed_after_the_header_timeout() {
+    let p = serve_configured("[http]\nheader_timeout_secs = 1\n", None);
+    let mut keep = std::net::TcpStream::connect(&p.addr).expect("connect");
+    assert_eq!(healthz_on(&mut keep), 200);
+    let mut slow: Vec<std::net::TcpStream> = (0..50)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(&p.addr).expect("connect");
+            if i % 5 != 0 {
+                s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-slow: ")
+                    .expect("half a head");
+            }
+            s
+        })
+        .collect();
+    for (i, s) in slow.iter_mut().enumerate() {
+        assert!(
+            closed_by_server(s, Duration::from_secs(8)),
+            "slow connection {i} still open"
+        );
+    }
+    // The idle keep-alive connection outlived the header timeout and still serves.
+    assert_eq!(healthz_on(&mut keep), 200);
+    assert!(!p.stderr().contains("panicked"), "{}", p.stderr());
+}
+
+/// Issue 36 item 2: an event-stream follower is exempt from the idle timeout while it reads (it
+/// still gets rows after more than the idle and header timeouts), and a request body that does
+/// not arrive within `body_timeout_secs` is answered `408` with the JSON envelope.
+#[test]
+fn followers_outlive_the_idle_timeout_and_slow_bodies_get_408() {
+    let p = serve_configured(
+        "[http]\nheader_timeout_secs = 1\nidle_timeout_secs = 1\nbody_timeout_secs = 1\n",
+        None,
+    );
+    let url = format!("http://{}/v1/events", p.addr);
+    let auth = format!("Bearer {}", p.token);
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let Ok(resp) = ureq::get(&url).set("authorization", &auth).call() else {
+            return;
+        };
+        for line in BufReader::new(resp.into_reader()).lines() {
+            let Ok(line) = line else { break };
+            if let Some(d) = line.strip_prefix("data:") {
+                let _ = tx.send(d.to_string());
+            }
+        }
+        let _ = tx.send("ended".into());
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    let (st, v) = p.call(
+        "POST",
+        &format!("/v1/workspaces/{WS}/agent-sessions"),
+        Some(json!({"provider": "demo", "title": "late"})),
+    );
+    assert_eq!(st, 201, "{v}");
+    let first = rx.recv_timeout(HANG).expect("a row on the follower");
+    assert_ne!(first, "ended", "the follower was closed");
+    // A body that never comes.
+    let mut s = std::net::TcpStream::connect(&p.addr).expect("connect");
+    s.write_all(
+        format!(
+            "POST /v1/workspaces/{WS}/agent-sessions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n{{\"pro",
+            p.token
+        )
+        .as_bytes(),
+    )
+    .expect("write");
+    s.set_read_timeout(Some(HANG)).expect("timeout");
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    let text = String::from_utf8_lossy(&got).to_string();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    assert_eq!(v["error"]["code"], "timeout", "{text}");
+}
+
+/// Issue 36 item 2: a cap on concurrent connections with a clear answer beyond it: with
+/// `max_connections = 4` and four connections open, a fifth gets `503` with the JSON envelope
+/// and `Connection: close`; once the four close, `/healthz` answers again.
+#[test]
+fn connections_beyond_the_cap_get_503_until_others_close() {
+    let p = serve_configured("[http]\nmax_connections = 4\n", None);
+    // Four served keep-alive connections (the start-up probe's connection may still be
+    // closing: a 503 meanwhile is retried).
+    let mut held = Vec::new();
+    let start = Instant::now();
+    while held.len() < 4 {
+        let mut s = std::net::TcpStream::connect(&p.addr).expect("connect");
+        match healthz_on(&mut s) {
+            200 => held.push(s),
+            503 => {
+                assert!(start.elapsed() < HANG, "the cap never freed");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("healthz answered {other}"),
+        }
+    }
+    let (st, v) = raw_http(&p.addr, "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n");
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(v["error"]["code"], "unavailable", "{v}");
+    drop(held);
+    let start = Instant::now();
+    loop {
+        let mut s = std::net::TcpStream::connect(&p.addr).expect("connect");
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        s.set_read_timeout(Some(HANG)).expect("timeout");
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        if got.starts_with(b"HTTP/1.1 200") {
+            break;
+        }
+        assert!(start.elapsed() < HANG, "healthz did not come back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 36 item 2: "with `ulimit -n 256`, 300 idle connections made `/healthz` fail ('accept
+/// error: Too many open files')". Under `RLIMIT_NOFILE` = 256 the cap stays below the limit, the
+/// connections beyond it are answered and closed, the idle ones are closed after the header
+/// timeout, and `/healthz` answers while the 300 stay open on the client's side.
+#[test]
+fn healthz_answers_with_300_idle_connections_under_a_256_fd_limit() {
+    let p = serve_configured("[http]\nheader_timeout_secs = 1\n", Some(256));
+    let idle: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&p.addr).expect("connect"))
+        .collect();
+    let start = Instant::now();
+    let mut answered = false;
+    while start.elapsed() < HANG {
+        let r = ureq::get(&format!("http://{}/healthz", p.addr))
+            .timeout(Duration::from_secs(2))
+            .call();
+        if r.is_ok_and(|r| r.status() == 200) {
+            answered = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        answered,
+        "/healthz did not answer with 300 idle connections open; stderr: {}",
+        p.stderr()
+    );
+    assert!(!p.stderr().contains("panicked"), "{}", p.stderr());
+    drop(idle);
+}
+
+/// Issue 36 item 2: an accept error such as `EMFILE` must not end or spin the listener. Under
+/// `RLIMIT_NOFILE` = 48 (below what the cap's floor and the refused connections need), 100 idle
+/// connections run the daemon out of descriptors: accept fails (logged), backs off and goes on,
+/// and `/healthz` answers once the idle connections are closed by the header timeout.
+#[test]
+fn accept_errors_like_emfile_back_off_and_the_daemon_recovers() {
+    let p = serve_configured("[http]\nheader_timeout_secs = 1\n", Some(48));
+    let idle: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&p.addr).expect("connect"))
+        .collect();
+    let start = Instant::now();
+    let mut answered = false;
+    while start.elapsed() < HANG {
+        let r = ureq::get(&format!("http://{}/healthz", p.addr))
+            .timeout(Duration::from_secs(2))
+            .call();
+        if r.is_ok_and(|r| r.status() == 200) {
+            answered = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = p.stderr();
+    assert!(answered, "/healthz did not come back; stderr: {err}");
+    assert!(
+        err.contains("accept failed") && err.contains("Too many open files"),
+        "the descriptor limit was reached and logged: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    drop(idle);
+}
+
+/// Issue 36 item 12: "three malformed request heads (control character in a header value,
+/// garbage request line, negative Content-Length) get a bare 400 without the JSON envelope".
+#[test]
+fn malformed_request_heads_get_the_json_envelope() {
+    let p = serve_configured("", None);
+    for (what, head) in [
+        (
+            "control character in a header value",
+            "GET /healthz HTTP/1.1\r\nhost: x\r\nx-bad: a\u{1}b\r\n\r\n",
+        ),
+        ("garbage request line", "GARBAGE\u{7} !! ?\r\n\r\n"),
+        (
+            "negative Content-Length",
+            "POST /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: -5\r\n\r\n",
+        ),
+    ] {
+        let (st, v) = raw_http(&p.addr, head);
+        assert_eq!(st, 400, "{what}: {v}");
+        assert_eq!(v["error"]["code"], "invalid", "{what}: {v}");
+        assert!(v["error"]["message"].is_string(), "{what}: {v}");
+    }
+    // A well-formed request still answers on a new connection.
+    assert_eq!(p.call("GET", "/healthz", None).0, 200);
+}

@@ -41,8 +41,10 @@
     again: false,
     signedOut: false,
     tree: null,        // the session page's state (see emptyTree)
+    loading: false,    // the session page is reading its tree
+    buffer: [],        // rows that arrived meanwhile
     closed: new Set(), // lanes the user collapsed
-    opened: new Set(), // lanes of earlier turns the user opened
+    folded: new Set(), // lanes of earlier root turns folded once (the user may open them again)
     notice: null,
     noticeTimer: null,
     deleteArmed: false,
@@ -165,6 +167,7 @@
     byId("ws-input").value = r.ws;
     app.view = r;
     app.tree = null;
+    app.buffer = [];
     app.deleteArmed = false;
     setNotice(null);
     if (r.kind === "sessions") renderSessionsShell(r.ws);
@@ -276,7 +279,11 @@
     const v = app.view;
     if (!v) return;
     if (v.kind === "sessions" && row.workspaceId === v.ws) schedule(300);
-    if (v.kind === "session" && app.tree && row.rootAgentSessionId === app.tree.root) {
+    if (v.kind === "session") {
+      // Rows that arrive while the page reads its tree wait for the read, then apply over it
+      // (those the read already reflects are skipped by their seq).
+      if (app.loading || !app.tree) { app.buffer.push(row); return; }
+      if (row.rootAgentSessionId !== app.tree.root) return;
       if (!applyRow(app.tree, row)) reload();
       else queueRender();
     }
@@ -555,17 +562,28 @@
   async function loadSession(v) {
     let d;
     let tm;
+    app.loading = true;
     try {
       d = await api("GET", sessionPath(v.ws, v.id));
       tm = await api("GET", `${sessionPath(v.ws, v.id)}/tree-messages?limit=${TREE_PAGE}`);
     } catch (e) {
+      app.loading = false;
+      app.buffer = [];
       if (e instanceof ApiError && e.status === 404) return showGone(v);
       throw e;
     }
+    app.loading = false;
+    const waiting = app.buffer;
+    app.buffer = [];
     if (app.view !== v) return;
     if (!app.tree || app.tree.id !== v.id) app.tree = emptyTree(v.id);
     fill(app.tree, d, tm);
     v.root = app.tree.root;
+    for (const row of waiting) {
+      if (row.seq > d.eventSeq && row.rootAgentSessionId === app.tree.root && !applyRow(app.tree, row)) {
+        reload();
+      }
+    }
     startStream(d.eventSeq);
     renderSession(v, app.tree);
   }
@@ -598,7 +616,7 @@
   function renderSessionShell(ws, id) {
     main().replaceChildren(
       h("nav", { class: "breadcrumb", id: "breadcrumb", "aria-label": "Breadcrumb" },
-        h("a", { href: `#/w/${enc(ws)}`, text: `← Sessions in ${ws}` })),
+        h("a", { href: `#/w/${enc(ws)}`, text: `← Sessions in ${ws}`, "data-k": "list", id: "crumb-list" })),
       h("h1", { id: "session-title", text: id }),
       h("p", { class: "meta", id: "session-meta" }),
       h("p", { id: "load-error", class: "error", role: "alert" }),
@@ -764,7 +782,7 @@
     for (const l of document.querySelectorAll("details.lane")) {
       l.open = open;
       const id = l.dataset.sessionId;
-      if (open) { app.closed.delete(id); app.opened.add(id); } else { app.closed.add(id); app.opened.delete(id); }
+      if (open) app.closed.delete(id); else app.closed.add(id);
     }
   }
 
@@ -884,21 +902,29 @@
         h("button", { type: "button", class: "lane-cancel danger", "data-needs-live": true, disabled: !app.live,
           onclick: () => onCancelChild(c.id) }, "Cancel this child")),
       h("ol", { class: "transcript", "data-session-id": c.id }));
-    // A lane of an earlier root turn starts folded; the user's choice sticks.
-    const t = ctx.lastTurn(c);
-    const root = ctx.tree.sessions.get(ctx.tree.root);
-    const old = Boolean(root && c.rootTurnId && c.rootTurnId !== root.lastTurnId && !isActive(t));
-    lane.open = !app.closed.has(c.id) && (!old || app.opened.has(c.id));
+    lane.open = !app.closed.has(c.id);
     lane.addEventListener("toggle", () => {
-      if (lane.open) { app.closed.delete(c.id); app.opened.add(c.id); } else { app.closed.add(c.id); app.opened.delete(c.id); }
+      if (lane.open) app.closed.delete(c.id); else app.closed.add(c.id);
     });
     return lane;
+  }
+
+  // A settled lane of an earlier root turn folds once ("old turns fold"); opened again by the
+  // user, it stays open.
+  function foldIfOld(ctx, lane, c, t) {
+    const root = ctx.tree.sessions.get(ctx.tree.root);
+    const old = Boolean(root && c.rootTurnId && c.rootTurnId !== root.lastTurnId && !isActive(t));
+    if (old && !app.folded.has(c.id)) {
+      app.folded.add(c.id);
+      lane.open = false;
+    }
   }
 
   function updateLane(ctx, lane, c) {
     const t = ctx.lastTurn(c);
     const pending = ctx.pendingOf.get(c.id) || [];
     const st = turnState(t, pending.length);
+    foldIfOld(ctx, lane, c, t);
     setData(lane, "state", st.key);
     setText(lane.querySelector(".lane-title"), c.title || "subagent");
     const s = lane.querySelector("summary > .state");

@@ -22,6 +22,8 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// The W3C key code of Enter.
 pub const ENTER: &str = "\u{E007}";
+/// The W3C key code of Tab.
+pub const TAB: &str = "\u{E004}";
 
 /// Installs Chromium and its driver when missing (Debian packages).
 pub fn ensure_chromium() {
@@ -243,6 +245,43 @@ impl Browser {
             }
         }
         panic!("click {css}: the element kept being replaced");
+    }
+
+    /// Presses the pointer on the first element matching `css`, holds it `ms` milliseconds and
+    /// releases it (WebDriver actions: real pointer events, as a person's press). A page that
+    /// replaces the element while it is held loses the click.
+    pub fn hold_click(&self, css: &str, ms: u64) {
+        let id = self.find(css);
+        let el = json!({"element-6066-11e4-a52e-4f735466cecf": id});
+        self.cmd(
+            "POST",
+            "/actions",
+            Some(json!({"actions": [{"type": "pointer", "id": "mouse",
+            "parameters": {"pointerType": "mouse"},
+            "actions": [
+                {"type": "pointerMove", "origin": el, "x": 0, "y": 0, "duration": 0},
+                {"type": "pointerDown", "button": 0},
+                {"type": "pause", "duration": ms},
+                {"type": "pointerUp", "button": 0},
+            ]}]})),
+        );
+        self.cmd("DELETE", "/actions", None);
+    }
+
+    /// Presses and releases each key of `keys` on whatever has focus (WebDriver key actions;
+    /// [`TAB`], [`ENTER`] and friends are the WebDriver key codes).
+    pub fn press(&self, keys: &str) {
+        let mut actions = Vec::new();
+        for k in keys.chars() {
+            actions.push(json!({"type": "keyDown", "value": k.to_string()}));
+            actions.push(json!({"type": "keyUp", "value": k.to_string()}));
+        }
+        self.cmd(
+            "POST",
+            "/actions",
+            Some(json!({"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})),
+        );
+        self.cmd("DELETE", "/actions", None);
     }
 
     /// Types `text` into the first element matching `css` (WebDriver element send keys: real

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use tutti_tests::browser::{Browser, ENTER};
+use tutti_tests::browser::{Browser, ENTER, TAB};
 use tutti_tests::daemon::{children, turn_of, TestDaemon};
 
 const EXE: &str = env!("CARGO_BIN_EXE_tuttid-test");
@@ -726,3 +726,298 @@ fn web_assets_load_nothing_from_elsewhere() {
         }
     }
 }
+
+// ---- issue 32: a page people keep open ------------------------------------------------------
+
+/// Every `/v1` request the page made so far (resource timing), the event stream excluded.
+const API_REQUESTS: &str = "return performance.getEntriesByType('resource')
+    .filter(e => e.name.includes('/v1/') && !e.name.includes('/v1/events')).length";
+
+fn lane_of(id: &Value) -> String {
+    format!(
+        "details.lane[data-session-id='{}']",
+        id.as_str().unwrap_or_default()
+    )
+}
+
+/// Issue 32: "a normal 300 ms press on 'Allow' while other lanes update was lost"; "focus
+/// jumps to `<body>` on each update". With seven lanes working, the focused Allow button of the
+/// eighth stays the same element and keeps focus while the others change, and a 300 ms press
+/// on it answers the request.
+#[test]
+fn web_a_held_click_while_other_lanes_update_is_not_lost_and_focus_stays() {
+    let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "1")]);
+    let b = Browser::start(1200, 1000);
+    sign_in(&b, &d);
+    let root = d.create(WS, "demo");
+    open(&b, &d, &root);
+    d.submit(WS, &root, "children=8 permission=1 fail=0 late=0 nested=0");
+    b.wait(
+        "the Allow button of child 1",
+        60,
+        "return document.querySelector(\".interaction button[data-option-id='allow']\")",
+        vec![],
+    );
+    // Mark the button and focus it; count what changes in the other lanes from now on.
+    b.js(
+        "const btn = document.querySelector(\".interaction button[data-option-id='allow']\");
+         btn.__marked = true; btn.focus();
+         window.__changes = 0;
+         const own = btn.closest('details.lane');
+         new MutationObserver(ms => { for (const m of ms) if (!own.contains(m.target)) window.__changes += 1; })
+           .observe(document.getElementById('transcript'), {subtree: true, childList: true, characterData: true, attributes: true});",
+        vec![],
+    );
+    b.wait(
+        "other lanes updating",
+        30,
+        "return window.__changes >= 5",
+        vec![],
+    );
+    let focus = b.js(
+        "const a = document.activeElement; return {marked: Boolean(a && a.__marked), option: a && a.dataset.optionId}",
+        vec![],
+    );
+    assert_eq!(
+        focus["marked"], true,
+        "focus stayed on the same button: {focus}"
+    );
+    let before = b
+        .js("return window.__changes", vec![])
+        .as_u64()
+        .unwrap_or(0);
+    b.hold_click(".interaction button[data-option-id='allow']", 300);
+    let after = b
+        .js("return window.__changes", vec![])
+        .as_u64()
+        .unwrap_or(0);
+    let answered = d.wait_for(WS, &root, 30, "the permission answered", |v| {
+        v["interactions"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|i| i["status"] != "pending"))
+    });
+    let i = &answered["interactions"][0];
+    assert_eq!(i["status"], "answered", "{i}");
+    eprintln!(
+        "held click: {} changes in other lanes while the page ran, {} during the 300 ms press",
+        before,
+        after.saturating_sub(before)
+    );
+    b.screenshot(&screenshots().join("held-click.png"));
+}
+
+/// Issue 32: "requests per event on a 16-lane tree stay bounded"; "a tree of 100 lanes updates
+/// with a bounded number of requests per event (print the figure)". Seven turns of 8 children
+/// and 8 grandchildren (112 lanes) run while the page is open: after its first reads the page
+/// patches itself from the event rows, so the requests it makes do not grow with the events.
+#[test]
+fn web_requests_per_event_stay_bounded_on_a_tree_of_112_lanes() {
+    let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "20")]);
+    let b = Browser::start(1200, 1000);
+    sign_in(&b, &d);
+    let root = d.create(WS, "demo");
+    open(&b, &d, &root);
+    b.wait(
+        "the stream live",
+        20,
+        "return document.getElementById('conn').dataset.state === 'live'",
+        vec![],
+    );
+    b.js("performance.setResourceTimingBufferSize(100000)", vec![]);
+    let start = b.js(API_REQUESTS, vec![]).as_u64().unwrap_or(0);
+    let from = d.detail(WS, &root)["eventSeq"].as_u64().unwrap_or(0);
+    for turn in 1..=7 {
+        let (_, t) = d.submit(
+            WS,
+            &root,
+            "children=8 nested=1,2,3,4,5,6,7,8 permission=0 fail=0 late=0",
+        );
+        d.wait_for(WS, &root, 120, &format!("turn {turn} settled"), |v| {
+            turn_of(v, &root).is_some_and(|x| x["id"] == t.as_str() && x["outcome"].is_string())
+        });
+    }
+    let lanes = b.wait(
+        "112 lanes and the root idle",
+        60,
+        "const n = document.querySelectorAll('details.lane').length;
+         return document.getElementById('root-status').dataset.state === 'idle' && n === 112 ? n : null",
+        vec![],
+    );
+    assert_eq!(lanes, 112);
+    let requests = b.js(API_REQUESTS, vec![]).as_u64().unwrap_or(0) - start;
+    let events = d
+        .events(Some(from), None, usize::MAX, 3)
+        .into_iter()
+        .filter(|e| e["rootAgentSessionId"] == root.as_str())
+        .count();
+    eprintln!(
+        "112 lanes: the page made {requests} API requests for {events} event rows ({:.4} per row)",
+        requests as f64 / events.max(1) as f64
+    );
+    assert!(events > 1000, "the tree produced rows: {events}");
+    assert!(
+        requests <= 6,
+        "requests do not grow with the events: {requests} for {events} rows"
+    );
+    // Lanes of earlier turns start folded; the current turn's are open.
+    let open = b.js(
+        "return [...document.querySelectorAll('details.lane')].filter(l => l.open).length",
+        vec![],
+    );
+    assert_eq!(open, 16, "only the latest turn's lanes are open");
+}
+
+/// Issue 32: the overview's counts and jump links, per-child cancel, keyboard-only operation,
+/// 400 px, and a child page with its breadcrumb and only a child's actions.
+#[test]
+fn web_overview_jumps_per_child_cancel_keyboard_and_child_pages() {
+    let d = daemon();
+    let b = Browser::start(400, 900);
+    sign_in(&b, &d);
+    let root = d.create(WS, "demo");
+    d.submit(
+        WS,
+        &root,
+        "children=3 permission=1 fail=2 hang=3 late=0 nested=0",
+    );
+    let detail = d.wait_for(WS, &root, 60, "asking, failed, hanging", |v| {
+        let kids = children(v);
+        kids.len() == 3
+            && v["interactions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|i| i["status"] == "pending"))
+            && kids.iter().any(|c| {
+                turn_of(v, c["id"].as_str().unwrap_or_default())
+                    .is_some_and(|t| t["outcome"] == "failed")
+            })
+    });
+    let asking = child_by_title(&detail, "explorer")["id"].clone();
+    let failed = child_by_title(&detail, "tester")["id"].clone();
+    let hanging = child_by_title(&detail, "reviewer")["id"].clone();
+    open(&b, &d, &root);
+    let counts = b.wait(
+        "the overview's counts",
+        30,
+        "const c = document.getElementById('overview-counts');
+         return c && c.dataset.input === '1' && c.dataset.failed === '1' && c.dataset.running === '1'
+            ? c.textContent : null",
+        vec![],
+    );
+    assert!(
+        counts
+            .as_str()
+            .unwrap_or_default()
+            .contains("1 waiting for you"),
+        "{counts}"
+    );
+    let status = b.js(
+        "const s = document.getElementById('root-status'); return [s.dataset.state, s.textContent]",
+        vec![],
+    );
+    assert_eq!(status[0], "input", "{status}");
+    assert!(
+        status[1]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Waiting for your answer"),
+        "{status}"
+    );
+    let jumps = b.js(
+        "return [...document.querySelectorAll('#overview-jumps button')].map(x => [x.dataset.jump, x.textContent])",
+        vec![],
+    );
+    assert_eq!(
+        jumps,
+        json!([
+            [asking, "waiting for you: explorer"],
+            [failed, "failed: tester"]
+        ]),
+        "{jumps}"
+    );
+    b.click(&format!(
+        "#overview-jumps button[data-jump='{}']",
+        asking.as_str().unwrap_or_default()
+    ));
+    let focused = b.js(
+        "const a = document.activeElement; const l = a && a.closest('details.lane');
+         return {lane: l && l.dataset.sessionId, option: a && a.dataset.optionId}",
+        vec![],
+    );
+    assert_eq!(
+        focused["lane"], asking,
+        "the jump lands on the asking lane: {focused}"
+    );
+    // Per-child cancel: only the hanging child.
+    b.click(&format!("{} .lane-cancel", lane_of(&hanging)));
+    let end = d.wait_for(WS, &root, 60, "the hanging child canceled", |v| {
+        turn_of(v, hanging.as_str().unwrap_or_default()).is_some_and(|t| t["outcome"] == "canceled")
+    });
+    assert!(
+        turn_of(&end, &root).is_some_and(|t| t["outcome"].is_null()),
+        "the root goes on"
+    );
+    b.wait(
+        "the canceled lane",
+        20,
+        LANE_STATE_IS,
+        vec![hanging.clone(), json!("canceled")],
+    );
+    // Keyboard only: Tab to the Allow button, Enter answers it.
+    b.js("document.activeElement && document.activeElement.blur(); document.getElementById('main').focus()", vec![]);
+    let mut reached = false;
+    for _ in 0..200 {
+        b.press(TAB);
+        let on = b.js(
+            "const a = document.activeElement; return a && a.dataset.optionId === 'allow'",
+            vec![],
+        );
+        if on == true {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "Tab reaches the Allow button");
+    b.press(ENTER);
+    d.wait_for(WS, &root, 60, "the root settled", |v| {
+        turn_of(v, &root).is_some_and(|t| t["outcome"].is_string())
+    });
+    b.wait(
+        "the root idle on the page",
+        30,
+        "return document.getElementById('root-status').dataset.state === 'idle'",
+        vec![],
+    );
+    let wide = b.js(
+        "const w = document.documentElement.clientWidth;
+         return [...document.querySelectorAll('body *')]
+            .filter(e => e.getBoundingClientRect().right > w + 0.5)
+            .map(e => `${e.tagName}.${e.className}#${e.id}`)",
+        vec![],
+    );
+    assert_eq!(wide, json!([]), "elements wider than the 400 px window");
+    b.screenshot(&screenshots().join("overview-400px.png"));
+    // A child page: its own turn, a way back, and no action the daemon refuses for a child.
+    b.goto(&format!(
+        "http://{}/#/w/{WS}/s/{}",
+        d.addr,
+        asking.as_str().unwrap_or_default()
+    ));
+    let page = b.wait(
+        "the child page",
+        20,
+        "const h = document.getElementById('turn-heading');
+         const r = document.getElementById('crumb-root');
+         return h && r && h.textContent === \"This child's turn\" ? {
+            root: r.getAttribute('href'), composer: document.getElementById('composer').hidden,
+            delete: Boolean(document.getElementById('delete')),
+            lane: document.querySelectorAll('details.lane').length} : null",
+        vec![],
+    );
+    assert_eq!(page["root"], json!(format!("#/w/{WS}/s/{root}")), "{page}");
+    assert_eq!(page["composer"], true, "no composer on a child: {page}");
+    assert_eq!(page["delete"], false, "no delete on a child: {page}");
+}
+
+/// `data-state` of the lane of `arguments[0]` equals `arguments[1]`.
+const LANE_STATE_IS: &str = "const l = [...document.querySelectorAll('details.lane')]
+    .find(e => e.dataset.sessionId === arguments[0]); return Boolean(l && l.dataset.state === arguments[1])";

@@ -194,8 +194,8 @@ fn an_engine_inconsistency_in_a_stored_tree_is_answered_500_internal() {
 /// session's row with its title stays forever." A marker in the title and the prompt, and the
 /// demo agent's own message and tool call texts, are readable before the deletion and through
 /// no route after it: the root list, the detail and messages of every session of the tree,
-/// the event stream from 0 (still gap-free), nor the bytes of the SQLite file and its WAL
-/// after a checkpoint.
+/// the event stream from 0 (still gap-free), the same reads with the web view's cookie, nor the
+/// bytes of the SQLite file and its WAL after a checkpoint.
 #[test]
 fn a_deleted_tree_leaves_no_text_in_any_route_the_event_stream_or_the_file() {
     const MARK: &str = "zq7-deleted-marker";
@@ -241,6 +241,27 @@ fn a_deleted_tree_leaves_no_text_in_any_route_the_event_stream_or_the_file() {
             assert_eq!(st, 404, "{path}: {v}");
             read.push(v);
         }
+    }
+    // The web view reads the same routes with its login cookie (no bearer header).
+    let port = d.addr.rsplit(':').next().unwrap_or_default();
+    let web = |path: &str| -> (u16, serde_json::Value) {
+        let r = ureq::get(&format!("http://{}{path}", d.addr))
+            .set("cookie", &format!("tutti_token_{port}={}", d.token))
+            .timeout(std::time::Duration::from_secs(10))
+            .call();
+        match r {
+            Ok(r) => (r.status(), r.into_json().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or_default()),
+            Err(e) => panic!("{path}: {e}"),
+        }
+    };
+    let (st, v) = web(&base);
+    assert_eq!(st, 200, "the cookie is accepted: {v}");
+    read.push(v);
+    for s in &tree {
+        let (st, v) = web(&format!("{base}/{s}"));
+        assert_eq!(st, 404, "{v}");
+        read.push(v);
     }
     let now = list["eventSeq"].as_u64().expect("eventSeq");
     assert!(now > last, "the deletion is published");

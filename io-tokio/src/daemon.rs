@@ -1343,8 +1343,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
         });
     }
 
-    /// The root a submit will start a provider for: a submit to a root session (or to a
-    /// session whose tree is not loaded) without a live runtime.
+    /// The root a submit will start a provider for: a submit to a live root session without a
+    /// live runtime (a submit the engine will refuse anyway, to a child, a deleted or an
+    /// unknown session, needs none).
     fn start_needed(&self, input: &Input) -> Option<Id> {
         let Input::Command(Command::Submit {
             agent_session_id, ..
@@ -1352,13 +1353,14 @@ impl<S: HostStore + Send + 'static> Core<S> {
         else {
             return None;
         };
-        if self
-            .driver
-            .engine()
-            .session(agent_session_id)
-            .is_some_and(|s| !s.is_root() || s.deleted_at.is_some())
-        {
-            return None;
+        match self.driver.engine().session(agent_session_id) {
+            Some(s) if !s.is_root() || s.deleted_at.is_some() => return None,
+            Some(_) => {}
+            // Not loaded: a live root of the store, or nothing the engine will take.
+            None => match self.store.session(agent_session_id) {
+                Ok(Some(s)) if s.is_root() => {}
+                _ => return None,
+            },
         }
         let live = self
             .runtimes

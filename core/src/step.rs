@@ -102,11 +102,35 @@ pub enum Row {
     ToolCall(Arc<ToolCall>),
     /// Upsert a cancel operation (shared with the engine's own copy).
     CancelOperation(Arc<CancelOperation>),
-    /// Remove every turn, interaction, message and tool call of a (tombstoned) session.
+    /// Remove every turn, interaction, message and tool call of a (tombstoned) session, and
+    /// redact its outbox rows still kept: each row of that session (a `session` row whose `id`
+    /// it is, or a row whose payload's `agentSessionId` it is; its `sessionDeleted` row stays)
+    /// keeps its seq, root and workspace, and becomes kind [`REDACTED`] with the payload
+    /// `{"agentSessionId": ID, "kind": OLD_KIND}`: ids only, and the sequence stays gap-free for
+    /// followers. Retention removes these rows like any other.
     PurgeSession {
         /// The session.
         agent_session_id: Id,
     },
+}
+
+/// The outbox kind of a row whose session was deleted (see [`Row::PurgeSession`]).
+pub const REDACTED: &str = "redacted";
+
+/// The payload of a redacted outbox row: ids only.
+pub fn redacted_payload(agent_session_id: &str, kind: &str) -> Value {
+    serde_json::json!({ "agentSessionId": agent_session_id, "kind": kind })
+}
+
+/// Whether an outbox row of `kind` with `payload` belongs to `session` and is redacted when that
+/// session is purged (see [`Row::PurgeSession`]).
+pub fn redacts(kind: &str, payload: &Value, session: &str) -> bool {
+    let owner = match kind {
+        "sessionDeleted" | "sessionPurged" | REDACTED => return false,
+        "session" => &payload["id"],
+        _ => &payload["agentSessionId"],
+    };
+    owner.as_str() == Some(session)
 }
 
 impl Row {

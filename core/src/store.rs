@@ -9,7 +9,7 @@ use crate::model::{
 };
 use crate::projection::SessionDetail;
 use crate::snapshot::TreeSnapshot;
-use crate::step::{Guard, PersistBatch, Row};
+use crate::step::{redacted_payload, redacts, Guard, PersistBatch, Row, REDACTED};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -122,6 +122,26 @@ impl MemoryStore {
         let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
             return Ok(seqs);
         };
+        let purged: Vec<&Id> = batch
+            .rows
+            .iter()
+            .filter_map(|r| match r {
+                Row::PurgeSession { agent_session_id } => Some(agent_session_id),
+                _ => None,
+            })
+            .collect();
+        if !purged.is_empty() {
+            for r in self
+                .outbox
+                .iter_mut()
+                .filter(|r| r.root_agent_session_id == *root)
+            {
+                if let Some(s) = purged.iter().find(|s| redacts(&r.kind, &r.payload, s)) {
+                    r.payload = redacted_payload(s, &r.kind);
+                    r.kind = REDACTED.to_string();
+                }
+            }
+        }
         for &i in &batch.outbox {
             let Some(row) = batch.rows.get(i as usize) else {
                 continue;

@@ -69,6 +69,24 @@ const PURGE: [&str; 4] = [
     "DELETE FROM messages WHERE agent_session_id = $1",
     "DELETE FROM tool_calls WHERE agent_session_id = $1",
 ];
+/// The session a kept outbox row belongs to (`NULL`: a row that is never redacted).
+macro_rules! row_owner {
+    () => {
+        "(CASE WHEN kind IN ('sessionDeleted', 'sessionPurged', 'redacted') THEN NULL \
+          WHEN kind = 'session' THEN payload::jsonb ->> 'id' \
+          ELSE payload::jsonb ->> 'agentSessionId' END)"
+    };
+}
+/// After a batch purged sessions `$2` of tree `$1`: their kept outbox rows become redacted rows
+/// with ids only (see [`tutti_core::step::Row::PurgeSession`]); run before the batch's own
+/// outbox rows are written.
+const REDACT_TREE_OUTBOX: &str = concat!(
+    "UPDATE outbox SET kind = 'redacted', payload = json_build_object('agentSessionId', ",
+    row_owner!(),
+    ", 'kind', kind)::text WHERE root_agent_session_id = $1 AND ",
+    row_owner!(),
+    " = ANY($2)"
+);
 const INSERT_OUTBOX: &str = "INSERT INTO outbox (seq, kind, root_agent_session_id, \
      workspace_id, payload) VALUES ($1, $2, $3, $4, $5)";
 
@@ -254,6 +272,17 @@ impl<'a, 't> Writer<'a, 't> {
         let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
             return Ok(out);
         };
+        let purged: Vec<&str> = batch
+            .rows
+            .iter()
+            .filter_map(|r| match r {
+                Row::PurgeSession { agent_session_id } => Some(&**agent_session_id),
+                _ => None,
+            })
+            .collect();
+        if !purged.is_empty() {
+            self.exec(REDACT_TREE_OUTBOX, &[&&**root, &purged])?;
+        }
         for &i in &batch.outbox {
             let (Some(Some(json)), Some(row)) =
                 (written.get(i as usize), batch.rows.get(i as usize))

@@ -13,6 +13,15 @@ const NEXT_SEQ: &str = "SELECT value FROM meta WHERE key = 'outbox_next_seq'";
 const PRUNED: &str = "SELECT value FROM meta WHERE key = 'outbox_pruned_through'";
 const SET_CWD: &str = "INSERT INTO session_cwd (root_agent_session_id, cwd) VALUES ($1, $2) \
      ON CONFLICT (root_agent_session_id) DO UPDATE SET cwd = excluded.cwd";
+/// Removes at most 1,000 deleted trees of which no outbox row is left: their session
+/// tombstones, cancel operations and recorded `cwd`.
+const REMOVE_TOMBSTONES: &str = "WITH gone AS (SELECT id FROM sessions WHERE kind = 'root' \
+     AND deleted_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox AS o \
+     WHERE o.root_agent_session_id = sessions.id) LIMIT 1000), \
+     s AS (DELETE FROM sessions WHERE id IN (SELECT id FROM gone) \
+     OR root_agent_session_id IN (SELECT id FROM gone)), \
+     c AS (DELETE FROM cancel_operations WHERE root_agent_session_id IN (SELECT id FROM gone)) \
+     DELETE FROM session_cwd WHERE root_agent_session_id IN (SELECT id FROM gone)";
 const CWD: &str = "SELECT cwd FROM session_cwd WHERE root_agent_session_id = $1";
 
 impl PostgresStore {
@@ -98,6 +107,9 @@ impl PostgresStore {
              (SELECT max(seq) FROM outbox_marks WHERE seq <= $1)",
             &[&upto],
         )?;
+        // Tombstones go too: deleted trees of which no outbox row is left (as in
+        // `tutti_sqlite`'s retention).
+        tx.execute(REMOVE_TOMBSTONES, &[])?;
         tx.commit()?;
         Ok(PruneOutcome {
             deleted: usize::try_from(deleted).unwrap_or(usize::MAX),

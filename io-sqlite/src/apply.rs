@@ -63,7 +63,8 @@ enum Sql {
     InsertOpNew,
     UpdateOpAt,
     InsertMessage,
-    UnlinkOutbox,
+    RedactMessageOutbox,
+    RedactTreeOutbox,
     PurgeTurns,
     PurgeInteractions,
     PurgeMessages,
@@ -117,7 +118,8 @@ impl Sql {
                 "INSERT INTO messages (agent_session_id, seq, message_id, json, outbox_seq) \
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (agent_session_id, seq) DO NOTHING"
             }
-            Sql::UnlinkOutbox => UNLINK_OUTBOX,
+            Sql::RedactMessageOutbox => REDACT_MESSAGE_OUTBOX,
+            Sql::RedactTreeOutbox => REDACT_TREE_OUTBOX,
             Sql::PurgeTurns => "DELETE FROM turns WHERE agent_session_id = ?1",
             Sql::PurgeInteractions => "DELETE FROM interactions WHERE agent_session_id = ?1",
             Sql::PurgeMessages => "DELETE FROM messages WHERE agent_session_id = ?1",
@@ -146,13 +148,37 @@ const INSERT_OP_NEW: &str = concat!(upsert_op!(), "WHERE 0");
 const UPDATE_OP_AT: &str = "UPDATE cancel_operations SET state = ?3, version = ?4, json = ?5 \
      WHERE id = ?1 AND version = ?6";
 
-/// Before a session's messages are purged: the outbox rows that reference them get a copy of
-/// their payload (schema version 2), so no outbox row points at a missing message.
-pub(crate) const UNLINK_OUTBOX: &str =
-    "UPDATE outbox SET payload = (SELECT json FROM messages AS m \
-     WHERE m.rowid = outbox.message_rowid), message_rowid = NULL \
+/// Before a session's messages are purged: the outbox rows that reference them become redacted
+/// rows (ids only, see [`tutti_core::step::Row::PurgeSession`]), so no outbox row points at a
+/// missing message and none keeps its text.
+pub(crate) const REDACT_MESSAGE_OUTBOX: &str =
+    "UPDATE outbox SET kind = 'redacted', payload = json_object('agentSessionId', ?1, 'kind', kind), \
+     message_rowid = NULL \
      WHERE seq IN (SELECT outbox_seq FROM messages WHERE agent_session_id = ?1 \
      AND outbox_seq IS NOT NULL) AND message_rowid IS NOT NULL";
+
+/// The session an outbox row with a payload of its own belongs to (`NULL`: a row that is never
+/// redacted, or a message by reference, see [`REDACT_MESSAGE_OUTBOX`]).
+macro_rules! row_owner {
+    () => {
+        "(CASE WHEN message_rowid IS NOT NULL \
+          OR kind IN ('sessionDeleted', 'sessionPurged', 'redacted') \
+          OR NOT json_valid(payload) THEN NULL \
+          WHEN kind = 'session' THEN json_extract(payload, '$.id') \
+          ELSE json_extract(payload, '$.agentSessionId') END)"
+    };
+}
+
+/// After a batch purged sessions of tree `?1`: every kept outbox row of those sessions (`?2`, a
+/// JSON array of ids) becomes a redacted row. One scan of the kept outbox per deletion (no
+/// index on the root: it would cost every append).
+pub(crate) const REDACT_TREE_OUTBOX: &str = concat!(
+    "UPDATE outbox SET kind = 'redacted', payload = json_object('agentSessionId', ",
+    row_owner!(),
+    ", 'kind', kind) WHERE root_agent_session_id = ?1 AND ",
+    row_owner!(),
+    " IN (SELECT value FROM json_each(?2))"
+);
 
 /// The next outbox seq: one past the highest ever assigned. `outbox_pruned_through` remembers the
 /// highest pruned seq, so pruning every row never makes a number come back.
@@ -517,7 +543,7 @@ impl<'c> Writer<'c> {
             Row::PurgeSession { agent_session_id } => {
                 let s: &str = agent_session_id;
                 for sql in [
-                    Sql::UnlinkOutbox,
+                    Sql::RedactMessageOutbox,
                     Sql::PurgeTurns,
                     Sql::PurgeInteractions,
                     Sql::PurgeMessages,
@@ -567,6 +593,35 @@ impl<'c> Writer<'c> {
     /// `outbox` is not strictly increasing gets its outbox rows after all its rows, in its own
     /// order, each with a copy of its payload.
     pub(crate) fn apply(&mut self, batch: &PersistBatch) -> Result<Vec<Published>, SqliteError> {
+        let out = self.apply_rows(batch)?;
+        self.redact_purged(batch)?;
+        Ok(out)
+    }
+
+    /// Redacts the kept outbox rows of the sessions `batch` purged (see
+    /// [`REDACT_TREE_OUTBOX`]).
+    fn redact_purged(&mut self, batch: &PersistBatch) -> Result<(), SqliteError> {
+        let purged: Vec<&str> = batch
+            .rows
+            .iter()
+            .filter_map(|r| match r {
+                Row::PurgeSession { agent_session_id } => Some(&**agent_session_id),
+                _ => None,
+            })
+            .collect();
+        let Some(root) = batch.root_agent_session_id.as_deref() else {
+            return Ok(());
+        };
+        if purged.is_empty() {
+            return Ok(());
+        }
+        let ids = serde_json::to_string(&purged).map_err(SqliteError::Encode)?;
+        self.stmt(Sql::RedactTreeOutbox)?
+            .execute(params![root, ids])?;
+        Ok(())
+    }
+
+    fn apply_rows(&mut self, batch: &PersistBatch) -> Result<Vec<Published>, SqliteError> {
         self.fold_guards(batch)?;
         self.arena.clear();
         self.written.clear();

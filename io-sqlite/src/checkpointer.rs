@@ -13,6 +13,17 @@
 //!   what was committed during the one before), then asks the writer for a restarting
 //!   checkpoint between two commits ([`Checkpointer::restart_wanted`]), which has only the last
 //!   few frames left to copy;
+//! - a restart makes the WAL start over but leaves its file at its largest size (SQLite
+//!   reuses it). Issue 36: "After deleting 1,000 sessions the WAL stays 63 MB beside a 5.4 MB
+//!   database until a restart." So when a look finds that nothing was committed since the last
+//!   one (the writer is quiet) and the `-wal` file is larger than
+//!   [`CheckpointPolicy::truncate_bytes`], the thread runs a truncating checkpoint
+//!   (`wal_checkpoint(TRUNCATE)`) itself, without waiting for anyone: it copies what is left
+//!   (little, the passive passes kept up), and cuts the file to zero bytes. A reader in the way
+//!   makes it report `busy`, and the next quiet look tries again. A large deletion or a
+//!   retention prune followed by a quiet moment (one [`CheckpointPolicy::every`]) thus leaves a
+//!   small WAL; a daemon that never pauses keeps reusing its file through restarts instead
+//!   (growing it again after each cut would cost its commits);
 //! - when it is dropped, it stops and runs one last restarting checkpoint, so the WAL is small
 //!   for the next start.
 //!
@@ -56,15 +67,19 @@ pub struct CheckpointPolicy {
     /// A passive checkpoint that found at most this many new bytes of frames leaves the WAL
     /// close enough to caught up for a quick restart.
     pub close_bytes: u64,
+    /// Size of the `-wal` file past which a quiet look (nothing committed since the last one)
+    /// truncates it to zero bytes (`u64::MAX`: never).
+    pub truncate_bytes: u64,
 }
 
 impl Default for CheckpointPolicy {
-    /// 200 ms, 32 MiB, 256 KiB.
+    /// 200 ms, 32 MiB, 256 KiB, 16 MiB.
     fn default() -> Self {
         CheckpointPolicy {
             every: Duration::from_millis(200),
             restart_bytes: 32 << 20,
             close_bytes: 256 << 10,
+            truncate_bytes: 16 << 20,
         }
     }
 }
@@ -121,14 +136,17 @@ impl Checkpointer {
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let mut wal = path.as_os_str().to_os_string();
+        wal.push("-wal");
+        let wal = std::path::PathBuf::from(wal);
         let page: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
         let page = u64::try_from(page).unwrap_or(4096).max(512);
         let shared = Arc::new(Shared::default());
         let inner = shared.clone();
         let thread = std::thread::Builder::new()
             .name("tutti-checkpoint".into())
-            .spawn(move || run(conn, page, policy, &inner, observe))
+            .spawn(move || run(conn, &wal, page, policy, &inner, observe))
             .map_err(|source| SqliteError::Io {
                 what: "starting the checkpoint thread for",
                 path: path.display().to_string(),
@@ -169,6 +187,9 @@ impl Drop for Checkpointer {
     }
 }
 
+/// The checkpointing connection's busy timeout (for the final restart).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Runs one checkpoint on `conn`.
 pub(crate) fn checkpoint_on(
     conn: &Connection,
@@ -177,6 +198,9 @@ pub(crate) fn checkpoint_on(
     let sql = match mode {
         CheckpointMode::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
         CheckpointMode::Restart | CheckpointMode::RestartNoWait => "PRAGMA wal_checkpoint(RESTART)",
+        CheckpointMode::Truncate | CheckpointMode::TruncateNoWait => {
+            "PRAGMA wal_checkpoint(TRUNCATE)"
+        }
     };
     let (busy, log, done) = conn.query_row(sql, [], |r| {
         Ok((
@@ -194,6 +218,7 @@ pub(crate) fn checkpoint_on(
 
 fn run(
     conn: Connection,
+    wal: &Path,
     page: u64,
     policy: CheckpointPolicy,
     shared: &Shared,
@@ -228,6 +253,15 @@ fn run(
         drop(stop);
         let commits = shared.commits.load(Ordering::Acquire);
         if commits == seen_commits {
+            // Quiet: cut a WAL file left large by a burst (a big deletion, a prune).
+            let size = std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0);
+            if size > policy.truncate_bytes && !shared.restart.load(Ordering::Acquire) {
+                // Never wait: the writer may start a commit at any moment.
+                if conn.busy_timeout(Duration::ZERO).is_ok() {
+                    pass(CheckpointMode::TruncateNoWait, &mut observe);
+                    let _ = conn.busy_timeout(BUSY_TIMEOUT);
+                }
+            }
             continue;
         }
         if shared.restart.load(Ordering::Acquire) {

@@ -253,9 +253,13 @@ impl SqliteStore {
     /// the file stops growing); it waits for the writer and readers up to this connection's busy
     /// timeout, and reports `busy` if it could not finish. [`CheckpointMode::RestartNoWait`] is
     /// the same without any waiting: if another connection is reading or checkpointing, it
-    /// reports `busy` at once (for a writer that must not stall).
+    /// reports `busy` at once (for a writer that must not stall). The truncating modes also cut
+    /// the `-wal` file to zero bytes.
     pub fn checkpoint(&self, mode: CheckpointMode) -> Result<Checkpoint, SqliteError> {
-        if mode == CheckpointMode::RestartNoWait {
+        if matches!(
+            mode,
+            CheckpointMode::RestartNoWait | CheckpointMode::TruncateNoWait
+        ) {
             self.conn.busy_timeout(std::time::Duration::ZERO)?;
             let r = checkpointer::checkpoint_on(&self.conn, mode);
             self.conn.busy_timeout(self.busy_timeout)?;
@@ -296,6 +300,11 @@ pub enum CheckpointMode {
     Restart,
     /// [`CheckpointMode::Restart`], but give up at once rather than wait for anyone.
     RestartNoWait,
+    /// [`CheckpointMode::Restart`], then truncate the `-wal` file to zero bytes
+    /// (`wal_checkpoint(TRUNCATE)`).
+    Truncate,
+    /// [`CheckpointMode::Truncate`], but give up at once rather than wait for anyone.
+    TruncateNoWait,
 }
 
 /// What one [`SqliteStore::checkpoint`] did.

@@ -290,6 +290,9 @@ pub(crate) fn open(path: &Path, opts: &OpenOptions) -> Result<Connection, Sqlite
     }
     conn.pragma_update(None, "synchronous", opts.synchronous.pragma())?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    // Deleted means gone (issue 36): deleted rows (a deleted session's content, its rewritten
+    // outbox rows, pruned rows) are overwritten with zeros in the file, not left in free space.
+    conn.pragma_update(None, "secure_delete", true)?;
     if !opts.auto_checkpoint {
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     }

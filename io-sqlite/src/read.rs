@@ -394,7 +394,7 @@ mod tests {
             INTERACTION,
             CANCEL_OPERATION,
             OUTBOX_AFTER,
-            crate::apply::UNLINK_OUTBOX,
+            crate::apply::REDACT_MESSAGE_OUTBOX,
         ]
         .iter()
         .map(|s| s.to_string())

@@ -16,6 +16,13 @@
 //! Outbox rows carry no time. Each pass records a mark "every row up to seq S existed at time T"
 //! (`outbox_marks`); a row's age is judged by the newest mark at or before `now - max_age`, so a
 //! row is deleted at most one pass interval after it expires, never before.
+//!
+//! Tombstones go too (issue 36: "retention eventually removes tombstones too"): a pass that
+//! deleted rows also removes the trees whose root is deleted and of which no outbox row is
+//! left (at most [`TOMBSTONES_PER_PASS`] a pass): their session tombstones, cancel operations
+//! and recorded `cwd` (their turns, messages, tool calls and interactions went at the deletion).
+//! The tree then reads as unknown, as if it never existed. A deleted child of a live tree keeps
+//! its tombstone (ids only) as long as its tree exists.
 
 use crate::error::{to_i64, to_u64, SqliteError};
 use crate::SqliteStore;
@@ -127,6 +134,7 @@ impl SqliteStore {
             "DELETE FROM outbox_marks WHERE seq < (SELECT max(seq) FROM outbox_marks WHERE seq <= ?1)",
             [upto],
         )?;
+        remove_tombstones(&tx)?;
         tx.commit()?;
         Ok(PruneOutcome {
             deleted,
@@ -134,4 +142,28 @@ impl SqliteStore {
             more,
         })
     }
+}
+
+/// The most deleted trees one retention pass removes.
+pub const TOMBSTONES_PER_PASS: usize = 1000;
+
+/// Removes deleted trees of which no outbox row is left (one scan of the kept outbox).
+fn remove_tombstones(tx: &rusqlite::Transaction<'_>) -> Result<usize, SqliteError> {
+    let roots: Vec<String> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT id FROM sessions WHERE kind = 'root' AND deleted_at IS NOT NULL \
+             AND id NOT IN (SELECT root_agent_session_id FROM outbox) LIMIT ?1",
+        )?;
+        let rows = stmt.query_map([TOMBSTONES_PER_PASS as i64], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for root in &roots {
+        tx.prepare_cached("DELETE FROM sessions WHERE root_agent_session_id = ?1 OR id = ?1")?
+            .execute([root])?;
+        tx.prepare_cached("DELETE FROM cancel_operations WHERE root_agent_session_id = ?1")?
+            .execute([root])?;
+        tx.prepare_cached("DELETE FROM session_cwd WHERE root_agent_session_id = ?1")?
+            .execute([root])?;
+    }
+    Ok(roots.len())
 }

@@ -243,8 +243,18 @@ fn published_rows_are_the_stored_outbox_rows() {
         for p in pubs {
             let row = &batch.persist.rows[p.row as usize];
             let file = stored.iter().find(|o| o.seq == p.seq).expect("stored");
-            assert_eq!(file.kind, row.kind());
             let payload: serde_json::Value = serde_json::from_str(&p.payload).expect("json");
+            if file.kind == tutti_core::step::REDACTED {
+                // A later batch of the workload deleted its session: ids only remain.
+                let owner = file.payload["agentSessionId"].as_str().expect("owner");
+                assert!(tutti_core::step::redacts(row.kind(), &payload, owner));
+                assert_eq!(
+                    file.payload,
+                    tutti_core::step::redacted_payload(owner, row.kind())
+                );
+                continue;
+            }
+            assert_eq!(file.kind, row.kind());
             assert_eq!(file.payload, payload);
         }
     }

@@ -1,6 +1,7 @@
 //! Schema version 2: a published message's outbox row references the message instead of copying
-//! its JSON. Readers of the outbox still get every payload, also after the message is purged,
-//! and a version 1 file is migrated in place.
+//! its JSON. Readers of the outbox get every payload; when the message's session is deleted its
+//! rows become redacted rows (ids only, issue 36) and no reference dangles; a version 1 file is
+//! migrated in place.
 
 mod support;
 
@@ -92,7 +93,7 @@ fn message_outbox_rows_reference_the_message_and_survive_its_purge() {
         .filter(|r| r.1.is_none())
         .all(|r| !r.2.is_empty()));
 
-    // Deleting the tree purges the messages; their outbox rows get their payloads back first.
+    // Deleting the tree purges the messages; their outbox rows are redacted first.
     let del = engine
         .handle(
             100,
@@ -114,10 +115,26 @@ fn message_outbox_rows_reference_the_message_and_survive_its_purge() {
     assert!(raw.iter().all(|r| r.1.is_none()), "no reference dangles");
     let after = db.outbox_after(0, 1000).expect("read");
     assert_eq!(
-        &after[..before.len()],
-        &before[..],
-        "same rows, same payloads"
+        after.len(),
+        before.len() + 1,
+        "the same rows and the deletion"
     );
+    for (a, b) in after.iter().zip(&before) {
+        let owner = match b.kind.as_str() {
+            "session" => b.payload["id"].as_str(),
+            _ => b.payload["agentSessionId"].as_str(),
+        };
+        assert_eq!(owner, Some("R"));
+        assert_eq!(
+            (a.seq, a.kind.as_str(), &a.payload),
+            (
+                b.seq,
+                tutti_core::step::REDACTED,
+                &tutti_core::step::redacted_payload("R", &b.kind)
+            ),
+            "same seq, ids only"
+        );
+    }
 }
 
 #[test]

@@ -112,6 +112,8 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
         // The figures in the README are for `synchronous=NORMAL` (what the daemon used before
         // `durability` existed), so they stay comparable; the store bench prints FULL too.
         durability: tutti_tokio::config::Durability::Normal,
+        // In-process simulated agents: no process cap (figures stay comparable).
+        max_providers: Some(usize::MAX),
         db: dir.join("load.db"),
         providers: Arc::new(Sim {
             epoch,

@@ -193,6 +193,8 @@ fn rss_run(rt: &tokio::runtime::Runtime, label: &str, resident_trees: usize, tot
             // The figures in the README are for `synchronous=NORMAL` (what the daemon used before
             // `durability` existed), so they stay comparable; the store bench prints FULL too.
             durability: tutti_tokio::config::Durability::Normal,
+            // In-process simulated agents: no process cap (figures stay comparable).
+            max_providers: Some(usize::MAX),
             db: dir.join("rss.db"),
             providers: Arc::new(Sim),
             engine: EngineConfig::default(),

@@ -156,6 +156,11 @@ impl From<DaemonError> for ApiError {
             e @ DaemonError::Conflict => {
                 ApiError::new(StatusCode::CONFLICT, "commit_conflict", e.to_string())
             }
+            e @ DaemonError::ProviderLimit { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "provider_limit",
+                e.to_string(),
+            ),
             e @ DaemonError::OutboxPruned { .. } => {
                 ApiError::new(StatusCode::GONE, "pruned", e.to_string())
             }

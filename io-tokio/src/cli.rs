@@ -181,7 +181,22 @@ impl Client {
         }
     }
     fn show(&self, id: &str) -> Result<String, String> {
+        Ok(self.read_tree(id)?.0)
+    }
+
+    /// The rendered tree of `id`, its root's id and the event-stream position the read reflects
+    /// (`eventSeq`).
+    fn read_tree(&self, id: &str) -> Result<(String, String, u64), String> {
         let d = self.call("GET", &self.url(&format!("/{id}")), None)?;
+        let seq = d["eventSeq"].as_u64().unwrap_or(0);
+        let tree_root = d["session"]["rootAgentSessionId"]
+            .as_str()
+            .unwrap_or(id)
+            .to_string();
+        Ok((Self::render_detail(&d)?, tree_root, seq))
+    }
+
+    fn render_detail(d: &Value) -> Result<String, String> {
         let root: Session =
             serde_json::from_value(d["session"].clone()).map_err(|e| e.to_string())?;
         let kids: Vec<Session> =
@@ -189,6 +204,79 @@ impl Client {
         let turns: Vec<Turn> = serde_json::from_value(d["turns"].clone()).unwrap_or_default();
         Ok(render(&root, &kids, &turns))
     }
+
+    /// `tutti watch ID` (issue 36: "`tutti watch` starts from the session's current read
+    /// (`eventSeq`) and redraws only for rows of that tree, in place"). Draws the tree, then
+    /// follows `GET /v1/events?after=eventSeq` of that read, so nothing already drawn is
+    /// fetched again; a row of another tree is skipped unparsed beyond its root id; a row of
+    /// this tree (or a `reset`: rows were lost, reload) marks the view stale, and it is read and
+    /// drawn again once the rows received so far are consumed (a burst of rows is one redraw;
+    /// under a flood, at least every 256 events). On a terminal a redraw replaces the screen
+    /// (cursor home, clear); elsewhere (a pipe, a file) redraws are separated by a `----` line.
+    /// The position followed is said on stderr (`watching ID after event N`).
+    fn watch(&self, id: &str) -> Result<(), String> {
+        use std::io::IsTerminal;
+        let tty = std::io::stdout().is_terminal();
+        let draw = |text: &str, first: bool| {
+            if tty {
+                out(&format!("\u{1b}[H\u{1b}[2J{text}"));
+            } else {
+                if !first {
+                    outln!("----");
+                }
+                out(text);
+            }
+        };
+        let (text, tree_root, after) = self.read_tree(id)?;
+        draw(&text, true);
+        eprintln!("watching {} after event {after}", escape(id));
+        let resp = ureq::get(&format!("{}/v1/events?after={after}", self.base))
+            .set("authorization", &format!("Bearer {}", self.token))
+            .call()
+            .map_err(|e| e.to_string())?;
+        let mut reader = std::io::BufReader::new(resp.into_reader());
+        let mut stale = false;
+        // Events since the view went stale.
+        let mut waited = 0u32;
+        let mut event = String::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Ok(());
+            }
+            let l = line.trim_end_matches(['\r', '\n']);
+            if let Some(name) = l.strip_prefix("event:") {
+                event = name.trim().to_string();
+            } else if let Some(data) = l.strip_prefix("data:") {
+                stale |= event == "reset" || row_root(data).as_deref() == Some(&*tree_root);
+            } else if l.is_empty() {
+                event.clear();
+                if stale {
+                    waited += 1;
+                }
+                // Redraw once the rows already received are handled.
+                if stale && (reader.buffer().is_empty() || waited >= 256) {
+                    stale = false;
+                    waited = 0;
+                    draw(&self.show(id)?, false);
+                }
+            }
+        }
+    }
+}
+
+/// The `rootAgentSessionId` of an event-stream row (`None`: not a row).
+fn row_root(data: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Row {
+        root_agent_session_id: String,
+    }
+    serde_json::from_str::<Row>(data.trim())
+        .ok()
+        .map(|r| r.root_agent_session_id)
 }
 
 /// Runs a scenario through a fresh engine and `store`; returns every tree, read back from the
@@ -248,21 +336,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             out(&sessions_lines(&c.call("GET", &c.url(""), None)?));
         }
         Cmd::Show { id } => out(&Client::new(cli)?.show(id)?),
-        Cmd::Watch { id } => {
-            let c = Client::new(cli)?;
-            out(&c.show(id)?);
-            let resp = ureq::get(&format!("{}/v1/events", c.base))
-                .set("authorization", &format!("Bearer {}", c.token))
-                .call()
-                .map_err(|e| e.to_string())?;
-            for line in std::io::BufReader::new(resp.into_reader()).lines() {
-                let line = line.map_err(|e| e.to_string())?;
-                if line.starts_with("data:") {
-                    outln!("----");
-                    out(&c.show(id)?);
-                }
-            }
-        }
+        Cmd::Watch { id } => Client::new(cli)?.watch(id)?,
         Cmd::Submit { id, text } => {
             let c = Client::new(cli)?;
             print(&c.call(

@@ -29,6 +29,7 @@
 //! idle_timeout_secs = 300     # stop a provider whose tree is quiescent after this long; 0 = never
 //! lease_secs = 10             # PostgreSQL: how long a tree lease lasts unless renewed
 //! durability = "full"         # SQLite: "full" (default) or "normal", see `Durability`
+//! max_providers = 47          # provider processes at once; unset: sized to the machine
 //! ```
 
 use serde::Deserialize;
@@ -96,6 +97,11 @@ pub struct ConfigFile {
     /// HTTP connection limits (`[http]`, see [`crate::connections::HttpConfig`]).
     #[serde(default)]
     pub http: crate::connections::HttpConfig,
+    /// The most provider processes running at once (issue 36); unset: sized to the machine
+    /// ([`crate::daemon::default_max_providers`]); 0 is taken as 1. See
+    /// [`crate::daemon::DaemonOptions::max_providers`].
+    #[serde(default)]
+    pub max_providers: Option<usize>,
 }
 
 /// How durable an acknowledged write is on SQLite (issue 36: "durability the operator
@@ -257,5 +263,25 @@ mod tests {
         let full: ConfigFile = toml::from_str("durability = \"full\"").expect("full");
         assert_eq!(full.durability, Durability::Full);
         assert!(toml::from_str::<ConfigFile>("durability = \"off\"").is_err());
+    }
+
+    /// Issue 36 item 3: the provider cap is a config key; unset, it is sized to the machine
+    /// (between 2 and 1,024, within three quarters of the descriptor limit at 8 a provider).
+    #[test]
+    fn max_providers_is_a_config_key_with_a_machine_sized_default() {
+        let none: ConfigFile = toml::from_str("").expect("empty config");
+        assert_eq!(none.max_providers, None);
+        let two: ConfigFile = toml::from_str("max_providers = 2").expect("two");
+        assert_eq!(two.max_providers, Some(2));
+        assert!(toml::from_str::<ConfigFile>("max_providers = -1").is_err());
+        let n = crate::daemon::default_max_providers();
+        assert!((2..=1024).contains(&n), "{n}");
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the limit into the struct it is given.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert!(n as u64 <= (lim.rlim_cur * 3 / 4 / 8).max(2), "{n}");
     }
 }

@@ -251,6 +251,14 @@ pub enum DaemonError {
     /// retried).
     #[error("the tree changed in the store before this command could commit; retry")]
     Conflict,
+    /// Issue 36: a submit needed a provider process started, `limit` providers already run
+    /// ([`DaemonOptions::max_providers`]) and none of them is idle, so none could be stopped
+    /// to make room. Nothing changed (answered 503 `provider_limit`; retry once a tree settles).
+    #[error("{limit} provider processes are running (the max_providers limit) and none is idle; retry when a session settles")]
+    ProviderLimit {
+        /// The cap.
+        limit: usize,
+    },
     /// An outbox follower asked for rows that retention already deleted (it continues after
     /// `pruned_through`; see [`crate::follow::Followed::Reset`]).
     #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
@@ -330,6 +338,52 @@ pub struct DaemonOptions {
     pub retention: Retention,
     /// SQLite commit durability (only [`Daemon::start`] opens the file; other stores ignore it).
     pub durability: crate::config::Durability,
+    /// Issue 36: "A cap on live provider processes (config; default sized to the machine)":
+    /// at most this many provider runtimes run at once (`None`: [`default_max_providers`]; 0
+    /// is taken as 1). A submit that needs a provider started while the cap is reached first
+    /// stops the least recently used idle one (quiescent tree, as for the idle timeout); when
+    /// every running provider is busy the submit is refused with
+    /// [`DaemonError::ProviderLimit`] and nothing changes (no turn is started that would then
+    /// be interrupted).
+    pub max_providers: Option<usize>,
+}
+
+/// Provider processes one runtime needs in the daemon's descriptor budget: its stdin, stdout
+/// and stderr pipes, with room for the process's own bookkeeping.
+const FDS_PER_PROVIDER: u64 = 8;
+/// The memory one provider process is budgeted (real agents are Node or native programs of
+/// about 100 to 300 MB).
+const MEMORY_PER_PROVIDER: u64 = 256 << 20;
+
+/// The default cap on live provider processes, sized to the machine: the smaller of three
+/// quarters of the soft `RLIMIT_NOFILE` at 8 descriptors a provider (the rest is for HTTP
+/// connections, event streams and the database) and half the physical memory at 256 MiB a
+/// provider; at least 2, at most 1,024. (A 1,024-descriptor limit allows 96.)
+pub fn default_max_providers() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the limit into the struct it is given.
+    let nofile = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    let by_fds = nofile.saturating_mul(3) / 4 / FDS_PER_PROVIDER;
+    // SAFETY: sysconf only reads system configuration values.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let memory = match (u64::try_from(pages), u64::try_from(page)) {
+        (Ok(n), Ok(p)) if n > 0 && p > 0 => n.saturating_mul(p),
+        _ => 8 << 30,
+    };
+    let by_memory = memory / 2 / MEMORY_PER_PROVIDER;
+    usize::try_from(by_fds.min(by_memory).clamp(2, 1024)).unwrap_or(2)
 }
 
 /// The default of [`DaemonOptions::idle_timeout`]: five minutes.
@@ -507,6 +561,11 @@ impl Daemon {
             metrics: metrics.clone(),
             ever_launched: std::collections::HashSet::new(),
             line_round: None,
+            max_providers: opts
+                .max_providers
+                .unwrap_or_else(default_max_providers)
+                .max(1),
+            reserved: std::collections::HashSet::new(),
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -718,6 +777,11 @@ struct Core<S> {
     ever_launched: std::collections::HashSet<Id>,
     /// When the engine took the current round, if it holds provider messages.
     line_round: Option<std::time::Instant>,
+    /// The cap on live provider runtimes (see [`DaemonOptions::max_providers`]).
+    max_providers: usize,
+    /// Roots whose submit was let through this round for a provider start still to come: they
+    /// count against the cap until launched (cleared after the round).
+    reserved: std::collections::HashSet<Id>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -788,6 +852,20 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             }
                             continue;
                         }
+                        if let Some(root) = self.start_needed(&input) {
+                            if let Err(e) = self.make_room(&root) {
+                                warn!(
+                                    root = %root,
+                                    limit = self.max_providers,
+                                    "submit refused: provider limit reached, none idle"
+                                );
+                                if let Some(r) = reply {
+                                    let _ = r.send(Err(e));
+                                }
+                                continue;
+                            }
+                            self.reserved.insert(root);
+                        }
                         let token = reply.map(|r| {
                             self.next_reply += 1;
                             self.replies.insert(self.next_reply, (r, input.kind()));
@@ -805,6 +883,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 }
             }
             let touched = self.settle(now);
+            self.reserved.clear();
             for root in &touched {
                 self.review_runtime(root);
             }
@@ -1264,6 +1343,65 @@ impl<S: HostStore + Send + 'static> Core<S> {
         });
     }
 
+    /// The root a submit will start a provider for: a submit to a live root session without a
+    /// live runtime (a submit the engine will refuse anyway, to a child, a deleted or an
+    /// unknown session, needs none).
+    fn start_needed(&self, input: &Input) -> Option<Id> {
+        let Input::Command(Command::Submit {
+            agent_session_id, ..
+        }) = input
+        else {
+            return None;
+        };
+        match self.driver.engine().session(agent_session_id) {
+            Some(s) if !s.is_root() || s.deleted_at.is_some() => return None,
+            Some(_) => {}
+            // Not loaded: a live root of the store, or nothing the engine will take.
+            None => match self.store.session(agent_session_id) {
+                Ok(Some(s)) if s.is_root() => {}
+                _ => return None,
+            },
+        }
+        let live = self
+            .runtimes
+            .get(agent_session_id)
+            .is_some_and(|r| r.is_alive());
+        (!live && !self.reserved.contains(agent_session_id)).then(|| agent_session_id.clone())
+    }
+
+    /// Provider runtimes running or about to be started this round.
+    fn live_providers(&self) -> usize {
+        self.runtimes.values().filter(|r| r.is_alive()).count() + self.reserved.len()
+    }
+
+    /// Makes room under the provider cap for a start of `root`: stops the least recently used
+    /// idle runtimes (quiescent trees, least recently touched by a committed step first) until
+    /// one more fits; an error when every other running provider is busy.
+    fn make_room(&mut self, root: &Id) -> Result<(), DaemonError> {
+        while self.live_providers() >= self.max_providers {
+            let victim = self
+                .runtimes
+                .iter()
+                .filter(|(r, h)| {
+                    *r != root
+                        && h.is_alive()
+                        && !self.reserved.contains(*r)
+                        && self.runtime_quiescent(r)
+                })
+                .min_by_key(|(r, _)| self.idle.armed.get(*r).copied().unwrap_or(0))
+                .map(|(r, _)| r.clone());
+            match victim {
+                Some(v) => self.stop_runtime(&v, "provider limit: least recently used idle"),
+                None => {
+                    return Err(DaemonError::ProviderLimit {
+                        limit: self.max_providers,
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn idle_check(&mut self, root: &Id, generation: u64) {
         if self.idle.armed.get(root) != Some(&generation) || !self.runtime_quiescent(root) {
             return;
@@ -1335,6 +1473,19 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 );
                 return;
             }
+        }
+        // The cap (issue 36): a submit made room before it was taken; a start that still finds
+        // none (every other provider busy) fails with the limit named, never silently.
+        self.reserved.remove(&root);
+        if let Err(e) = self.make_room(&root) {
+            warn!(root = %root, limit = self.max_providers, "provider not started: provider limit reached");
+            self.driver.handle_exit(
+                now,
+                &root,
+                &format!("provider not started: {e}"),
+                &self.store,
+            );
+            return;
         }
         let cwd = self.store.session_cwd(&root).unwrap_or_else(|e| {
             warn!(root = %root, error = %e, "session cwd not readable; using the default");

@@ -475,6 +475,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
     let retention = config.retention.resolve();
     let durability = config.durability;
     let http = config.http.resolve();
+    let max_providers = config.max_providers;
     let mut registry = Registry::with_builtins(config)?;
     // The demo agent's state lives next to the SQLite file; for PostgreSQL, next to the token
     // file (choice: the daemon's local files stay together).
@@ -497,6 +498,7 @@ async fn serve(args: ServeArgs, demo: bool) -> Result<(), ServeError> {
         idle_timeout,
         retention,
         durability,
+        max_providers,
     };
     let listen = |source| ServeError::Listen {
         addr: args.listen,

@@ -146,6 +146,7 @@ fn start(store: &Shared, providers: Arc<Registry>) -> Daemon {
         Box::new(StoreCheckpoint::default()),
         DaemonOptions {
             durability: Default::default(),
+            max_providers: None,
             db: "memory".into(),
             providers: providers.clone(),
             engine: EngineConfig::default(),

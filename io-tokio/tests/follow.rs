@@ -47,6 +47,7 @@ fn start(name: &str) -> (TempDir, Daemon) {
     std::fs::create_dir_all(&dir).expect("dir");
     let daemon = Daemon::start(DaemonOptions {
         durability: Default::default(),
+        max_providers: None,
         db: dir.join("t.db"),
         providers: Arc::new(NoProviders),
         engine: EngineConfig::default(),

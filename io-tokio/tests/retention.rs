@@ -94,6 +94,7 @@ fn registry() -> Arc<Recording> {
 fn start(dir: &std::path::Path, providers: Arc<Recording>, retention: Retention) -> Daemon {
     Daemon::start(DaemonOptions {
         durability: Default::default(),
+        max_providers: None,
         db: dir.join("t.db"),
         providers,
         engine: EngineConfig::default(),

@@ -22,7 +22,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use tutti_core::input::Input;
 use tutti_core::model::{CancelState, Id, Message, Session};
-use tutti_core::step::{Guard, PersistBatch, Row};
+use tutti_core::step::{redacted_payload, redacts, Guard, PersistBatch, Row, REDACTED};
 use tutti_core::store::{GroupError, HostStore, OutboxRow, RetentionPolicy};
 use tutti_core::{Engine, TreeSnapshot};
 
@@ -646,8 +646,19 @@ where
         assigned, seqs,
         "conformance `{C}`: apply returned exactly these seqs"
     );
-    let mut expected = Vec::new();
+    let mut expected: Vec<(String, Option<Id>, Option<Id>, Value)> = Vec::new();
     for (b, _) in &w.committed {
+        // A purge redacts the rows of its sessions published before (see `assert_gone`).
+        for r in &b.rows {
+            if let Row::PurgeSession { agent_session_id } = r {
+                for e in expected.iter_mut() {
+                    if e.1 == b.root_agent_session_id && redacts(&e.0, &e.3, agent_session_id) {
+                        e.3 = redacted_payload(agent_session_id, &e.0);
+                        e.0 = REDACTED.to_string();
+                    }
+                }
+            }
+        }
         for &i in &b.outbox {
             let row = &b.rows[i as usize];
             expected.push((
@@ -764,9 +775,24 @@ where
     let mut w = World::build(&mut s);
     assert!(ok(C, s.interaction("CT20", "req20")).is_some());
     assert_eq!(ok(C, s.messages("C20", None, 10)).len(), 1);
+    w.feed(&mut s, json!({"type": "sessionMetadataUpdated", "agentSessionId": R2, "title": "secret-title-R2", "goal": {"g": "secret-goal-R2"}}));
+    let before = ok(C, s.outbox_after(0, usize::MAX));
     w.feed(
         &mut s,
         json!({"type": "deleteSession", "agentSessionId": R2}),
+    );
+    assert_gone(
+        C,
+        &s,
+        &before,
+        R2,
+        &[R2, "C20"],
+        &[
+            "secret-title-R2",
+            "secret-goal-R2",
+            "text of r2m1",
+            "text of c20m1",
+        ],
     );
     for id in [R2, "C20"] {
         assert_eq!(
@@ -814,12 +840,34 @@ where
         "conformance `{C}`: the deletion is published"
     );
     // A child subtree: C2 is active under R1's turn, so settle R1 first, then delete C1.
+    w.feed(&mut s, json!({"type": "toolCallUpdated", "agentSessionId": "C1", "turnId": "CT1", "toolCallId": "c1-tool", "name": "Read", "status": "completed", "payload": {"out": "secret-tool-C1"}}));
+    w.feed(&mut s, json!({"type": "sessionMetadataUpdated", "agentSessionId": "C1", "title": "secret-title-C1"}));
     w.feed(&mut s, json!({"type": "turnTerminal", "agentSessionId": "C2", "turnId": "CT2", "outcome": "completed"}));
     w.feed(&mut s, json!({"type": "turnTerminal", "agentSessionId": "C1", "turnId": "CT1", "outcome": "completed"}));
     w.feed(&mut s, json!({"type": "rootProviderTurnCompleted", "agentSessionId": R1, "providerTurnId": "p1", "outcome": "completed"}));
+    let before = ok(C, s.outbox_after(0, usize::MAX));
     w.feed(
         &mut s,
         json!({"type": "deleteSession", "agentSessionId": "C1"}),
+    );
+    assert_gone(
+        C,
+        &s,
+        &before,
+        R1,
+        &["C1", "C2"],
+        &[
+            "secret-tool-C1",
+            "secret-title-C1",
+            "text of m1",
+            "text of m5",
+        ],
+    );
+    assert!(
+        ok(C, s.outbox_after(0, usize::MAX))
+            .iter()
+            .any(|r| r.kind == "toolCall" && r.payload["toolCallId"] == "spawn-C1"),
+        "conformance `{C}`: R1's own rows stay as they were"
     );
     assert!(
         ok(C, s.session(R1)).is_some(),
@@ -844,6 +892,80 @@ where
         "conformance `{C}`: the detail of R1 lists no deleted child"
     );
     assert_eq!(ok(C, s.load_tree(R1)), w.engine.snapshot(R1));
+}
+
+/// Issue 36: "Deleted means gone: a deletion removes the subtree's content (messages, tool
+/// calls, interaction payloads, titles) from the store and from the outbox rows still kept,
+/// leaving a tombstone with ids only." After `sessions` of tree `root` were deleted: every row
+/// kept `before` the deletion is still there under its seq (gap-free), a row of those sessions
+/// is redacted (kind `redacted`, payload `{agentSessionId, kind}`), every other row is as it
+/// was, no kept row or tombstone holds any of `markers`, and the tombstones have no title or
+/// goal.
+fn assert_gone<S: HostStore>(
+    check: &str,
+    s: &S,
+    before: &[OutboxRow],
+    root: &str,
+    sessions: &[&str],
+    markers: &[&str],
+) where
+    S::Error: Debug,
+{
+    let after = ok(check, s.outbox_after(0, usize::MAX));
+    assert!(
+        after.windows(2).all(|p| p[1].seq == p[0].seq + 1),
+        "conformance `{check}`: the outbox stays gap-free"
+    );
+    let mut redacted = 0;
+    for b in before {
+        let a = after
+            .iter()
+            .find(|a| a.seq == b.seq)
+            .unwrap_or_else(|| panic!("conformance `{check}`: row {} kept", b.seq));
+        match sessions.iter().find(|id| redacts(&b.kind, &b.payload, id)) {
+            Some(id) => {
+                redacted += 1;
+                assert_eq!(
+                    (
+                        a.kind.as_str(),
+                        &a.payload,
+                        &a.root_agent_session_id,
+                        &a.workspace_id
+                    ),
+                    (
+                        REDACTED,
+                        &redacted_payload(id, &b.kind),
+                        &b.root_agent_session_id,
+                        &b.workspace_id
+                    ),
+                    "conformance `{check}`: row {} of {id} redacted",
+                    b.seq
+                );
+            }
+            None => assert_eq!(a, b, "conformance `{check}`: row {} unchanged", b.seq),
+        }
+    }
+    assert!(redacted > 0, "conformance `{check}`: rows were redacted");
+    let tree = ok(check, s.load_tree(root))
+        .unwrap_or_else(|| panic!("conformance `{check}`: tree {root} kept"));
+    for t in tree.sessions.iter().filter(|x| sessions.contains(&&*x.id)) {
+        assert!(
+            t.title.is_none() && t.goal.is_none() && t.deleted_at.is_some(),
+            "conformance `{check}`: tombstone {} holds ids only: {t:?}",
+            t.id
+        );
+    }
+    let text = format!(
+        "{}{}",
+        serde_json::to_string(&after).unwrap_or_default(),
+        serde_json::to_string(&tree).unwrap_or_default()
+    );
+    for m in markers {
+        assert!(
+            !text.contains(m),
+            "conformance `{check}`: deleted text {m:?} still readable"
+        );
+    }
 }
 
 /// Reads: sessions, turns, details, messages paging, interactions, cancel operations, roots
@@ -1083,4 +1205,31 @@ where
     );
     // Readers still get the message whose outbox row may be gone.
     assert_eq!(ok(C, s.messages("C1", None, usize::MAX)).len(), 6);
+    // Tombstones go too, once none of their tree's rows is left (a store that prunes).
+    w.feed(
+        &mut s,
+        json!({"type": "deleteSession", "agentSessionId": R2}),
+    );
+    let everything = RetentionPolicy {
+        keep_rows: Some(0),
+        max_age_ms: None,
+    };
+    let r = ok(C, s.prune_outbox(&everything, 2_000_000, None, 100_000));
+    if r.pruned_through == ok(C, s.last_outbox_seq()) {
+        for (id, root) in [(R2, R2), ("C20", R2), (R5, R5)] {
+            assert_eq!(
+                ok(C, s.root_of(id)),
+                None,
+                "conformance `{C}`: tombstone {id} removed"
+            );
+            assert!(ok(C, s.load_tree(root)).is_none());
+        }
+        assert_eq!(
+            ok(C, s.load_tree(R1)),
+            w.engine.snapshot(R1),
+            "conformance `{C}`: live trees stay"
+        );
+    } else {
+        assert_eq!(r.pruned_through, 0, "conformance `{C}`: {r:?}");
+    }
 }

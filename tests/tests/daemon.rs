@@ -188,3 +188,124 @@ fn an_engine_inconsistency_in_a_stored_tree_is_answered_500_internal() {
     let (st, v) = d.call("POST", &submit, Some(json!({"text": 7})));
     assert_eq!(st, 400, "{v}");
 }
+
+/// Issue 36 item 6: "after `DELETE` the API answers 404, but `GET /v1/events?after=0` still
+/// streams the deleted session's prompt text until retention removes it, and the deleted
+/// session's row with its title stays forever." A marker in the title and the prompt, and the
+/// demo agent's own message and tool call texts, are readable before the deletion and through
+/// no route after it: the root list, the detail and messages of every session of the tree,
+/// the event stream from 0 (still gap-free), the same reads with the web view's cookie, nor the
+/// bytes of the SQLite file and its WAL after a checkpoint.
+#[test]
+fn a_deleted_tree_leaves_no_text_in_any_route_the_event_stream_or_the_file() {
+    const MARK: &str = "zq7-deleted-marker";
+    // The demo agent's own texts: a message of the root and a tool call title.
+    const AGENT_TEXT: [&str; 2] = ["Splitting the work across", "Delegate to"];
+    let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "8")]);
+    let base = format!("/v1/workspaces/{WS}/agent-sessions");
+    let (st, v) = d.call(
+        "POST",
+        &base,
+        Some(json!({"provider": "demo", "title": format!("title {MARK}")})),
+    );
+    assert_eq!(st, 201, "{v}");
+    let id = v["session"]["id"].as_str().expect("id").to_string();
+    let (_, turn) = d.submit(
+        WS,
+        &id,
+        &format!("children=2 permission=0 fail=0 late=0 {MARK}"),
+    );
+    let end = d.wait_for(WS, &id, 30, "the turn settled", |v| {
+        v["session"]["lastTurnId"] == turn.as_str() && v["session"].get("activeTurnId").is_none()
+    });
+    let mut tree = vec![id.clone()];
+    for c in end["childSessions"].as_array().expect("children") {
+        tree.push(c["id"].as_str().expect("child id").to_string());
+    }
+    assert_eq!(tree.len(), 3);
+    let last = end["eventSeq"].as_u64().expect("eventSeq");
+    let all_text = |rows: &[serde_json::Value]| serde_json::to_string(rows).unwrap_or_default();
+    let before = all_text(&d.events(Some(0), None, last as usize, 10));
+    for text in [MARK].iter().chain(&AGENT_TEXT) {
+        assert!(before.contains(text), "{text:?} readable before: {before}");
+    }
+    let (st, v) = d.call("DELETE", &format!("{base}/{id}"), None);
+    assert_eq!(st, 200, "{v}");
+    let mut read = Vec::new();
+    let (st, list) = d.call("GET", &base, None);
+    assert_eq!(st, 200);
+    read.push(list.clone());
+    for s in &tree {
+        for path in [format!("{base}/{s}"), format!("{base}/{s}/messages")] {
+            let (st, v) = d.call("GET", &path, None);
+            assert_eq!(st, 404, "{path}: {v}");
+            read.push(v);
+        }
+    }
+    // The web view reads the same routes with its login cookie (no bearer header).
+    let port = d.addr.rsplit(':').next().unwrap_or_default();
+    let web = |path: &str| -> (u16, serde_json::Value) {
+        let r = ureq::get(&format!("http://{}{path}", d.addr))
+            .set("cookie", &format!("tutti_token_{port}={}", d.token))
+            .timeout(std::time::Duration::from_secs(10))
+            .call();
+        match r {
+            Ok(r) => (r.status(), r.into_json().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or_default()),
+            Err(e) => panic!("{path}: {e}"),
+        }
+    };
+    let (st, v) = web(&base);
+    assert_eq!(st, 200, "the cookie is accepted: {v}");
+    read.push(v);
+    for s in &tree {
+        let (st, v) = web(&format!("{base}/{s}"));
+        assert_eq!(st, 404, "{v}");
+        read.push(v);
+    }
+    let now = list["eventSeq"].as_u64().expect("eventSeq");
+    assert!(now > last, "the deletion is published");
+    let rows = d.events(Some(0), None, now as usize, 10);
+    let seqs: Vec<u64> = rows.iter().filter_map(|r| r["seq"].as_u64()).collect();
+    assert_eq!(
+        seqs,
+        (1..=now).collect::<Vec<_>>(),
+        "the stream stays gap-free"
+    );
+    assert!(rows
+        .iter()
+        .any(|r| r["kind"] == "redacted" && r["payload"]["agentSessionId"] == id.as_str()));
+    read.extend(rows);
+    let after = all_text(&read);
+    for text in [MARK].iter().chain(&AGENT_TEXT) {
+        assert!(!after.contains(text), "{text:?} still readable: {after}");
+    }
+    // The file: once the WAL is checkpointed (an outside connection may do that), neither the
+    // database nor its WAL holds any of the texts.
+    let db = d.db();
+    let conn = rusqlite::Connection::open(&db).expect("open the file");
+    let mut truncated = false;
+    for _ in 0..200 {
+        let busy: i64 = conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+            .expect("checkpoint");
+        if busy == 0 {
+            truncated = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(truncated, "the WAL was checkpointed");
+    let mut wal = db.clone().into_os_string();
+    wal.push("-wal");
+    for path in [db.clone(), wal.into()] {
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        for text in [MARK].iter().chain(&AGENT_TEXT) {
+            assert!(
+                !bytes.windows(text.len()).any(|w| w == text.as_bytes()),
+                "{text:?} still in the bytes of {}",
+                path.display()
+            );
+        }
+    }
+}

@@ -9,7 +9,7 @@
 //!   SIGTERM and SIGINT to `tuttid` leave no provider process (nor its children) behind;
 //! - 500 sessions leave a bounded number of processes and descriptors.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tutti_tests::daemon::{turn_of, TestDaemon};
 use tutti_tests::procs::{alive, children_of, fd_count, group_members, poll};
 
@@ -304,4 +304,69 @@ fn a_provider_that_ignores_stdin_eof_does_not_outlive_a_killed_daemon() {
         ended.is_some(),
         "provider {provider} still runs after the daemon was killed"
     );
+}
+
+/// Issue 36 item 3: "No limit on provider processes ... at the fd limit, later sessions settle
+/// `interrupted: provider could not be started`." With `max_providers = 2` and three sessions:
+/// the third start stops the least recently used idle provider (not the other one) and its
+/// turn completes; when both running providers are busy, a submit that needs a third is
+/// refused `503 provider_limit` and starts no turn.
+#[test]
+fn past_the_provider_cap_the_least_recently_used_idle_one_is_stopped_and_a_busy_cap_refuses() {
+    let d = TestDaemon::start(
+        EXE,
+        // Settled trees leave memory at once: the cap holds for trees read back from the file.
+        Some("max_providers = 2\nidle_timeout_secs = 0\n[retention]\nresident_trees = 0\n"),
+        &[("TUTTI_DEMO_SPEED", "20")],
+    );
+    let daemon = d.pid().expect("daemon runs");
+    let [a, b, c] = [0, 1, 2].map(|_| d.create(WS, "demo"));
+    d.submit(WS, &a, QUICK);
+    let agent_a = the_provider(&d);
+    settled(&d, &a);
+    d.submit(WS, &b, QUICK);
+    settled(&d, &b);
+    let both = poll(30, || {
+        let kids = children_of(daemon);
+        (kids.len() == 2).then_some(kids)
+    })
+    .expect("two providers, idle ones are kept (no idle timeout)");
+    let agent_b = *both.iter().find(|p| **p != agent_a).expect("b's provider");
+    let (reply, _) = d.submit(WS, &c, QUICK);
+    assert_eq!(reply, "started");
+    let done = settled(&d, &c);
+    assert_eq!(
+        turn_of(&done, &c).expect("c's turn")["outcome"],
+        "completed",
+        "the third session's turn runs: {done:#}"
+    );
+    assert!(
+        poll(30, || (!alive(agent_a)).then_some(())).is_some(),
+        "the least recently used idle provider (a's) was stopped"
+    );
+    assert!(alive(agent_b), "b's provider, used later, stays");
+    assert_eq!(children_of(daemon).len(), 2, "never more than the cap");
+    // Both running providers busy (a child that works until cancelled): no room for a's.
+    for id in [&b, &c] {
+        let (reply, _) = d.submit(WS, id, "children=1 hang=1 permission=0 fail=0 late=0");
+        assert_eq!(reply, "started");
+    }
+    let last = d.detail(WS, &a)["session"]["lastTurnId"].clone();
+    let (st, v) = d.call(
+        "POST",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{a}/submit"),
+        Some(json!({"text": QUICK})),
+    );
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(v["error"]["code"], "provider_limit", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_providers")),
+        "{v}"
+    );
+    let after = d.detail(WS, &a);
+    assert_eq!(after["session"]["lastTurnId"], last, "no turn was started");
+    assert!(after["session"].get("activeTurnId").is_none());
+    assert_eq!(children_of(daemon).len(), 2);
 }

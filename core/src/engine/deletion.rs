@@ -1,6 +1,13 @@
 //! Deletion: "deleting a root or child session atomically tombstones that session and all of its
 //! nested child sessions, then removes their turns and interactions. A child must never remain as
 //! an orphan after its ancestor is deleted."
+//!
+//! Issue 36: "Deleted means gone: a deletion removes the subtree's content (messages, tool
+//! calls, interaction payloads, titles) from the store and from the outbox rows still kept,
+//! leaving a tombstone with ids only." The tombstone keeps the session's ids, provider, relation,
+//! times and version; its title and goal are cleared here, so neither the stored row nor the
+//! published `sessionDeleted` row carries them. The stores rewrite the session's outbox rows
+//! (see [`crate::step::Row::PurgeSession`]).
 
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
@@ -66,6 +73,8 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
         if let Some(s) = tree.sessions.get_mut(id).map(Arc::make_mut) {
             s.deleted_at = Some(now);
             s.active_turn_id = None;
+            s.title = None;
+            s.goal = None;
         }
         tx.session(id, Hint::NONE, true);
         tx.purge(id);

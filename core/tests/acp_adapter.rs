@@ -433,3 +433,52 @@ fn acp_permission_for_an_unreported_tool_call_records_the_call_once() {
     let out = a.on_native(7, &permission("p3", "c1")).expect("permission");
     assert!(tool_updates(&out).is_empty(), "recorded once: {out:?}");
 }
+
+/// Issue 32 ("tool calls that open to show their input and output/diff when the provider sent
+/// them"): what the agent sends of a tool call (`rawInput`, `rawOutput`, `content`,
+/// `locations`) becomes its payload, merged over the updates (each carries only what changed);
+/// an update with none of them leaves the payload as recorded.
+#[test]
+fn acp_tool_call_input_and_output_are_its_payload_merged_over_updates() {
+    let (mut a, _prompt) = running();
+    let upd = |u: Value| {
+        json!({"jsonrpc": "2.0", "method": "session/update",
+            "params": {"sessionId": SESSION, "update": u}})
+    };
+    let payloads = |out: &AdapterOutput| -> Vec<Option<Value>> {
+        out.events
+            .iter()
+            .filter_map(|e| match e {
+                NormalizedEvent::ToolCallUpdated { payload, .. } => Some(payload.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let out = a
+        .on_native(
+            4,
+            &upd(json!({"sessionUpdate": "tool_call", "toolCallId": "c1", "title": "Edit",
+                "status": "in_progress", "rawInput": {"path": "a.txt"}})),
+        )
+        .expect("tool call");
+    assert_eq!(payloads(&out), [Some(json!({"rawInput": {"path": "a.txt"}}))]);
+    let out = a
+        .on_native(
+            5,
+            &upd(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "in_progress"})),
+        )
+        .expect("status only");
+    assert_eq!(payloads(&out), [None], "nothing new: the payload stays");
+    let out = a
+        .on_native(
+            6,
+            &upd(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "completed",
+                "content": [{"type": "diff", "path": "a.txt", "oldText": "x", "newText": "y"}]})),
+        )
+        .expect("completed");
+    assert_eq!(
+        payloads(&out),
+        [Some(json!({"rawInput": {"path": "a.txt"},
+            "content": [{"type": "diff", "path": "a.txt", "oldText": "x", "newText": "y"}]}))]
+    );
+}

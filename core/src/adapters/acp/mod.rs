@@ -144,6 +144,8 @@ pub struct AcpAdapter {
     session_error: Option<String>,
     /// (native session, tool call id) of the tool calls reported during the running prompt.
     tool_calls: std::collections::BTreeSet<(String, String)>,
+    /// The merged input/output of those tool calls ([`AcpAdapter::tool_payload`]).
+    tool_payloads: BTreeMap<(String, String), serde_json::Map<String, Value>>,
 }
 
 impl AcpAdapter {
@@ -175,6 +177,7 @@ impl AcpAdapter {
             pending_start: None,
             session_error: None,
             tool_calls: Default::default(),
+            tool_payloads: BTreeMap::new(),
         }
     }
 
@@ -414,6 +417,8 @@ impl AcpAdapter {
                 self.flush(out, &root_native);
                 self.prompt = None;
                 self.tool_calls.clear();
+                // Children's tool calls may go on after the prompt; the root's may not.
+                self.tool_payloads.retain(|(n, _), _| *n != root_native);
                 let stop = result
                     .and_then(|r| r.get("stopReason"))
                     .and_then(Value::as_str);
@@ -532,6 +537,10 @@ impl AcpAdapter {
                         "in_progress"
                     },
                 );
+                let payload = self.tool_payload(&native, call, update);
+                if matches!(status, "completed" | "failed") {
+                    self.tool_payloads.remove(&(native.clone(), call.to_string()));
+                }
                 out.events.push(NormalizedEvent::ToolCallUpdated {
                     agent_session_id: session,
                     turn_id: turn,
@@ -539,12 +548,33 @@ impl AcpAdapter {
                     name: update.get("title").and_then(Value::as_str).map(Text::from),
                     status: status.into(),
                     kind: update.get("kind").cloned(),
-                    payload: None,
+                    payload,
                 });
             }
             _ => self.flush(out, &native),
         }
         Ok(())
+    }
+
+    /// What the agent sent of a tool call's input and output (`rawInput`, `rawOutput`,
+    /// `content`, `locations`), merged over its updates (a `tool_call_update` carries only what
+    /// changed), as the tool call's payload: the web view opens a tool call to show it. `None`
+    /// when this update carries none of them (the recorded payload stays).
+    fn tool_payload(&mut self, native: &str, call: &str, update: &Value) -> Option<Value> {
+        const KEYS: [&str; 4] = ["rawInput", "rawOutput", "content", "locations"];
+        if !KEYS.iter().any(|k| update.get(*k).is_some()) {
+            return None;
+        }
+        let entry = self
+            .tool_payloads
+            .entry((native.to_string(), call.to_string()))
+            .or_default();
+        for k in KEYS {
+            if let Some(v) = update.get(k) {
+                entry.insert(k.to_string(), v.clone());
+            }
+        }
+        Some(Value::Object(entry.clone()))
     }
 
     fn on_permission(&mut self, out: &mut AdapterOutput, id: &Value, params: &Value) {

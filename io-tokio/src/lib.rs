@@ -23,6 +23,7 @@
 //!   daemon owns are forwarded to it (authenticated by the database's cluster secret).
 //! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).
 //! - [`config`]: the TOML config.
+//! - [`openapi`]: the OpenAPI 3.1 document of the API, from the same route table as the router.
 //! - [`web`]: the web view of agent trees at `/` (assets in the binary, cookie login).
 
 #![warn(missing_docs)]
@@ -39,6 +40,7 @@ pub mod demo;
 pub mod follow;
 pub mod forward;
 pub mod metrics;
+pub mod openapi;
 pub mod postgres;
 pub mod providers;
 pub mod reads;

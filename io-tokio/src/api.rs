@@ -566,9 +566,11 @@ async fn session_in(
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct CreateBody {
     /// A configured provider name (`GET /v1/providers`).
+    #[schemars(example = &"demo")]
     provider: String,
     /// Display title (at most 1000 bytes).
     #[serde(default)]
+    #[schemars(length(max = 1000))]
     title: Option<String>,
     /// The provider's working directory: an existing directory.
     #[serde(default)]
@@ -759,6 +761,7 @@ async fn messages(
 #[serde(deny_unknown_fields)]
 pub(crate) struct SubmitBody {
     /// The message (1..=131072 bytes).
+    #[schemars(length(min = 1, max = 131072), example = &"hello")]
     text: String,
 }
 

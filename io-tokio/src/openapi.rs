@@ -434,7 +434,8 @@ fn json_response(description: &str, schema: Value) -> Value {
 fn id_param(name: &str, description: &str) -> Value {
     json!({
         "name": name, "in": "path", "required": true, "description": description,
-        "schema": {"type": "string", "minLength": 1, "maxLength": crate::api::MAX_ID}
+        "schema": {"type": "string", "minLength": 1, "maxLength": crate::api::MAX_ID,
+            "pattern": "^[^/\\\\\\x00-\\x1f\\x7f-\\x9f]+$"}
     })
 }
 

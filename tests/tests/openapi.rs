@@ -339,3 +339,121 @@ fn answers_and_event_rows_of_a_real_run_validate_against_the_document() {
         .validate_component(&format!("OutboxRow_{}", rows[0].event), &broken)
         .is_err());
 }
+
+/// The pinned API fuzzer (PyPI), installed into `.providers/schemathesis` on first use.
+const SCHEMATHESIS: &str = "schemathesis==4.32.5";
+
+#[test]
+fn schemathesis_finds_nothing_against_a_live_daemon_and_rejected_requests_write_nothing() {
+    let venv = tutti_tests::providers::ensure_pip_venv("schemathesis", &[SCHEMATHESIS])
+        .expect("install schemathesis");
+    let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "8")]);
+    let (_, doc) = send(&d, "GET", "/v1/openapi.json", None, true);
+    let dir = d.dir.path();
+    let doc_path = dir.join("openapi.json");
+    std::fs::write(&doc_path, doc.to_string()).expect("write document");
+    let har = dir.join("run.har");
+    // `events` is a stream that never ends while the client stays: a request/response fuzzer
+    // cannot read it to the end (its rows are validated by the test above).
+    let out = std::process::Command::new(venv.join("bin/st"))
+        .arg("run")
+        .arg(&doc_path)
+        .args(["--url", &format!("http://{}", d.addr)])
+        .args(["-H", &format!("Authorization: Bearer {}", d.token)])
+        .args([
+            "--checks",
+            "not_a_server_error,response_schema_conformance,status_code_conformance",
+            "--max-examples",
+            "6",
+            "--max-time",
+            "40",
+            "--request-timeout",
+            "10",
+            "--exclude-operation-id",
+            "events",
+            "--seed",
+            "31",
+            "--workers",
+            "1",
+            "--no-color",
+            "--report",
+            "har",
+        ])
+        .arg("--report-har-path")
+        .arg(&har)
+        .env("SCHEMATHESIS_TELEMETRY", "false")
+        .current_dir(dir)
+        .output()
+        .expect("run schemathesis");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "schemathesis found problems:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("13 selected"),
+        "every operation but events ran:\n{stdout}"
+    );
+
+    // Every session in the store was created by a 2xx answer (a child: under a root that
+    // was); every user turn by a 2xx submit. Nothing a rejected request sent was written.
+    let har: Value =
+        serde_json::from_str(&std::fs::read_to_string(&har).expect("HAR")).expect("HAR is JSON");
+    let (mut created, mut submitted, mut rejected) = (BTreeSet::new(), BTreeSet::new(), 0usize);
+    for e in har["log"]["entries"].as_array().expect("entries") {
+        let status = e["response"]["status"].as_u64().unwrap_or(0);
+        let body: Value = e["response"]["content"]["text"]
+            .as_str()
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or(Value::Null);
+        if !(200..300).contains(&status) {
+            rejected += 1;
+            continue;
+        }
+        if let Some(id) = body["session"]["id"].as_str() {
+            created.insert(id.to_string());
+        }
+        if let Some(t) = body["turnId"].as_str() {
+            submitted.insert(t.to_string());
+        }
+    }
+    assert!(
+        rejected > 100,
+        "the fuzzer sent refused requests: {rejected}"
+    );
+    assert!(!created.is_empty(), "the fuzzer created sessions");
+    let db = rusqlite::Connection::open(d.db()).expect("open db");
+    let sessions: Vec<(String, String, Option<String>)> = db
+        .prepare("SELECT id, kind, root_agent_session_id FROM sessions")
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect()
+        })
+        .expect("sessions");
+    for (id, kind, root) in &sessions {
+        let owner = if kind == "root" {
+            id
+        } else {
+            root.as_ref().expect("child root")
+        };
+        assert!(
+            created.contains(owner),
+            "session {id} ({kind}) was not created by a 2xx"
+        );
+    }
+    let turns: Vec<String> = db
+        .prepare("SELECT json FROM turns")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("turns");
+    for t in turns {
+        let t: Value = serde_json::from_str(&t).expect("turn json");
+        if t["trigger"] == "user" {
+            let id = t["id"].as_str().unwrap_or_default();
+            assert!(
+                submitted.contains(id),
+                "user turn {id} was not submitted by a 2xx"
+            );
+        }
+    }
+}

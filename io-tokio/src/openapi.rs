@@ -462,14 +462,15 @@ fn json_body(schema: Value) -> Value {
     json!({"required": true, "content": {"application/json": {"schema": schema}}})
 }
 
-/// One operation object.
-fn operation(r: &Route, g: &mut SchemaGenerator) -> Value {
+/// One operation object: response schemas from `g` (serialize mode), request bodies from `de`
+/// (deserialize mode: a `#[serde(default)]` field is optional in a request).
+fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Value {
     let mut responses = Map::new();
     let mut params = path_params(r.path);
     let mut body = None;
     let (summary, ok_status, ok) = match r.op {
         Op::CreateSession => {
-            body = Some(json_body(schema_ref(g, sub::<crate::api::CreateBody>)));
+            body = Some(json_body(schema_ref(de, sub::<crate::api::CreateBody>)));
             (
                 "Create a root session.",
                 "201",
@@ -521,7 +522,7 @@ fn operation(r: &Route, g: &mut SchemaGenerator) -> Value {
             )
         }
         Op::Submit => {
-            body = Some(json_body(schema_ref(g, sub::<crate::api::SubmitBody>)));
+            body = Some(json_body(schema_ref(de, sub::<crate::api::SubmitBody>)));
             (
                 "Send a message to a root session (starts a turn or guides the active one).",
                 "200",
@@ -537,7 +538,7 @@ fn operation(r: &Route, g: &mut SchemaGenerator) -> Value {
             ),
         ),
         Op::RespondInteraction => {
-            body = Some(json_body(schema_ref(g, sub::<crate::api::RespondBody>)));
+            body = Some(json_body(schema_ref(de, sub::<crate::api::RespondBody>)));
             (
                 "Answer a pending interaction (approval, prompt) with one of the offered options.",
                 "200",
@@ -687,19 +688,27 @@ fn operation(r: &Route, g: &mut SchemaGenerator) -> Value {
     op
 }
 
-/// The OpenAPI 3.1 document.
-pub fn document() -> Value {
-    let mut g = schemars::generate::SchemaSettings::draft2020_12()
-        .for_serialize()
+fn generator(settings: schemars::generate::SchemaSettings) -> SchemaGenerator {
+    settings
         .with(|s| {
             s.definitions_path = "/components/schemas/".into();
             s.meta_schema = None;
         })
-        .into_generator();
+        .into_generator()
+}
+
+/// The OpenAPI 3.1 document.
+///
+/// Response and event schemas describe what the server writes (serialize mode: a field that
+/// is always written is required, `null` included); request body schemas describe what it
+/// reads (deserialize mode: a field with a default is optional).
+pub fn document() -> Value {
+    let mut g = generator(schemars::generate::SchemaSettings::draft2020_12().for_serialize());
+    let mut de = generator(schemars::generate::SchemaSettings::draft2020_12().for_deserialize());
     let mut paths = Map::new();
     for r in ROUTES {
         let item = paths.entry(r.path.to_string()).or_insert_with(|| json!({}));
-        item[r.method.as_str()] = operation(r, &mut g);
+        item[r.method.as_str()] = operation(r, &mut g, &mut de);
     }
     for f in [
         sub::<ErrorEnvelope>,
@@ -716,6 +725,10 @@ pub fn document() -> Value {
         f(&mut g);
     }
     let mut schemas = g.take_definitions(true);
+    // The request bodies (their names are theirs alone: no response schema is overwritten).
+    for (name, schema) in de.take_definitions(true) {
+        schemas.entry(name).or_insert(schema);
+    }
     for (kind, payload) in ROW_KINDS {
         schemas.insert(
             format!("OutboxRow_{kind}"),
@@ -806,6 +819,18 @@ mod tests {
         routes.sort();
         assert_eq!(listed, routes);
         assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+    }
+
+    #[test]
+    fn request_fields_with_a_default_are_optional_and_answer_fields_always_written_are_required() {
+        let doc = document();
+        let s = &doc["components"]["schemas"];
+        assert_eq!(s["CreateBody"]["required"], json!(["provider"]));
+        let list = s["ListSessionsResponse"]["required"].to_string();
+        assert!(
+            list.contains("nextCursor") && list.contains("eventSeq"),
+            "{list}"
+        );
     }
 
     #[test]

@@ -457,3 +457,109 @@ fn schemathesis_finds_nothing_against_a_live_daemon_and_rejected_requests_write_
         }
     }
 }
+
+/// The pinned TypeScript generator and compiler (npm), installed into `.providers/`.
+const OPENAPI_TYPESCRIPT: &str = "7.13.0";
+const TYPESCRIPT: &str = "5.9.3";
+
+fn run_ok(cmd: &mut std::process::Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+#[test]
+fn a_typescript_client_generated_from_the_document_compiles_and_runs() {
+    use tutti_tests::providers::ensure_npm_package;
+    let gen = ensure_npm_package(
+        "openapi-typescript",
+        &format!("openapi-typescript@{OPENAPI_TYPESCRIPT}"),
+        &[("openapi-typescript", OPENAPI_TYPESCRIPT)],
+        &["node_modules/openapi-typescript/bin/cli.js"],
+    )
+    .expect("install openapi-typescript");
+    let tsc = ensure_npm_package(
+        "typescript",
+        &format!("typescript@{TYPESCRIPT}"),
+        &[("typescript", TYPESCRIPT)],
+        &["node_modules/typescript/bin/tsc"],
+    )
+    .expect("install typescript");
+    let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "8")]);
+    let (_, doc) = send(&d, "GET", "/v1/openapi.json", None, true);
+    let dir = d.dir.path().join("ts");
+    std::fs::create_dir_all(&dir).expect("ts dir");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ts");
+    for f in ["client.ts", "tsconfig.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).expect("copy client");
+    }
+    std::fs::write(dir.join("openapi.json"), doc.to_string()).expect("write document");
+    run_ok(
+        std::process::Command::new("node")
+            .arg(gen.join("node_modules/openapi-typescript/bin/cli.js"))
+            // A request field with a default is optional to the client (the generator's own
+            // default makes it required, as for an answer).
+            .args([
+                "openapi.json",
+                "-o",
+                "api.ts",
+                "--default-non-nullable=false",
+            ])
+            .current_dir(&dir),
+        "openapi-typescript",
+    );
+    let api = std::fs::read_to_string(dir.join("api.ts")).expect("api.ts");
+    assert!(
+        api.contains("childSessions"),
+        "the generated types know the detail"
+    );
+    run_ok(
+        std::process::Command::new("node")
+            .arg(tsc.join("node_modules/typescript/bin/tsc"))
+            .args(["-p", ".", "--outDir", "out"])
+            .current_dir(&dir),
+        "tsc",
+    );
+    let stdout = run_ok(
+        std::process::Command::new("node")
+            .arg("out/client.js")
+            .env("TUTTI_URL", format!("http://{}", d.addr))
+            .env("TUTTI_TOKEN", &d.token)
+            .current_dir(&dir),
+        "node client",
+    );
+    let got: Value = serde_json::from_str(stdout.trim()).expect("the client prints JSON");
+    let id = got["session"].as_str().expect("session id");
+    assert_eq!(got["reply"], "started");
+    assert_eq!(got["outcome"], "completed");
+    let children = got["children"].as_array().expect("children");
+    assert_eq!(children.len(), 2, "{got}");
+    for c in children {
+        assert_eq!(c["kind"], "child");
+        assert_eq!(c["parent"], id);
+    }
+    let detail = d.detail("ts", id);
+    assert_eq!(detail["childSessions"].as_array().map(Vec::len), Some(2));
+    let rows = got["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 5);
+    assert_eq!(rows[0]["seq"], 1);
+    assert_eq!(rows[0]["kind"], "session");
+    // The types have teeth: a client using a field the document does not have is refused.
+    let bad = std::fs::read_to_string(dir.join("client.ts"))
+        .expect("client")
+        .replace("detail.childSessions.map", "detail.children.map");
+    std::fs::write(dir.join("client.ts"), bad).expect("write");
+    let out = std::process::Command::new("node")
+        .arg(tsc.join("node_modules/typescript/bin/tsc"))
+        .args(["-p", ".", "--noEmit"])
+        .current_dir(&dir)
+        .output()
+        .expect("tsc");
+    assert!(!out.status.success(), "tsc refuses an unknown field");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("children"));
+}

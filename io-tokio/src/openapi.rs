@@ -564,14 +564,14 @@ fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Va
             (
                 "Server-Sent Events: one event per outbox row (`event:` = the row's kind, `id:` = \
                  its seq, `data:` = the row as JSON); a `reset` event when the position's next rows \
-                 are gone. The `itemSchema` is one event's fields; each row kind's `data` schema \
+                 are gone. `x-itemSchema` (OpenAPI 3.2's `itemSchema`, an extension in 3.1) is one event's fields; each row kind's `data` schema \
                  is `OutboxRow_<kind>`.",
                 "200",
                 json!({
                     "description": "The stream (never ends while the client stays).",
                     "content": {"text/event-stream": {
                         "schema": {"type": "string"},
-                        "itemSchema": {"oneOf": variants}
+                        "x-itemSchema": {"oneOf": variants}
                     }}
                 }),
             )

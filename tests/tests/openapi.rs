@@ -340,18 +340,32 @@ fn answers_and_event_rows_of_a_real_run_validate_against_the_document() {
         .is_err());
 }
 
-/// The pinned API fuzzer (PyPI), installed into `.providers/schemathesis` on first use.
+/// The pinned API fuzzer (PyPI), installed into `.providers/schemathesis` on first use, with
+/// the pinned OpenAPI 3.1 validator that checks the document first.
 const SCHEMATHESIS: &str = "schemathesis==4.32.5";
+const SPEC_VALIDATOR: &str = "openapi-spec-validator==0.7.2";
 
 #[test]
 fn schemathesis_finds_nothing_against_a_live_daemon_and_rejected_requests_write_nothing() {
-    let venv = tutti_tests::providers::ensure_pip_venv("schemathesis", &[SCHEMATHESIS])
-        .expect("install schemathesis");
+    let venv =
+        tutti_tests::providers::ensure_pip_venv("schemathesis", &[SCHEMATHESIS, SPEC_VALIDATOR])
+            .expect("install schemathesis");
     let d = TestDaemon::start(EXE, None, &[("TUTTI_DEMO_SPEED", "8")]);
     let (_, doc) = send(&d, "GET", "/v1/openapi.json", None, true);
     let dir = d.dir.path();
     let doc_path = dir.join("openapi.json");
     std::fs::write(&doc_path, doc.to_string()).expect("write document");
+    // The document is valid OpenAPI 3.1 (the validator's own copy of the 3.1 schema).
+    let valid = std::process::Command::new(venv.join("bin/openapi-spec-validator"))
+        .arg(&doc_path)
+        .output()
+        .expect("run openapi-spec-validator");
+    assert!(
+        valid.status.success(),
+        "the document is not valid OpenAPI 3.1:\n{}{}",
+        String::from_utf8_lossy(&valid.stdout),
+        String::from_utf8_lossy(&valid.stderr)
+    );
     let har = dir.join("run.har");
     // `events` is a stream that never ends while the client stays: a request/response fuzzer
     // cannot read it to the end (its rows are validated by the test above).

@@ -21,6 +21,7 @@ pub type Text = Arc<str>;
 pub type Millis = i64;
 
 /// Root or child.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum SessionKind {
@@ -31,6 +32,7 @@ pub enum SessionKind {
 }
 
 /// Provider handles and aliases of a session ("threadId, taskId, agentId, and parentToolUseId").
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderAliases {
@@ -69,6 +71,7 @@ impl ProviderAliases {
 }
 
 /// What a provider declared it can do.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Capabilities {
@@ -216,6 +219,7 @@ impl Session {
 }
 
 /// What initiated a turn.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Trigger {
@@ -228,6 +232,7 @@ pub enum Trigger {
 }
 
 /// Turn phase (closed vocabulary).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Phase {
@@ -251,6 +256,7 @@ impl Phase {
 }
 
 /// Terminal outcome.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Outcome {
@@ -272,6 +278,7 @@ impl Outcome {
 }
 
 /// Phase of the root provider turn (the provider's own lifecycle, distinct from the canonical root turn).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ProviderPhase {
@@ -284,6 +291,7 @@ pub enum ProviderPhase {
 }
 
 /// The root provider turn's lifecycle fields on a root turn.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RootProviderTurn {
@@ -339,6 +347,8 @@ impl Default for RootProviderTurn {
 }
 
 /// `WorkspaceAgentTurn`: one turn of one session, root or child.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(rename = "WorkspaceAgentTurn"))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Turn {
@@ -391,6 +401,7 @@ impl Turn {
 }
 
 /// Status of an interaction (approval, prompt).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum InteractionStatus {
@@ -405,6 +416,7 @@ pub enum InteractionStatus {
 }
 
 /// A canonical interaction, keyed by (`agentSessionId`, `turnId`, `requestId`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Interaction {
@@ -440,6 +452,7 @@ pub struct Interaction {
 }
 
 /// One message of one session turn.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Message {
@@ -487,6 +500,7 @@ pub fn tool_call_status_is_terminal(status: &str) -> bool {
 }
 
 /// A tool call of a turn (for example the parent delegation call).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolCall {
@@ -517,6 +531,7 @@ pub struct ToolCall {
 }
 
 /// An exact cancel target.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Target {
@@ -527,6 +542,7 @@ pub struct Target {
 }
 
 /// State of a durable cancel operation.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum CancelState {
@@ -539,6 +555,7 @@ pub enum CancelState {
 }
 
 /// A durable cancel operation with its exact target set.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CancelOperation {

@@ -17,8 +17,11 @@ const CHILD_CAPABILITIES: Capabilities = Capabilities {
     guide_while_children_only: true,
 };
 
-/// The written form, borrowing from the session (no copy on the hot store path).
+/// The written form, borrowing from the session (no copy on the hot store path). With the
+/// `schema` feature its JSON Schema is the schema of [`Session`] (`WorkspaceAgentSession`).
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(rename = "WorkspaceAgentSession"))]
 #[serde(rename_all = "camelCase")]
 struct Out<'a> {
     id: &'a Id,
@@ -172,5 +175,17 @@ impl<'de> Deserialize<'de> for Session {
         s.updated_at = w.updated_at;
         s.version = w.version;
         Ok(s)
+    }
+}
+
+/// The schema of the written form ([`Out`]): what the API, the outbox and the stores hold.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Session {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "WorkspaceAgentSession".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <Out<'static> as schemars::JsonSchema>::json_schema(generator)
     }
 }

@@ -22,6 +22,7 @@ pub use crate::stored::{decode_stored, StoredEntity};
 
 /// One published change, in the order of its sequence number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OutboxRow {
     /// Monotonic, gap-free sequence number, from 1.

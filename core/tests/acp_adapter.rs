@@ -457,11 +457,16 @@ fn acp_tool_call_input_and_output_are_its_payload_merged_over_updates() {
     let out = a
         .on_native(
             4,
-            &upd(json!({"sessionUpdate": "tool_call", "toolCallId": "c1", "title": "Edit",
-                "status": "in_progress", "rawInput": {"path": "a.txt"}})),
+            &upd(
+                json!({"sessionUpdate": "tool_call", "toolCallId": "c1", "title": "Edit",
+                "status": "in_progress", "rawInput": {"path": "a.txt"}}),
+            ),
         )
         .expect("tool call");
-    assert_eq!(payloads(&out), [Some(json!({"rawInput": {"path": "a.txt"}}))]);
+    assert_eq!(
+        payloads(&out),
+        [Some(json!({"rawInput": {"path": "a.txt"}}))]
+    );
     let out = a
         .on_native(
             5,

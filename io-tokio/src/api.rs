@@ -27,6 +27,11 @@ use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
 use crate::follow::{Followed, Follower};
 use crate::forward::{forward_commands, OwnedElsewhere, RequestId};
+use crate::openapi::{
+    CancelResponse, CreateSessionResponse, DeleteResponse, HealthResponse, ListSessionsResponse,
+    LoginLinkResponse, MessagesResponse, OkResponse, Op, ProvidersResponse, SessionDetailResponse,
+    SubmitReply, SubmitResponse, TreeMessagesResponse, TreeMessagesSession,
+};
 use crate::web::WebAuth;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -34,7 +39,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use futures::Stream;
 use serde::Deserialize;
@@ -307,41 +312,22 @@ pub fn router_with_web(
     // Issue 21: the commands of existing trees are forwarded to the tree's owner (see
     // [`crate::forward`]).
     let fwd = middleware::from_fn_with_state(state.daemon.clone(), forward_commands);
-    let v1 = Router::new()
-        .route("/v1/workspaces/{ws}/agent-sessions", post(create).get(list))
-        .route("/v1/workspaces/{ws}/agent-sessions/{id}", get(detail))
-        .route(
-            "/v1/workspaces/{ws}/agent-sessions/{id}",
-            delete(remove).layer(fwd.clone()),
-        )
-        .route(
-            "/v1/workspaces/{ws}/agent-sessions/{id}/messages",
-            get(messages),
-        )
-        .route(
-            "/v1/workspaces/{ws}/agent-sessions/{id}/tree-messages",
-            get(tree_messages),
-        )
-        .route(
-            "/v1/workspaces/{ws}/agent-sessions/{id}/submit",
-            post(submit).layer(fwd.clone()),
-        )
-        .route(
-            "/v1/workspaces/{ws}/agent-sessions/{id}/turns/{turn}/cancel",
-            post(cancel).layer(fwd.clone()),
-        )
-        .route(
-            "/v1/workspaces/{ws}/agent-sessions/{id}/turns/{turn}/interactions/{request}",
-            post(respond).layer(fwd),
-        )
-        .route("/v1/events", get(events))
-        .route("/v1/providers", get(providers))
-        .route("/v1/login-links", post(login_link))
-        .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .merge(v1)
+    // Every API route comes from the one route table the OpenAPI document is built from.
+    let mut v1 = Router::new();
+    let mut open = Router::new();
+    for r in crate::openapi::ROUTES {
+        let mut m = handler(r.op, r.method);
+        if r.forwarded {
+            m = m.layer(fwd.clone());
+        }
+        if r.auth {
+            v1 = v1.route(r.path, m);
+        } else {
+            open = open.route(r.path, m);
+        }
+    }
+    let v1 = v1.route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    open.merge(v1)
         .merge(crate::web::router(web))
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -349,6 +335,37 @@ pub fn router_with_web(
         .layer(middleware::map_response(envelope))
         .layer(middleware::from_fn(request_span))
         .with_state(state)
+}
+
+/// The handler of one operation of the route table, for the table's method.
+fn handler(op: Op, method: crate::openapi::Method) -> MethodRouter<AppState> {
+    let filter = match method {
+        crate::openapi::Method::Get => MethodFilter::GET,
+        crate::openapi::Method::Post => MethodFilter::POST,
+        crate::openapi::Method::Delete => MethodFilter::DELETE,
+    };
+    match op {
+        Op::CreateSession => on(filter, create),
+        Op::ListSessions => on(filter, list),
+        Op::GetSession => on(filter, detail),
+        Op::DeleteSession => on(filter, remove),
+        Op::ListMessages => on(filter, messages),
+        Op::TreeMessages => on(filter, tree_messages),
+        Op::Submit => on(filter, submit),
+        Op::CancelTurn => on(filter, cancel),
+        Op::RespondInteraction => on(filter, respond),
+        Op::Events => on(filter, events),
+        Op::Providers => on(filter, providers),
+        Op::LoginLink => on(filter, login_link),
+        Op::OpenApi => on(filter, openapi),
+        Op::Metrics => on(filter, metrics),
+        Op::Healthz => on(filter, healthz),
+    }
+}
+
+/// `GET /v1/openapi.json`: the OpenAPI 3.1 document ([`crate::openapi::document`]).
+async fn openapi() -> Json<Value> {
+    Json(crate::openapi::document())
 }
 
 /// `GET /metrics` on its own listener (`tuttid serve --metrics-listen ADDR`, loopback unless
@@ -364,12 +381,12 @@ pub fn metrics_router(daemon: Daemon) -> Router {
 }
 
 /// `GET /healthz` (no auth): liveness, the version and the uptime (for `tutti status`).
-async fn healthz(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "ok": true,
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptimeSeconds": s.daemon.metrics().uptime().as_secs(),
-    }))
+async fn healthz(State(s): State<AppState>) -> Json<HealthResponse> {
+    Json(HealthResponse {
+        ok: true,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        uptime_seconds: s.daemon.metrics().uptime().as_secs(),
+    })
 }
 
 /// `GET /metrics` (behind the API's auth): the Prometheus exposition (see [`crate::metrics`]).
@@ -553,12 +570,18 @@ async fn session_in(
     Ok(s)
 }
 
-#[derive(Deserialize)]
+/// The body of `POST /v1/workspaces/{ws}/agent-sessions`.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CreateBody {
+pub(crate) struct CreateBody {
+    /// A configured provider name (`GET /v1/providers`).
+    #[schemars(example = &"demo")]
     provider: String,
+    /// Display title (at most 1000 bytes).
     #[serde(default)]
+    #[schemars(length(max = 1000))]
     title: Option<String>,
+    /// The provider's working directory: an existing directory.
     #[serde(default)]
     cwd: Option<String>,
 }
@@ -608,7 +631,7 @@ async fn create(
         .await?;
     let d = s.daemon.clone();
     let session = read(&d, move |r| r.session(&id)).await?.ok().flatten();
-    Ok((StatusCode::CREATED, Json(json!({"session": session}))).into_response())
+    Ok((StatusCode::CREATED, Json(CreateSessionResponse { session })).into_response())
 }
 
 #[derive(Deserialize)]
@@ -621,7 +644,7 @@ async fn list(
     State(s): State<AppState>,
     Path(ws): Path<String>,
     q: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListSessionsResponse>, ApiError> {
     let Query(q) = q?;
     check_id("workspace id", &ws)?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
@@ -634,59 +657,64 @@ async fn list(
     })
     .await?;
     let page = page.map_err(|e| ApiError::invalid(e.to_string()))?;
-    Ok(Json(
-        json!({"sessions": page.sessions, "nextCursor": page.next, "eventSeq": seq}),
-    ))
+    Ok(Json(ListSessionsResponse {
+        sessions: page.sessions,
+        next_cursor: page.next,
+        event_seq: seq,
+    }))
 }
 
 async fn detail(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionDetailResponse>, ApiError> {
     check_id("workspace id", &ws)?;
     check_id("session id", &id)?;
     // One read transaction: the session, its nested children, their turns and interactions are
     // one durable snapshot (never half of a step).
-    let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
-        // Read first: every change after it comes on `/v1/events?after=eventSeq`.
-        let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
-        let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
-            return Ok(None);
-        };
-        if *d.session.workspace_id != *ws {
-            return Ok(None);
-        }
-        let turns: Vec<_> = std::iter::once(&d.session)
-            .chain(d.child_sessions.iter())
-            .filter_map(|s| s.last_turn_id.as_ref())
-            .filter_map(|t| r.turn(t).ok().flatten())
-            .collect();
-        let root = d.session.tree_root_id().clone();
-        let members: std::collections::BTreeSet<&Id> = std::iter::once(&d.session)
-            .chain(d.child_sessions.iter())
-            .map(|s| &s.id)
-            .collect();
-        let tree = r.load_tree(&root).map_err(|e| e.to_string())?;
-        let (interactions, tool_calls) = tree
-            .map(|t| (t.interactions, t.tool_calls))
-            .unwrap_or_default();
-        let interactions: Vec<_> = interactions
-            .into_iter()
-            .filter(|i| members.contains(&i.agent_session_id))
-            .collect();
-        let tool_calls: Vec<_> = tool_calls
-            .into_iter()
-            .filter(|c| members.contains(&c.agent_session_id))
-            .collect();
-        Ok(Some(json!({
-            "session": d.session,
-            "childSessions": d.child_sessions,
-            "turns": turns,
-            "interactions": interactions,
-            "toolCalls": tool_calls,
-            "eventSeq": seq,
-        })))
-    })
+    let out = read(
+        &s.daemon,
+        move |r| -> Result<Option<SessionDetailResponse>, String> {
+            // Read first: every change after it comes on `/v1/events?after=eventSeq`.
+            let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
+            let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
+                return Ok(None);
+            };
+            if *d.session.workspace_id != *ws {
+                return Ok(None);
+            }
+            let turns: Vec<_> = std::iter::once(&d.session)
+                .chain(d.child_sessions.iter())
+                .filter_map(|s| s.last_turn_id.as_ref())
+                .filter_map(|t| r.turn(t).ok().flatten())
+                .collect();
+            let root = d.session.tree_root_id().clone();
+            let members: std::collections::BTreeSet<&Id> = std::iter::once(&d.session)
+                .chain(d.child_sessions.iter())
+                .map(|s| &s.id)
+                .collect();
+            let tree = r.load_tree(&root).map_err(|e| e.to_string())?;
+            let (interactions, tool_calls) = tree
+                .map(|t| (t.interactions, t.tool_calls))
+                .unwrap_or_default();
+            let interactions: Vec<_> = interactions
+                .into_iter()
+                .filter(|i| members.contains(&i.agent_session_id))
+                .collect();
+            let tool_calls: Vec<_> = tool_calls
+                .into_iter()
+                .filter(|c| members.contains(&c.agent_session_id))
+                .collect();
+            Ok(Some(SessionDetailResponse {
+                session: d.session,
+                child_sessions: d.child_sessions,
+                turns,
+                interactions,
+                tool_calls,
+                event_seq: seq,
+            }))
+        },
+    )
     .await?
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
     .ok_or_else(|| ApiError::not_found("session"))?;
@@ -694,17 +722,27 @@ async fn detail(
 }
 
 /// `GET /v1/providers`: the configured provider names (the web view's create form offers them).
-async fn providers(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({"providers": s.daemon.providers().names()}))
+async fn providers(State(s): State<AppState>) -> Json<ProvidersResponse> {
+    Json(ProvidersResponse {
+        providers: s
+            .daemon
+            .providers()
+            .names()
+            .into_iter()
+            .map(|n| n.to_string())
+            .collect(),
+    })
 }
 
 /// `POST /v1/login-links`: a new one-time login link path for the web view.
-async fn login_link(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn login_link(State(s): State<AppState>) -> Result<Json<LoginLinkResponse>, ApiError> {
     let code = s
         .web
         .issue_code()
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    Ok(Json(json!({"path": crate::web::login_path(&code, None)})))
+    Ok(Json(LoginLinkResponse {
+        path: crate::web::login_path(&code, None),
+    }))
 }
 
 #[derive(Deserialize)]
@@ -717,14 +755,14 @@ async fn messages(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
     q: Result<Query<MessagesQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<MessagesResponse>, ApiError> {
     let Query(q) = q?;
     session_in(&s.daemon, &ws, &id).await?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let msgs = read(&s.daemon, move |r| r.messages(&id, q.after, limit))
         .await?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    Ok(Json(json!({"messages": msgs})))
+    Ok(Json(MessagesResponse { messages: msgs }))
 }
 
 #[derive(Deserialize)]
@@ -745,39 +783,52 @@ async fn tree_messages(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
     q: Result<Query<TreeMessagesQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TreeMessagesResponse>, ApiError> {
     let Query(q) = q?;
     check_id("workspace id", &ws)?;
     check_id("session id", &id)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
-        let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
-        let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
-            return Ok(None);
-        };
-        if *d.session.workspace_id != *ws {
-            return Ok(None);
-        }
-        let mut sessions = Vec::new();
-        for x in std::iter::once(&d.session).chain(d.child_sessions.iter()) {
-            let mut msgs = r
-                .messages(&x.id, None, limit + 1)
-                .map_err(|e| e.to_string())?;
-            let more = msgs.len() > limit;
-            msgs.truncate(limit);
-            sessions.push(json!({"agentSessionId": x.id, "messages": msgs, "more": more}));
-        }
-        Ok(Some(json!({"eventSeq": seq, "sessions": sessions})))
-    })
+    let out = read(
+        &s.daemon,
+        move |r| -> Result<Option<TreeMessagesResponse>, String> {
+            let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
+            let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
+                return Ok(None);
+            };
+            if *d.session.workspace_id != *ws {
+                return Ok(None);
+            }
+            let mut sessions = Vec::new();
+            for x in std::iter::once(&d.session).chain(d.child_sessions.iter()) {
+                let mut msgs = r
+                    .messages(&x.id, None, limit + 1)
+                    .map_err(|e| e.to_string())?;
+                let more = msgs.len() > limit;
+                msgs.truncate(limit);
+                sessions.push(TreeMessagesSession {
+                    agent_session_id: x.id.clone(),
+                    messages: msgs,
+                    more,
+                });
+            }
+            Ok(Some(TreeMessagesResponse {
+                event_seq: seq,
+                sessions,
+            }))
+        },
+    )
     .await?
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
     .ok_or_else(|| ApiError::not_found("session"))?;
     Ok(Json(out))
 }
 
-#[derive(Deserialize)]
+/// The body of `POST .../submit`.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct SubmitBody {
+pub(crate) struct SubmitBody {
+    /// The message (1..=131072 bytes).
+    #[schemars(length(min = 1, max = 131072), example = &"hello")]
     text: String,
 }
 
@@ -785,7 +836,7 @@ async fn submit(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
     body: Result<Json<SubmitBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SubmitResponse>, ApiError> {
     let Json(b) = body?;
     if b.text.is_empty() || b.text.len() > MAX_TEXT {
         return Err(ApiError::invalid("text must be 1..=131072 bytes"));
@@ -800,9 +851,9 @@ async fn submit(
         }))
         .await?;
     let (reply, turn) = match step.reply {
-        Some(Reply::Started { turn_id }) => ("started", turn_id),
-        Some(Reply::Appended { turn_id }) => ("appended", turn_id),
-        Some(Reply::PendingUnsupported { turn_id }) => ("pendingUnsupported", turn_id),
+        Some(Reply::Started { turn_id }) => (SubmitReply::Started, turn_id),
+        Some(Reply::Appended { turn_id }) => (SubmitReply::Appended, turn_id),
+        Some(Reply::PendingUnsupported { turn_id }) => (SubmitReply::PendingUnsupported, turn_id),
         _ => {
             return Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -811,7 +862,10 @@ async fn submit(
             ))
         }
     };
-    Ok(Json(json!({"reply": reply, "turnId": turn})))
+    Ok(Json(SubmitResponse {
+        reply,
+        turn_id: turn,
+    }))
 }
 
 async fn cancel(
@@ -830,11 +884,9 @@ async fn cancel(
         }))
         .await?;
     match step.reply {
-        Some(Reply::CancelAccepted { operation_id }) => Ok((
-            StatusCode::ACCEPTED,
-            Json(json!({"operationId": operation_id})),
-        )
-            .into_response()),
+        Some(Reply::CancelAccepted { operation_id }) => {
+            Ok((StatusCode::ACCEPTED, Json(CancelResponse { operation_id })).into_response())
+        }
         _ => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
@@ -843,9 +895,12 @@ async fn cancel(
     }
 }
 
-#[derive(Deserialize)]
+/// The body of `POST .../interactions/{request}`.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RespondBody {
+pub(crate) struct RespondBody {
+    /// The answer: one of the options the interaction offered (its shape depends on the
+    /// interaction's kind; a refused answer is 400 and leaves the interaction pending).
     response: Value,
 }
 
@@ -853,7 +908,7 @@ async fn respond(
     State(s): State<AppState>,
     Path((ws, id, turn, request)): Path<(String, String, String, String)>,
     body: Result<Json<RespondBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<OkResponse>, ApiError> {
     let Json(b) = body?;
     session_in(&s.daemon, &ws, &id).await?;
     let turn_id = check_id("turn id", &turn)?;
@@ -878,13 +933,13 @@ async fn respond(
             response: b.response,
         }))
         .await?;
-    Ok(Json(json!({"ok": true})))
+    Ok(Json(OkResponse { ok: true }))
 }
 
 async fn remove(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeleteResponse>, ApiError> {
     session_in(&s.daemon, &ws, &id).await?;
     let step = s
         .daemon
@@ -896,7 +951,9 @@ async fn remove(
         Some(Reply::Deleted { sessions }) => sessions,
         _ => 0,
     };
-    Ok(Json(json!({"deletedSessions": n})))
+    Ok(Json(DeleteResponse {
+        deleted_sessions: n,
+    }))
 }
 
 #[derive(Deserialize)]

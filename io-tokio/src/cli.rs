@@ -77,6 +77,8 @@ enum Cmd {
         #[arg(long)]
         db: PathBuf,
     },
+    /// Print the API's OpenAPI 3.1 document (offline: the one `GET /v1/openapi.json` serves).
+    Openapi,
     /// Replay a captured native transcript through the adapter and the engine.
     ReplayNative {
         #[arg(long)]
@@ -399,6 +401,11 @@ fn run(cli: &Cli) -> Result<(), String> {
                 .into_string()
                 .map_err(|e| format!("metrics: {e}"))?;
             out(&crate::status::render(&cli.addr, &health, &text));
+        }
+        Cmd::Openapi => {
+            let doc = crate::openapi::document();
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+            outln!("{text}");
         }
         Cmd::Snapshot { db } => {
             let store = tutti_sqlite::SqliteStore::open_with(

@@ -35,6 +35,7 @@
 //! - [`config`]: the TOML config.
 //! - [`connections`]: the HTTP accept loop (connection cap, header/body/idle timeouts).
 //! - [`db_lock`]: one daemon per SQLite file (an advisory lock beside it).
+//! - [`openapi`]: the OpenAPI 3.1 document of the API, from the same route table as the router.
 //! - [`web`]: the web view of agent trees at `/` (assets in the binary, cookie login).
 
 #![warn(missing_docs)]
@@ -53,6 +54,7 @@ pub mod demo;
 pub mod follow;
 pub mod forward;
 pub mod metrics;
+pub mod openapi;
 pub mod postgres;
 pub mod providers;
 pub mod reads;

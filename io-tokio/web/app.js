@@ -23,7 +23,7 @@
 "use strict";
 (function () {
   const ROW_KINDS = ["session", "turn", "message", "interaction", "toolCall",
-    "cancelOperation", "sessionDeleted", "redacted"];
+    "cancelOperation", "sessionDeleted", "sessionPurged", "redacted"];
   const PAGE = 1000;
   const TREE_PAGE = 200;
   const NOTICE_MS = 8000;
@@ -550,7 +550,12 @@
       case "interaction":
         if (tree.sessions.has(p.agentSessionId)) tree.asks.set(`${p.agentSessionId}|${p.turnId}|${p.requestId}`, p);
         return true;
+      case "sessionPurged":
+        if (p.agentSessionId === tree.id) { tree.deleted = true; return true; }
+        dropSubtree(tree, p.agentSessionId);
+        return true;
       case "cancelOperation":
+      case "redacted":
         return true;
       default:
         return false;

@@ -10,6 +10,7 @@ pub mod conformance;
 pub mod daemon;
 pub mod mock_messages;
 pub mod mock_responses;
+pub mod openapi;
 pub mod postgres;
 pub mod procs;
 pub mod providers;

@@ -287,3 +287,66 @@ impl Drop for FileLock {
         }
     }
 }
+
+/// Installs the pinned PyPI packages `specs` (such as `schemathesis==4.32.5`) into a virtualenv
+/// at `<workspace>/.providers/<name>` unless one is there whose marker file (`.complete`, written
+/// last) holds exactly `specs`. Returns the venv folder (programs in `bin/`).
+///
+/// A venv cannot be moved (its scripts name their interpreter by absolute path), so unlike
+/// [`ensure_npm_package`] it is built in place under the `<name>.lock` flock; a half-built one
+/// (no marker, or another one) is deleted and built again. `python3 -m venv` needs Debian's
+/// `python3-venv` on a system Python. A failed install is an error (tests fail on it).
+pub fn ensure_pip_venv(name: &str, specs: &[&str]) -> Result<PathBuf, String> {
+    let root = providers_dir();
+    fs::create_dir_all(&root).map_err(|e| format!("create {}: {e}", root.display()))?;
+    let venv = root.join(name);
+    let marker = venv.join(".complete");
+    let want = specs.join("\n");
+    let done = || fs::read_to_string(&marker).is_ok_and(|m| m == want);
+    if done() {
+        return Ok(venv);
+    }
+    let _lock = FileLock::acquire(&root.join(format!("{name}.lock")))?;
+    if done() {
+        return Ok(venv);
+    }
+    let _ = fs::remove_dir_all(&venv);
+    eprintln!(
+        "installing {} into {} (first run only; this can take a minute)",
+        specs.join(" "),
+        venv.display()
+    );
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{what}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    let result = run(
+        Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        "python3 -m venv",
+    )
+    .and_then(|()| {
+        run(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check"])
+                .args(specs),
+            "pip install",
+        )
+    })
+    .and_then(|()| fs::write(&marker, &want).map_err(|e| format!("write marker: {e}")));
+    if let Err(e) = result {
+        let _ = fs::remove_dir_all(&venv);
+        return Err(format!("could not install {}: {e}", specs.join(" ")));
+    }
+    Ok(venv)
+}

@@ -539,7 +539,8 @@ impl AcpAdapter {
                 );
                 let payload = self.tool_payload(&native, call, update);
                 if matches!(status, "completed" | "failed") {
-                    self.tool_payloads.remove(&(native.clone(), call.to_string()));
+                    self.tool_payloads
+                        .remove(&(native.clone(), call.to_string()));
                 }
                 out.events.push(NormalizedEvent::ToolCallUpdated {
                     agent_session_id: session,

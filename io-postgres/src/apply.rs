@@ -81,6 +81,9 @@ const TURN_CLOSED: &str = "SELECT child_creation_closed FROM turns WHERE id = $1
 const LEASE_EPOCH: &str =
     "SELECT epoch FROM tree_leases WHERE root_agent_session_id = $1 FOR SHARE";
 
+const SET_MARK: &str = "INSERT INTO commit_marks (writer, n) VALUES ($1, $2) \
+     ON CONFLICT (writer) DO UPDATE SET n = excluded.n";
+
 /// Locks the outbox counter row until the transaction ends and reads the next seq.
 pub(crate) const NEXT_SEQ_LOCK: &str =
     "SELECT value FROM meta WHERE key = 'outbox_next_seq' FOR UPDATE";
@@ -197,6 +200,14 @@ impl<'a, 't> Writer<'a, 't> {
                 self.exec(NOTIFY_SEQ, &[&last])?;
             }
         }
+        Ok(())
+    }
+
+    /// Stores `mark` as `writer`'s last commit inside this transaction (see
+    /// [`crate::PostgresStore::read_back_commit`]).
+    pub(crate) fn mark(&mut self, writer: &str, mark: u64) -> Result<(), PgError> {
+        let n = to_i64("commit mark", mark)?;
+        self.exec(SET_MARK, &[&writer, &n])?;
         Ok(())
     }
 

@@ -32,7 +32,20 @@ impl PostgresStore {
         protect: Option<u64>,
         max_rows: usize,
     ) -> Result<PruneOutcome, PgError> {
-        let mut tx = self.client.get_mut().transaction()?;
+        self.with_client(|c, _| prune_in(c, policy, now_ms, protect, max_rows))
+    }
+}
+
+/// [`PostgresStore::prune`]'s transaction.
+fn prune_in(
+    c: &mut postgres::Client,
+    policy: &RetentionPolicy,
+    now_ms: i64,
+    protect: Option<u64>,
+    max_rows: usize,
+) -> Result<PruneOutcome, PgError> {
+    {
+        let mut tx = c.transaction()?;
         let next: i64 = tx.query_one(NEXT_SEQ, &[])?.get(0);
         let last = next.saturating_sub(1).max(0);
         let pruned: i64 = tx.query_one(PRUNED, &[])?.get(0);

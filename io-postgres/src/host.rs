@@ -141,6 +141,10 @@ impl HostStore for PostgresStore {
         matches!(error, PgError::Fenced { .. })
     }
 
+    fn is_unavailable(error: &PgError) -> bool {
+        error.is_unavailable()
+    }
+
     fn root_of(&self, session: &str) -> Result<Option<Id>, PgError> {
         PostgresStore::root_of(self, session)
     }

@@ -66,6 +66,8 @@ struct AppState {
     stop: watch::Receiver<bool>,
 }
 
+use crate::reads::ReadError;
+
 /// An API error.
 #[derive(Debug)]
 pub struct ApiError {
@@ -75,7 +77,13 @@ pub struct ApiError {
     /// For `owned_elsewhere`: where the owner is (a response extension for
     /// [`crate::forward::forward_commands`]).
     owner: Option<OwnedElsewhere>,
+    /// The `Retry-After` header, in seconds.
+    retry_after: Option<u64>,
 }
+
+/// `Retry-After` of a `503 unavailable` answered while the store is unreachable (issue 34):
+/// one second, the order of the store's longest reconnect backoff.
+pub const STORE_RETRY_AFTER_SECS: u64 = 1;
 
 impl ApiError {
     pub(crate) fn new(
@@ -88,7 +96,15 @@ impl ApiError {
             code,
             message: message.into(),
             owner: None,
+            retry_after: None,
         }
+    }
+
+    /// `503 unavailable` with `Retry-After`: the store cannot be reached (issue 34).
+    pub(crate) fn store_unavailable(message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
+        e.retry_after = Some(STORE_RETRY_AFTER_SECS);
+        e
     }
     fn not_found(what: &str) -> ApiError {
         ApiError::new(
@@ -112,6 +128,12 @@ impl IntoResponse for ApiError {
         if let Some(owner) = self.owner {
             resp.extensions_mut().insert(owner);
         }
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
         resp
     }
 }
@@ -134,6 +156,7 @@ impl From<DaemonError> for ApiError {
                 ApiError::new(status, r.code(), r.to_string())
             }
             DaemonError::Storage(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+            e @ DaemonError::Unavailable(_) => ApiError::store_unavailable(e.to_string()),
             DaemonError::Stopped => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -157,6 +180,16 @@ impl From<DaemonError> for ApiError {
             e @ DaemonError::OutboxPruned { .. } => {
                 ApiError::new(StatusCode::GONE, "pruned", e.to_string())
             }
+        }
+    }
+}
+
+impl From<ReadError> for ApiError {
+    fn from(e: ReadError) -> ApiError {
+        if e.is_unavailable() {
+            ApiError::store_unavailable(e.to_string())
+        } else {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         }
     }
 }
@@ -329,6 +362,8 @@ pub fn router_with_web(
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(healthz))
+        .route("/livez", get(livez))
         .merge(v1)
         .merge(crate::web::router(web))
         .fallback(|| async { ApiError::not_found("route") })
@@ -352,7 +387,33 @@ pub fn metrics_router(daemon: Daemon) -> Router {
 }
 
 /// `GET /healthz` (no auth): liveness, the version and the uptime (for `tutti status`).
-async fn healthz(State(s): State<AppState>) -> Json<Value> {
+///
+/// Issue 34: while the store's database is unreachable it answers `503` with `"ok": false`,
+/// `"reason": "database"` and `Retry-After` (the daemon cannot serve commands or reads then).
+/// `/readyz` is the same answer (readiness: the daemon can serve); `/livez` answers `200`
+/// while the process runs, whatever the database (liveness: restarting the daemon would not
+/// help).
+async fn healthz(State(s): State<AppState>) -> Response {
+    let down = s.daemon.store_health().is_some_and(|h| !h.is_up());
+    let mut body = json!({
+        "ok": !down,
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptimeSeconds": s.daemon.metrics().uptime().as_secs(),
+    });
+    if !down {
+        return Json(body).into_response();
+    }
+    body["reason"] = json!("database");
+    let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(STORE_RETRY_AFTER_SECS),
+    );
+    resp
+}
+
+/// `GET /livez` (no auth): `200` while the process runs (see [`healthz`]).
+async fn livez(State(s): State<AppState>) -> Json<Value> {
     Json(json!({
         "ok": true,
         "version": env!("CARGO_PKG_VERSION"),
@@ -533,7 +594,7 @@ async fn session_in(
     let id = check_id("session id", id)?.to_string();
     let s = read(d, move |r| r.session(&id))
         .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::not_found("session"))?;
     if &*s.workspace_id != ws {
         return Err(ApiError::not_found("session"));
@@ -621,7 +682,13 @@ async fn list(
         )
     })
     .await?;
-    let page = page.map_err(|e| ApiError::invalid(e.to_string()))?;
+    let page = page.map_err(|e| {
+        if e.is_unavailable() {
+            ApiError::from(e)
+        } else {
+            ApiError::invalid(e.to_string())
+        }
+    })?;
     Ok(Json(
         json!({"sessions": page.sessions, "nextCursor": page.next, "eventSeq": seq}),
     ))
@@ -635,10 +702,10 @@ async fn detail(
     check_id("session id", &id)?;
     // One read transaction: the session, its nested children, their turns and interactions are
     // one durable snapshot (never half of a step).
-    let out = read(&s.daemon, move |r| -> Result<Option<Value>, String> {
+    let out = read(&s.daemon, move |r| -> Result<Option<Value>, ReadError> {
         // Read first: every change after it comes on `/v1/events?after=eventSeq`.
-        let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
-        let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
+        let seq = r.last_outbox_seq()?;
+        let Some(d) = r.session_detail(&id)? else {
             return Ok(None);
         };
         if *d.session.workspace_id != *ws {
@@ -654,7 +721,7 @@ async fn detail(
             .chain(d.child_sessions.iter())
             .map(|s| &s.id)
             .collect();
-        let tree = r.load_tree(&root).map_err(|e| e.to_string())?;
+        let tree = r.load_tree(&root)?;
         let (interactions, tool_calls) = tree
             .map(|t| (t.interactions, t.tool_calls))
             .unwrap_or_default();
@@ -676,7 +743,7 @@ async fn detail(
         })))
     })
     .await?
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
+    .map_err(ApiError::from)?
     .ok_or_else(|| ApiError::not_found("session"))?;
     Ok(Json(out))
 }
@@ -711,7 +778,7 @@ async fn messages(
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let msgs = read(&s.daemon, move |r| r.messages(&id, q.after, limit))
         .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(ApiError::from)?;
     Ok(Json(json!({"messages": msgs})))
 }
 
@@ -801,7 +868,7 @@ async fn respond(
     let (t, r) = (turn_id.to_string(), request_id.to_string());
     let found = read(&s.daemon, move |st| st.interaction(&t, &r))
         .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(ApiError::from)?;
     // Only a pending interaction of this session is checked here; anything else is the
     // engine's to refuse (not found, already answered, ...), as before.
     if let Some(i) =

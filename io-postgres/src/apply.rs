@@ -63,6 +63,7 @@ const UPSERT_TOOL_CALL: &str = "INSERT INTO tool_calls (agent_session_id, tool_c
      json = excluded.json WHERE excluded.version > tool_calls.version";
 const INSERT_MESSAGE: &str = "INSERT INTO messages (agent_session_id, seq, message_id, json) \
      VALUES ($1, $2, $3, $4) ON CONFLICT (agent_session_id, seq) DO NOTHING";
+const MESSAGE_AT: &str = "SELECT json FROM messages WHERE agent_session_id = $1 AND seq = $2";
 const PURGE: [&str; 4] = [
     "DELETE FROM turns WHERE agent_session_id = $1",
     "DELETE FROM interactions WHERE agent_session_id = $1",
@@ -413,6 +414,22 @@ impl<'a, 't> Writer<'a, 't> {
                     INSERT_MESSAGE,
                     &[&&*m.agent_session_id, &seq, &&*m.message_id, &json],
                 )?;
+                if n == 0 {
+                    // Issue 34: a message at a taken (session, seq) is never dropped silently
+                    // inside a batch that otherwise commits: only a replay of this very row
+                    // passes; another message there refuses the whole batch.
+                    let s = self.stmt(MESSAGE_AT)?;
+                    let stored: Option<String> = self
+                        .tx
+                        .query_opt(&s, &[&&*m.agent_session_id, &seq])?
+                        .map(|r| r.get(0));
+                    if stored.as_deref() != Some(json.as_str()) {
+                        return Err(PgError::RowConflict {
+                            table: "messages",
+                            key: format!("{} seq {}", m.agent_session_id, m.seq),
+                        });
+                    }
+                }
                 (json, n)
             }
             Row::PurgeSession { agent_session_id } => {

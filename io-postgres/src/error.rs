@@ -12,6 +12,18 @@ pub enum PgError {
     /// tree and reloads it.
     #[error("guard failed: {0:?}")]
     GuardFailed(Guard),
+    /// A row of the batch collides with a different stored row at the same key (a message at a
+    /// (session, seq) another writer took): the batch was decided under a state that no
+    /// longer holds. Nothing of the batch was written; like [`PgError::GuardFailed`], the host
+    /// reloads the tree (issue 34: "a row that conflicts with an existing one is never dropped
+    /// silently inside a batch that otherwise commits").
+    #[error("row conflict in {table}: {key}")]
+    RowConflict {
+        /// Table.
+        table: &'static str,
+        /// The row's key (ids and numbers only).
+        key: String,
+    },
     /// The batch is for a tree this handle fenced at `epoch`, and the stored lease epoch is now
     /// `current` (another daemon took the tree over, or the lease was removed): this handle no
     /// longer owns the tree and must never commit for it again (see [`crate::lease`]). Nothing
@@ -91,7 +103,7 @@ impl PgError {
     /// Whether this is a failed guard (the host reloads that tree) rather than a failure of the
     /// store itself.
     pub fn is_guard_failure(&self) -> bool {
-        matches!(self, PgError::GuardFailed(_))
+        matches!(self, PgError::GuardFailed(_) | PgError::RowConflict { .. })
     }
 
     /// Whether the database could not be reached, or answered that it cannot serve now

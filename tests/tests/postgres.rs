@@ -643,3 +643,50 @@ fn an_unknown_commit_outcome_is_resolved_by_reading_the_commit_mark_back() {
     assert_eq!(store.last_commit_mark(), committed, "no new mark");
     assert!(!store.read_back_commit(committed + 1).expect("read back"));
 }
+
+/// Issue 34: "A row that conflicts with an existing one is never dropped silently inside a
+/// batch that otherwise commits: the batch is refused whole". Two writers decide different
+/// messages at the same (session, seq); the first commits; the second's batch, with its guards
+/// removed so that only the message collides, is refused whole (its turn and outbox rows are
+/// not written), while a replay of the committed batch still passes and writes nothing.
+#[test]
+fn a_batch_whose_message_collides_with_a_stored_one_is_refused_whole() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut store = PostgresStore::connect(&url).expect("connect");
+    let mut engines = [Engine::new(), Engine::new()];
+    for v in tree_inputs("R", 0) {
+        let b = decide(&mut engines[0], 1, v.clone());
+        decide(&mut engines[1], 1, v);
+        store.apply(&b).expect("shared prefix");
+    }
+    let message = |id: &str| json!({"type": "messageAppended", "agentSessionId": "C-R", "turnId": "CT-R", "messageId": id, "role": "assistant", "text": "x"});
+    let first = decide(&mut engines[0], 2, message("m-first"));
+    let mut second = decide(&mut engines[1], 2, message("m-second"));
+    store.apply(&first).expect("first message");
+    let head = store.last_outbox_seq().expect("seq");
+    second.guards.clear();
+    let refused = store.apply(&second);
+    assert!(
+        matches!(
+            refused,
+            Err(PgError::RowConflict {
+                table: "messages",
+                ..
+            })
+        ),
+        "refused whole: {refused:?}"
+    );
+    assert!(<PostgresStore as HostStore>::is_guard_failure(
+        &refused.expect_err("refused")
+    ));
+    assert_eq!(store.last_outbox_seq().expect("seq"), head, "no outbox row");
+    let msgs = store.messages("C-R", None, 10).expect("messages");
+    assert_eq!(msgs.len(), 1);
+    assert_eq!(&*msgs[0].message_id, "m-first", "the stored message stays");
+    assert_eq!(
+        store.apply(&first).expect("a replay passes"),
+        Vec::<u64>::new(),
+        "a replay writes nothing"
+    );
+}

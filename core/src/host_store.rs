@@ -128,6 +128,14 @@ pub trait HostStore: Store {
         false
     }
 
+    /// Whether an error is the store being unreachable (a broken connection, a server shutting
+    /// down or restarting, a lock or statement timeout), as opposed to a refused or malformed
+    /// request: the host answers "unavailable, retry later" (issue 34) instead of a conflict.
+    /// Stores without a connection never are.
+    fn is_unavailable(_error: &Self::Error) -> bool {
+        false
+    }
+
     /// The root session id of the tree a session belongs to (itself for a root; tombstones
     /// included), to load an evicted tree on demand.
     fn root_of(&self, session: &str) -> Result<Option<Id>, Self::Error>;

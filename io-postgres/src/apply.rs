@@ -63,6 +63,7 @@ const UPSERT_TOOL_CALL: &str = "INSERT INTO tool_calls (agent_session_id, tool_c
      json = excluded.json WHERE excluded.version > tool_calls.version";
 const INSERT_MESSAGE: &str = "INSERT INTO messages (agent_session_id, seq, message_id, json) \
      VALUES ($1, $2, $3, $4) ON CONFLICT (agent_session_id, seq) DO NOTHING";
+const MESSAGE_AT: &str = "SELECT json FROM messages WHERE agent_session_id = $1 AND seq = $2";
 const PURGE: [&str; 4] = [
     "DELETE FROM turns WHERE agent_session_id = $1",
     "DELETE FROM interactions WHERE agent_session_id = $1",
@@ -98,6 +99,9 @@ const TURN_CLOSED: &str = "SELECT child_creation_closed FROM turns WHERE id = $1
 
 const LEASE_EPOCH: &str =
     "SELECT epoch FROM tree_leases WHERE root_agent_session_id = $1 FOR SHARE";
+
+const SET_MARK: &str = "INSERT INTO commit_marks (writer, n) VALUES ($1, $2) \
+     ON CONFLICT (writer) DO UPDATE SET n = excluded.n";
 
 /// Locks the outbox counter row until the transaction ends and reads the next seq.
 pub(crate) const NEXT_SEQ_LOCK: &str =
@@ -215,6 +219,14 @@ impl<'a, 't> Writer<'a, 't> {
                 self.exec(NOTIFY_SEQ, &[&last])?;
             }
         }
+        Ok(())
+    }
+
+    /// Stores `mark` as `writer`'s last commit inside this transaction (see
+    /// [`crate::PostgresStore::read_back_commit`]).
+    pub(crate) fn mark(&mut self, writer: &str, mark: u64) -> Result<(), PgError> {
+        let n = to_i64("commit mark", mark)?;
+        self.exec(SET_MARK, &[&writer, &n])?;
         Ok(())
     }
 
@@ -431,6 +443,22 @@ impl<'a, 't> Writer<'a, 't> {
                     INSERT_MESSAGE,
                     &[&&*m.agent_session_id, &seq, &&*m.message_id, &json],
                 )?;
+                if n == 0 {
+                    // Issue 34: a message at a taken (session, seq) is never dropped silently
+                    // inside a batch that otherwise commits: only a replay of this very row
+                    // passes; another message there refuses the whole batch.
+                    let s = self.stmt(MESSAGE_AT)?;
+                    let stored: Option<String> = self
+                        .tx
+                        .query_opt(&s, &[&&*m.agent_session_id, &seq])?
+                        .map(|r| r.get(0));
+                    if stored.as_deref() != Some(json.as_str()) {
+                        return Err(PgError::RowConflict {
+                            table: "messages",
+                            key: format!("{} seq {}", m.agent_session_id, m.seq),
+                        });
+                    }
+                }
                 (json, n)
             }
             Row::PurgeSession { agent_session_id } => {

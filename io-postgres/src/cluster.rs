@@ -15,14 +15,16 @@ impl PostgresStore {
     /// The database's cluster secret: `candidate` when none was stored yet (it is stored now),
     /// else the stored one. Concurrent first starts agree (the first insert wins).
     pub fn cluster_secret(&mut self, candidate: &str) -> Result<String, PgError> {
-        let c = self.client.get_mut();
-        c.execute(
-            "INSERT INTO cluster_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-            &[&candidate],
-        )?;
-        Ok(
-            c.query_one("SELECT secret FROM cluster_secret WHERE id = 1", &[])?
-                .get(0),
-        )
+        self.with_client(|c, _| {
+            c.execute(
+                "INSERT INTO cluster_secret (id, secret) VALUES (1, $1) \
+                 ON CONFLICT (id) DO NOTHING",
+                &[&candidate],
+            )?;
+            Ok(
+                c.query_one("SELECT secret FROM cluster_secret WHERE id = 1", &[])?
+                    .get(0),
+            )
+        })
     }
 }

@@ -41,7 +41,20 @@ impl PostgresStore {
         protect: Option<u64>,
         max_rows: usize,
     ) -> Result<PruneOutcome, PgError> {
-        let mut tx = self.client.get_mut().transaction()?;
+        self.with_client(|c, _| prune_in(c, policy, now_ms, protect, max_rows))
+    }
+}
+
+/// [`PostgresStore::prune`]'s transaction.
+fn prune_in(
+    c: &mut postgres::Client,
+    policy: &RetentionPolicy,
+    now_ms: i64,
+    protect: Option<u64>,
+    max_rows: usize,
+) -> Result<PruneOutcome, PgError> {
+    {
+        let mut tx = c.transaction()?;
         let next: i64 = tx.query_one(NEXT_SEQ, &[])?.get(0);
         let last = next.saturating_sub(1).max(0);
         let pruned: i64 = tx.query_one(PRUNED, &[])?.get(0);
@@ -138,6 +151,10 @@ impl HostStore for PostgresStore {
 
     fn is_fenced(error: &PgError) -> bool {
         matches!(error, PgError::Fenced { .. })
+    }
+
+    fn is_unavailable(error: &PgError) -> bool {
+        error.is_unavailable()
     }
 
     fn root_of(&self, session: &str) -> Result<Option<Id>, PgError> {

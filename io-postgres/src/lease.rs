@@ -104,46 +104,55 @@ impl PostgresStore {
         ttl_ms: i64,
     ) -> Result<(Claim, Option<Lease>), PgError> {
         let expires = now_ms.saturating_add(ttl_ms);
-        let mut tx = self.client.get_mut().transaction()?;
-        let current = match tx.query_opt(&format!("{LEASE} FOR UPDATE"), &[&root])? {
-            Some(r) => Some(lease_of(&r)?),
-            None => None,
+        // One transaction; run again on a new connection when the connection broke (a claim
+        // that committed is this owner's live lease by then: it is extended, same epoch).
+        let (lease, previous) = self.with_client(|c, _| {
+            let mut tx = c.transaction()?;
+            let current = match tx.query_opt(&format!("{LEASE} FOR UPDATE"), &[&root])? {
+                Some(r) => Some(lease_of(&r)?),
+                None => None,
+            };
+            let previous = current.clone();
+            let lease = match current {
+                Some(l) if l.owner != owner && l.expires_at_ms > now_ms => {
+                    tx.commit()?;
+                    return Ok((Err(l), previous));
+                }
+                Some(l) => {
+                    let epoch = if l.owner == owner && l.expires_at_ms > now_ms {
+                        l.epoch
+                    } else {
+                        l.epoch + 1
+                    };
+                    tx.execute(
+                        "UPDATE tree_leases SET owner = $2, owner_address = $3, epoch = $4, \
+                         expires_at_ms = $5 WHERE root_agent_session_id = $1",
+                        &[
+                            &root,
+                            &owner,
+                            &address,
+                            &to_i64("lease epoch", epoch)?,
+                            &expires,
+                        ],
+                    )?;
+                    epoch
+                }
+                None => {
+                    tx.execute(
+                        "INSERT INTO tree_leases (root_agent_session_id, owner, owner_address, \
+                         epoch, expires_at_ms) VALUES ($1, $2, $3, 1, $4)",
+                        &[&root, &owner, &address, &expires],
+                    )?;
+                    1
+                }
+            };
+            tx.commit()?;
+            Ok((Ok(lease), previous))
+        })?;
+        let lease = match lease {
+            Ok(epoch) => epoch,
+            Err(held) => return Ok((Claim::HeldBy(held), previous)),
         };
-        let previous = current.clone();
-        let lease = match current {
-            Some(l) if l.owner != owner && l.expires_at_ms > now_ms => {
-                tx.commit()?;
-                return Ok((Claim::HeldBy(l.clone()), Some(l)));
-            }
-            Some(l) => {
-                let epoch = if l.owner == owner && l.expires_at_ms > now_ms {
-                    l.epoch
-                } else {
-                    l.epoch + 1
-                };
-                tx.execute(
-                    "UPDATE tree_leases SET owner = $2, owner_address = $3, epoch = $4, \
-                     expires_at_ms = $5 WHERE root_agent_session_id = $1",
-                    &[
-                        &root,
-                        &owner,
-                        &address,
-                        &to_i64("lease epoch", epoch)?,
-                        &expires,
-                    ],
-                )?;
-                epoch
-            }
-            None => {
-                tx.execute(
-                    "INSERT INTO tree_leases (root_agent_session_id, owner, owner_address, \
-                     epoch, expires_at_ms) VALUES ($1, $2, $3, 1, $4)",
-                    &[&root, &owner, &address, &expires],
-                )?;
-                1
-            }
-        };
-        tx.commit()?;
         self.fences.insert(Id::from(root), lease);
         Ok((
             Claim::Owned(Lease {
@@ -167,16 +176,14 @@ impl PostgresStore {
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<bool, PgError> {
-        let n = self.client.get_mut().execute(
-            "UPDATE tree_leases SET expires_at_ms = $4 WHERE root_agent_session_id = $1 \
-             AND owner = $2 AND epoch = $3",
-            &[
-                &root,
-                &owner,
-                &to_i64("lease epoch", epoch)?,
-                &now_ms.saturating_add(ttl_ms),
-            ],
-        )?;
+        let epoch = to_i64("lease epoch", epoch)?;
+        let n = self.with_client(|c, _| {
+            Ok(c.execute(
+                "UPDATE tree_leases SET expires_at_ms = $4 WHERE root_agent_session_id = $1 \
+                 AND owner = $2 AND epoch = $3",
+                &[&root, &owner, &epoch, &now_ms.saturating_add(ttl_ms)],
+            )?)
+        })?;
         Ok(n == 1)
     }
 
@@ -184,11 +191,14 @@ impl PostgresStore {
     /// next claim gets a higher one) and stops fencing the tree on this handle.
     pub fn release_lease(&mut self, root: &str, owner: &str, epoch: u64) -> Result<bool, PgError> {
         self.fences.remove(root);
-        let n = self.client.get_mut().execute(
-            "UPDATE tree_leases SET expires_at_ms = $4 \
-             WHERE root_agent_session_id = $1 AND owner = $2 AND epoch = $3",
-            &[&root, &owner, &to_i64("lease epoch", epoch)?, &RELEASED],
-        )?;
+        let epoch = to_i64("lease epoch", epoch)?;
+        let n = self.with_client(|c, _| {
+            Ok(c.execute(
+                "UPDATE tree_leases SET expires_at_ms = $4 \
+                 WHERE root_agent_session_id = $1 AND owner = $2 AND epoch = $3",
+                &[&root, &owner, &epoch, &RELEASED],
+            )?)
+        })?;
         Ok(n == 1)
     }
 

@@ -10,9 +10,11 @@
 //! the outbox table, so a lost notification (a dropped listener connection) delays a follower
 //! until the next wake-up or poll and loses nothing.
 
+use crate::conn::Health;
 use crate::error::{to_u64, PgError};
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
+use postgres::Client;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The notification channel of committed outbox rows (payload: the commit's last seq).
@@ -21,6 +23,7 @@ pub const OUTBOX_CHANNEL: &str = "tutti_outbox";
 /// One listening connection on [`OUTBOX_CHANNEL`].
 pub struct OutboxListener {
     client: Client,
+    health: Arc<Health>,
     /// `<current schema>:`, the prefix of this store's payloads.
     prefix: String,
 }
@@ -44,21 +47,69 @@ pub enum Wake {
 impl OutboxListener {
     /// Connects and starts listening (the same URL forms as [`crate::PostgresStore::connect`]).
     pub fn connect(url: &str) -> Result<OutboxListener, PgError> {
-        let mut client = Client::connect(url, NoTls)?;
+        OutboxListener::connect_with(url, Health::new())
+    }
+
+    /// [`OutboxListener::connect`] with the connection settings of [`crate::conn`], reporting
+    /// reachability to `health`. A listener does not reconnect by itself: after an error,
+    /// connect a new one (it `LISTEN`s again) and read [`OutboxListener::last_seq`] once, so that
+    /// commits notified while no connection listened are not missed.
+    pub fn connect_with(url: &str, health: Arc<Health>) -> Result<OutboxListener, PgError> {
+        let r = OutboxListener::open(url, health.clone());
+        match &r {
+            Ok(_) => health.mark_up(),
+            Err(e) if e.is_unavailable() => health.mark_down(),
+            Err(_) => {}
+        }
+        r
+    }
+
+    fn open(url: &str, health: Arc<Health>) -> Result<OutboxListener, PgError> {
+        let (mut client, _) = crate::conn::open(&crate::conn::config(url)?)?;
         client.batch_execute("LISTEN tutti_outbox")?;
         let schema: String = client
             .query_one("SELECT current_schema()::text", &[])?
             .get(0);
         Ok(OutboxListener {
             client,
+            health,
             prefix: format!("{schema}:"),
         })
+    }
+
+    /// The last seq in the counter row (what every follower must catch up to).
+    pub fn last_seq(&mut self) -> Result<u64, PgError> {
+        let r = self.last_seq_inner();
+        self.saw(&r);
+        r
+    }
+
+    fn last_seq_inner(&mut self) -> Result<u64, PgError> {
+        let v: i64 = self
+            .client
+            .query_one("SELECT value FROM meta WHERE key = 'outbox_next_seq'", &[])?
+            .get(0);
+        Ok(to_u64("outbox seq", v)?.saturating_sub(1))
+    }
+
+    fn saw<T>(&self, r: &Result<T, PgError>) {
+        match r {
+            Ok(_) => self.health.mark_up(),
+            Err(e) if e.is_unavailable() => self.health.mark_down(),
+            Err(_) => {}
+        }
     }
 
     /// Waits up to `timeout` for notifications; returns the highest notified seq, or, when
     /// none came (or only other schemas' or malformed payloads), the last seq read from the
     /// database.
     pub fn wait(&mut self, timeout: Duration) -> Result<Wake, PgError> {
+        let r = self.wait_inner(timeout);
+        self.saw(&r);
+        r
+    }
+
+    fn wait_inner(&mut self, timeout: Duration) -> Result<Wake, PgError> {
         let mut best: Option<u64> = None;
         {
             let mut n = self.client.notifications();
@@ -82,13 +133,7 @@ impl OutboxListener {
         }
         match best {
             Some(seq) => Ok(Wake::Committed(seq)),
-            None => {
-                let v: i64 = self
-                    .client
-                    .query_one("SELECT value FROM meta WHERE key = 'outbox_next_seq'", &[])?
-                    .get(0);
-                Ok(Wake::Quiet(to_u64("outbox seq", v)?.saturating_sub(1)))
-            }
+            None => Ok(Wake::Quiet(self.last_seq_inner()?)),
         }
     }
 }

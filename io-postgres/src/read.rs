@@ -54,9 +54,10 @@ impl PostgresStore {
         sql: &'static str,
         p: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<postgres::Row>, PgError> {
-        let mut c = self.client.borrow_mut();
-        let s = prep(&mut self.cache.borrow_mut(), &mut *c, sql)?;
-        Ok(c.query(&s, p)?)
+        self.with_client(|c, cache| {
+            let s = prep(cache, c, sql)?;
+            Ok(c.query(&s, p)?)
+        })
     }
 
     fn query_json<T: Decode>(
@@ -86,18 +87,21 @@ impl PostgresStore {
         if self.in_read.get() {
             return Ok(f(self));
         }
-        self.client
-            .borrow_mut()
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+        self.with_client(|c, _| {
+            Ok(c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?)
+        })?;
         self.in_read.set(true);
         struct End<'a>(&'a PostgresStore);
         impl Drop for End<'_> {
             fn drop(&mut self) {
                 self.0.in_read.set(false);
-                if let Ok(mut c) = self.0.client.try_borrow_mut() {
+                if let Ok(mut c) = self.0.conn.try_borrow_mut() {
                     // A read-only transaction: ending it cannot lose anything; an error here
-                    // surfaces on the next statement.
-                    let _ = c.batch_execute("COMMIT");
+                    // surfaces on the next statement. A broken connection is not reconnected
+                    // for this (its transaction ended with it).
+                    if let Some(c) = c.current() {
+                        let _ = c.batch_execute("COMMIT");
+                    }
                 }
             }
         }

@@ -17,13 +17,16 @@
 //!
 //! Version 2 adds `tree_leases` (tree ownership and fencing, [`crate::lease`]); version 3 adds
 //! `cluster_secret` (how daemons on one database authenticate forwarded commands to each other,
-//! [`crate::cluster`]).
+//! [`crate::cluster`]); version 4 adds `commit_marks` (one row per store handle: the mark of its
+//! last commit, written inside every group transaction, so that a commit whose connection broke
+//! after `COMMIT` was sent is resolved by reading back, see
+//! [`crate::PostgresStore::read_back_commit`]).
 //!
 //! Migrations run in one transaction under an advisory lock, so daemons starting together on a
 //! new database migrate it once.
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The DDL that takes a database from version `from` to `from + 1` (for tests and tools that
 /// need a database of an older version; the caller records the version in
@@ -33,7 +36,7 @@ pub fn migration(from: usize) -> Option<&'static str> {
 }
 
 /// `MIGRATIONS[n]` takes a database from version n to n + 1.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The advisory lock key migrations hold (ASCII "tuti").
 pub(crate) const MIGRATION_LOCK: i64 = 0x7475_7469;
@@ -147,6 +150,15 @@ const V3: &str = r#"
 CREATE TABLE cluster_secret (
     id     INT PRIMARY KEY CHECK (id = 1),
     secret TEXT NOT NULL
+);
+"#;
+
+/// Version 4: commit marks (issue 34: an unknown commit outcome is read back), see
+/// [`crate::PostgresStore::read_back_commit`].
+const V4: &str = r#"
+CREATE TABLE commit_marks (
+    writer TEXT COLLATE "C" PRIMARY KEY,
+    n      BIGINT NOT NULL
 );
 "#;
 

@@ -73,6 +73,8 @@ struct AppState {
     stop: watch::Receiver<bool>,
 }
 
+use crate::reads::ReadError;
+
 /// An API error.
 #[derive(Debug)]
 pub struct ApiError {
@@ -82,7 +84,13 @@ pub struct ApiError {
     /// For `owned_elsewhere`: where the owner is (a response extension for
     /// [`crate::forward::forward_commands`]).
     owner: Option<OwnedElsewhere>,
+    /// The `Retry-After` header, in seconds.
+    retry_after: Option<u64>,
 }
+
+/// `Retry-After` of a `503 unavailable` answered while the store is unreachable (issue 34):
+/// one second, the order of the store's longest reconnect backoff.
+pub const STORE_RETRY_AFTER_SECS: u64 = 1;
 
 impl ApiError {
     pub(crate) fn new(
@@ -95,7 +103,15 @@ impl ApiError {
             code,
             message: message.into(),
             owner: None,
+            retry_after: None,
         }
+    }
+
+    /// `503 unavailable` with `Retry-After`: the store cannot be reached (issue 34).
+    pub(crate) fn store_unavailable(message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
+        e.retry_after = Some(STORE_RETRY_AFTER_SECS);
+        e
     }
     fn not_found(what: &str) -> ApiError {
         ApiError::new(
@@ -119,6 +135,12 @@ impl IntoResponse for ApiError {
         if let Some(owner) = self.owner {
             resp.extensions_mut().insert(owner);
         }
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
         resp
     }
 }
@@ -141,6 +163,7 @@ impl From<DaemonError> for ApiError {
                 ApiError::new(status, r.code(), r.to_string())
             }
             DaemonError::Storage(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+            e @ DaemonError::Unavailable(_) => ApiError::store_unavailable(e.to_string()),
             DaemonError::Stopped => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -169,6 +192,16 @@ impl From<DaemonError> for ApiError {
             e @ DaemonError::OutboxPruned { .. } => {
                 ApiError::new(StatusCode::GONE, "pruned", e.to_string())
             }
+        }
+    }
+}
+
+impl From<ReadError> for ApiError {
+    fn from(e: ReadError) -> ApiError {
+        if e.is_unavailable() {
+            ApiError::store_unavailable(e.to_string())
+        } else {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         }
     }
 }
@@ -359,7 +392,8 @@ fn handler(op: Op, method: crate::openapi::Method) -> MethodRouter<AppState> {
         Op::LoginLink => on(filter, login_link),
         Op::OpenApi => on(filter, openapi),
         Op::Metrics => on(filter, metrics),
-        Op::Healthz => on(filter, healthz),
+        Op::Healthz | Op::Readyz => on(filter, healthz),
+        Op::Livez => on(filter, livez),
     }
 }
 
@@ -381,11 +415,38 @@ pub fn metrics_router(daemon: Daemon) -> Router {
 }
 
 /// `GET /healthz` (no auth): liveness, the version and the uptime (for `tutti status`).
-async fn healthz(State(s): State<AppState>) -> Json<HealthResponse> {
+///
+/// Issue 34: while the store's database is unreachable it answers `503` with `"ok": false`,
+/// `"reason": "database"` and `Retry-After` (the daemon cannot serve commands or reads then).
+/// `/readyz` is the same answer (readiness: the daemon can serve); `/livez` answers `200`
+/// while the process runs, whatever the database (liveness: restarting the daemon would not
+/// help).
+async fn healthz(State(s): State<AppState>) -> Response {
+    let down = s.daemon.store_health().is_some_and(|h| !h.is_up());
+    let body = HealthResponse {
+        ok: !down,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        uptime_seconds: s.daemon.metrics().uptime().as_secs(),
+        reason: down.then(|| "database".to_string()),
+    };
+    if !down {
+        return Json(body).into_response();
+    }
+    let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(STORE_RETRY_AFTER_SECS),
+    );
+    resp
+}
+
+/// `GET /livez` (no auth): `200` while the process runs (see [`healthz`]).
+async fn livez(State(s): State<AppState>) -> Json<HealthResponse> {
     Json(HealthResponse {
         ok: true,
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_seconds: s.daemon.metrics().uptime().as_secs(),
+        reason: None,
     })
 }
 
@@ -562,7 +623,7 @@ async fn session_in(
     let id = check_id("session id", id)?.to_string();
     let s = read(d, move |r| r.session(&id))
         .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::not_found("session"))?;
     if &*s.workspace_id != ws {
         return Err(ApiError::not_found("session"));
@@ -656,7 +717,13 @@ async fn list(
         )
     })
     .await?;
-    let page = page.map_err(|e| ApiError::invalid(e.to_string()))?;
+    let page = page.map_err(|e| {
+        if e.is_unavailable() {
+            ApiError::from(e)
+        } else {
+            ApiError::invalid(e.to_string())
+        }
+    })?;
     Ok(Json(ListSessionsResponse {
         sessions: page.sessions,
         next_cursor: page.next,
@@ -674,10 +741,10 @@ async fn detail(
     // one durable snapshot (never half of a step).
     let out = read(
         &s.daemon,
-        move |r| -> Result<Option<SessionDetailResponse>, String> {
+        move |r| -> Result<Option<SessionDetailResponse>, ReadError> {
             // Read first: every change after it comes on `/v1/events?after=eventSeq`.
-            let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
-            let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
+            let seq = r.last_outbox_seq()?;
+            let Some(d) = r.session_detail(&id)? else {
                 return Ok(None);
             };
             if *d.session.workspace_id != *ws {
@@ -693,7 +760,7 @@ async fn detail(
                 .chain(d.child_sessions.iter())
                 .map(|s| &s.id)
                 .collect();
-            let tree = r.load_tree(&root).map_err(|e| e.to_string())?;
+            let tree = r.load_tree(&root)?;
             let (interactions, tool_calls) = tree
                 .map(|t| (t.interactions, t.tool_calls))
                 .unwrap_or_default();
@@ -716,7 +783,7 @@ async fn detail(
         },
     )
     .await?
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
+    .map_err(ApiError::from)?
     .ok_or_else(|| ApiError::not_found("session"))?;
     Ok(Json(out))
 }
@@ -761,7 +828,7 @@ async fn messages(
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let msgs = read(&s.daemon, move |r| r.messages(&id, q.after, limit))
         .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(ApiError::from)?;
     Ok(Json(MessagesResponse { messages: msgs }))
 }
 
@@ -790,9 +857,9 @@ async fn tree_messages(
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let out = read(
         &s.daemon,
-        move |r| -> Result<Option<TreeMessagesResponse>, String> {
-            let seq = r.last_outbox_seq().map_err(|e| e.to_string())?;
-            let Some(d) = r.session_detail(&id).map_err(|e| e.to_string())? else {
+        move |r| -> Result<Option<TreeMessagesResponse>, ReadError> {
+            let seq = r.last_outbox_seq()?;
+            let Some(d) = r.session_detail(&id)? else {
                 return Ok(None);
             };
             if *d.session.workspace_id != *ws {
@@ -800,9 +867,7 @@ async fn tree_messages(
             }
             let mut sessions = Vec::new();
             for x in std::iter::once(&d.session).chain(d.child_sessions.iter()) {
-                let mut msgs = r
-                    .messages(&x.id, None, limit + 1)
-                    .map_err(|e| e.to_string())?;
+                let mut msgs = r.messages(&x.id, None, limit + 1)?;
                 let more = msgs.len() > limit;
                 msgs.truncate(limit);
                 sessions.push(TreeMessagesSession {
@@ -818,7 +883,7 @@ async fn tree_messages(
         },
     )
     .await?
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?
+    .map_err(ApiError::from)?
     .ok_or_else(|| ApiError::not_found("session"))?;
     Ok(Json(out))
 }
@@ -916,7 +981,7 @@ async fn respond(
     let (t, r) = (turn_id.to_string(), request_id.to_string());
     let found = read(&s.daemon, move |st| st.interaction(&t, &r))
         .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(ApiError::from)?;
     // Only a pending interaction of this session is checked here; anything else is the
     // engine's to refuse (not found, already answered, ...), as before.
     if let Some(i) =

@@ -129,6 +129,14 @@ pub trait Housekeeping<S>: Send {
     fn acquire(&mut self, _store: &mut S, _root: &Id, _now_ms: i64) -> Acquired {
         Acquired::Held
     }
+    /// Issue 34: whether the store's writer reconnected since the last call (its connection
+    /// broke and was replaced). The engine thread then renews every lease at once
+    /// ([`Housekeeping::renew`]: the trees lost meanwhile stop) and drops the quiescent trees it
+    /// keeps from memory, so that they are loaded from the store on their next use. The
+    /// default (a store without a connection): never.
+    fn reconnected(&mut self, _store: &mut S) -> bool {
+        false
+    }
     /// How often [`Housekeeping::renew`] runs; `None`: never (no leases).
     fn renew_every(&self) -> Option<std::time::Duration> {
         None
@@ -169,6 +177,9 @@ pub enum Acquired {
     },
     /// The lease could not be read or written (the error, for logs: no content).
     Unknown(String),
+    /// The lease could not be read or written because the store is unreachable (issue 34:
+    /// answered `503 unavailable`, not a conflict).
+    Unavailable(String),
 }
 
 /// The housekeeping of a store without its own: [`HostStore::checkpoint`] after rounds with
@@ -232,6 +243,13 @@ pub enum DaemonError {
     /// The daemon is shutting down.
     #[error("the daemon is not running")]
     Stopped,
+    /// Issue 34: the store could not be reached (its connection broke, the database is
+    /// restarting or down, or a lock or statement wait ran out). Nothing of the command was
+    /// written (or, when the connection broke after the commit was sent and the outcome could
+    /// not be read back in time, the store's state once reachable is the truth); answered `503
+    /// unavailable` with `Retry-After`.
+    #[error("the store is unavailable; retry later ({0})")]
+    Unavailable(String),
     /// Issue 21: a command (submit, cancel, answer, delete) for a tree whose lease another
     /// daemon holds, unexpired: that daemon runs the tree's provider and takes the command at
     /// `owner_address`. Nothing changed here; the API forwards the request there (see
@@ -270,11 +288,22 @@ pub enum DaemonError {
     },
 }
 
+impl From<crate::reads::ReadError> for DaemonError {
+    fn from(e: crate::reads::ReadError) -> DaemonError {
+        if e.is_unavailable() {
+            DaemonError::Unavailable(e.0)
+        } else {
+            DaemonError::Storage(e.to_string())
+        }
+    }
+}
+
 impl From<DriverError> for DaemonError {
     fn from(e: DriverError) -> DaemonError {
         match e {
             DriverError::Rejected(r) => DaemonError::Rejected(r),
             DriverError::Refused => DaemonError::Conflict,
+            DriverError::Unavailable(m) => DaemonError::Unavailable(m),
             DriverError::Storage(m) => DaemonError::Storage(m),
             other => DaemonError::Storage(other.to_string()),
         }
@@ -320,6 +349,8 @@ pub struct Daemon {
     /// The daemons sharing this daemon's database (see [`crate::forward`]); `None` for a store
     /// only this daemon writes.
     cluster: Option<Arc<crate::forward::Cluster>>,
+    /// Whether the store's server is reachable (issue 34; `None`: a local file, always).
+    store_health: Option<Arc<tutti_postgres::Health>>,
 }
 
 /// Options of the daemon core.
@@ -584,6 +615,7 @@ impl Daemon {
             commits: watch::channel(last_seq).1,
             metrics,
             cluster: None,
+            store_health: None,
         })
     }
 
@@ -602,6 +634,18 @@ impl Daemon {
     pub fn with_cluster(mut self, cluster: crate::forward::Cluster) -> Daemon {
         self.cluster = Some(Arc::new(cluster));
         self
+    }
+
+    /// Issue 34: the store is a server whose reachability `health` tracks; `/healthz` and
+    /// `/readyz` answer 503 while it is unreachable, and the metrics count its outages.
+    pub fn with_store_health(mut self, health: Arc<tutti_postgres::Health>) -> Daemon {
+        self.store_health = Some(health);
+        self
+    }
+
+    /// The store's reachability, for a store on a server (see [`Daemon::with_store_health`]).
+    pub fn store_health(&self) -> Option<&Arc<tutti_postgres::Health>> {
+        self.store_health.as_ref()
     }
 
     /// The daemons sharing this daemon's database, if any (see [`Daemon::with_cluster`]).
@@ -645,7 +689,7 @@ impl Daemon {
                     out = Some(f(r));
                 }
             })
-            .map_err(|e| DaemonError::Storage(e.to_string()))?;
+            .map_err(DaemonError::from)?;
         out.ok_or_else(|| DaemonError::Storage("the read did not run".into()))
     }
 
@@ -701,6 +745,7 @@ impl Daemon {
             .map_err(|_| DaemonError::Stopped)?;
         let state = rx.await.map_err(|_| DaemonError::Stopped)?;
         let head = *self.outbox.borrow();
+        self.metrics.store(self.store_health.as_deref());
         Ok(self.metrics.render(
             &state,
             self.positions.count() as u64,
@@ -899,6 +944,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
             for r in resident {
                 let _ = r.send(self.driver.engine().roots());
             }
+            if self.housekeeping.reconnected(&mut self.store) {
+                self.recovered(now_ms());
+            }
             self.housekeeping.after_round(&mut self.store);
             if let Some(done) = shutdown {
                 self.stop_all_runtimes();
@@ -945,6 +993,10 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 Ok(Some(root)) => root,
                 // Unknown session: the engine answers it (not found).
                 Ok(None) => return Ok(()),
+                Err(e) if S::is_unavailable(&e) => {
+                    debug!(error = %e, "root of a command's session not readable: store unavailable");
+                    return Err(DaemonError::Unavailable(e.to_string()));
+                }
                 Err(e) => {
                     warn!(error = %e, "root of a command's session not readable");
                     return Err(DaemonError::Storage(
@@ -973,11 +1025,36 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 owner_address,
                 expires_at_ms,
             }),
+            Acquired::Unavailable(e) => {
+                debug!(root = %root, error = %e, "tree lease not claimable: store unavailable");
+                Err(DaemonError::Unavailable(e))
+            }
             Acquired::Unknown(e) => {
                 warn!(root = %root, error = %e, "tree lease not claimable");
                 Err(DaemonError::Storage(
                     "the tree's lease could not be claimed".into(),
                 ))
+            }
+        }
+    }
+
+    /// Issue 34: the store's writer reconnected. Its leases are renewed now (the trees another
+    /// daemon took meanwhile stop here; a lease that expired unclaimed is this daemon's again at
+    /// its epoch), and the quiescent trees it keeps leave memory (loaded from the store on their
+    /// next use). Choice: trees with an active turn or inputs waiting stay loaded: every
+    /// commit's outcome was read back, and a batch that did not commit reloaded its tree, so
+    /// their copy is the store's.
+    fn recovered(&mut self, now: i64) {
+        let lost = self.housekeeping.renew(&mut self.store, now);
+        info!(lost = lost.len(), "store reconnected; tree leases checked");
+        for root in lost {
+            warn!(root = %root, "tree lease lost while the store was unreachable");
+            self.stop_runtime(&root, "lease lost");
+        }
+        for root in self.driver.engine().roots() {
+            if self.driver.evict(&root) {
+                self.quiescent.forget(&root);
+                debug!(root = %root, "quiescent tree dropped after a reconnect");
             }
         }
     }
@@ -1128,7 +1205,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
             Err(e) => {
                 let e = e.source_error();
-                warn!(error = %e, steps = ids.len(), "group commit failed; retrying one by one");
+                if S::is_unavailable(e) {
+                    debug!(error = %e, steps = ids.len(), "group commit failed: store unavailable; retrying one by one");
+                } else {
+                    warn!(error = %e, steps = ids.len(), "group commit failed; retrying one by one");
+                }
                 for id in ids {
                     // Skipped when an earlier failed batch of its tree superseded it.
                     let Some(batch) = self.driver.batch(*id) else {
@@ -1147,12 +1228,20 @@ impl<S: HostStore + Send + 'static> Core<S> {
                                 || S::is_fenced(e.source_error());
                             self.metrics
                                 .commit_failed(S::is_guard_failure(e.source_error()));
-                            error!(error = %e, "step not committed; reloading its tree");
+                            if S::is_unavailable(e.source_error()) {
+                                debug!(error = %e, "step not committed: store unavailable");
+                            } else {
+                                error!(error = %e, "step not committed; reloading its tree");
+                            }
                             // Issue 21: a batch refused by a guard or the fence: the tree's
                             // copy is dropped and reloaded (the driver does), the caller gets
                             // `DaemonError::Conflict`.
                             if refused {
                                 self.driver.commit_refused(*id, &self.store);
+                            } else if S::is_unavailable(e.source_error()) {
+                                // Issue 34: the caller gets 503 unavailable, not a conflict.
+                                self.driver
+                                    .commit_unavailable(*id, &e.to_string(), &self.store);
                             } else {
                                 self.driver.commit_failed(*id, &e.to_string(), &self.store);
                             }

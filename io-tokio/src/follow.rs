@@ -171,7 +171,7 @@ impl Follower {
                 })
                 .await
                 .map_err(|e| DaemonError::Storage(e.to_string()))??
-                .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                .map_err(DaemonError::from)?;
                 self.head_checked = true;
                 if let Some(head) = head.filter(|h| after > *h) {
                     self.advance(head);

@@ -179,6 +179,11 @@ pub struct Metrics {
     followers: Gauge,
     outbox_head: Gauge,
     follower_lag: Gauge,
+    store_up: Gauge,
+    store_reconnects: Counter,
+    store_unavailable: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// The store figures already counted: (reconnects, unavailable seconds).
+    store_seen: Mutex<(u64, f64)>,
     pending: Mutex<Pending>,
 }
 
@@ -219,8 +224,29 @@ impl Metrics {
             followers: Gauge::default(),
             outbox_head: Gauge::default(),
             follower_lag: Gauge::default(),
+            store_up: Gauge::default(),
+            store_reconnects: Counter::default(),
+            store_unavailable: Counter::default(),
+            store_seen: Mutex::new((0, 0.0)),
             pending: Mutex::new(Pending::default()),
         };
+        m.store_up.set(1);
+        r.register(
+            "tutti_store_up",
+            "1 while the store's database is reachable, 0 while it is not (issue 34)",
+            m.store_up.clone(),
+        );
+        r.register(
+            "tutti_store_reconnects",
+            "Connections to the store's database replaced after they broke",
+            m.store_reconnects.clone(),
+        );
+        r.register_with_unit(
+            "tutti_store_unavailable",
+            "Seconds the store's database was unreachable",
+            Unit::Seconds,
+            m.store_unavailable.clone(),
+        );
         let info = Family::<Vec<(String, String)>, Gauge>::default();
         info.get_or_create(&vec![
             ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
@@ -479,6 +505,27 @@ impl Metrics {
             .inc();
     }
 
+    /// Takes the store's reachability figures (issue 34) into the next [`Metrics::render`]; a
+    /// store without a server (`None`) is always up.
+    pub fn store(&self, health: Option<&tutti_postgres::Health>) {
+        let Some(h) = health else {
+            return;
+        };
+        self.store_up.set(i64::from(h.is_up()));
+        let (reconnects, seconds) = (h.reconnects(), h.unavailable_seconds());
+        let mut seen = match self.store_seen.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if reconnects > seen.0 {
+            self.store_reconnects.inc_by(reconnects - seen.0);
+        }
+        if seconds > seen.1 {
+            self.store_unavailable.inc_by(seconds - seen.1);
+        }
+        *seen = (reconnects.max(seen.0), seconds.max(seen.1));
+    }
+
     /// The exposition text, with the state gauges set from `state` and the followers' figures.
     pub fn render(
         &self,
@@ -532,6 +579,7 @@ impl InputError for tutti_core::driver::DriverError {
     fn code(&self) -> &'static str {
         match self {
             tutti_core::driver::DriverError::Rejected(r) => r.code(),
+            tutti_core::driver::DriverError::Unavailable(_) => "unavailable",
             _ => "storage",
         }
     }

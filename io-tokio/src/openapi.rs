@@ -75,6 +75,10 @@ pub enum Op {
     Metrics,
     /// `GET /healthz`.
     Healthz,
+    /// `GET /readyz`.
+    Readyz,
+    /// `GET /livez`.
+    Livez,
 }
 
 impl Op {
@@ -96,6 +100,8 @@ impl Op {
             Op::OpenApi => "openapi",
             Op::Metrics => "metrics",
             Op::Healthz => "healthz",
+            Op::Readyz => "readyz",
+            Op::Livez => "livez",
         }
     }
 }
@@ -175,6 +181,8 @@ pub const ROUTES: &[Route] = &[
     route(Method::Get, "/v1/openapi.json", Op::OpenApi, true, false),
     route(Method::Get, "/metrics", Op::Metrics, true, false),
     route(Method::Get, "/healthz", Op::Healthz, false, false),
+    route(Method::Get, "/readyz", Op::Readyz, false, false),
+    route(Method::Get, "/livez", Op::Livez, false, false),
 ];
 
 /// The error envelope of every error answer.
@@ -412,12 +420,15 @@ pub struct LoginLinkResponse {
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HealthResponse {
-    /// Always `true`.
+    /// `false` (with a 503) while the store's database is unreachable.
     pub ok: bool,
     /// The daemon's version.
     pub version: String,
     /// Seconds since start.
     pub uptime_seconds: u64,
+    /// Why it is not ok (`database`), only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The data of the event stream's `reset` event.
@@ -664,8 +675,14 @@ fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Va
             json!({"description": "The exposition.", "content": {
                 "application/openmetrics-text": {"schema": {"type": "string"}}}}),
         ),
-        Op::Healthz => (
-            "Liveness, version and uptime (no auth).",
+        Op::Healthz | Op::Readyz => (
+            "Ready: version and uptime (no auth); 503 with `ok: false` and `reason: \"database\"` \
+             while the store's database is unreachable.",
+            "200",
+            json_response("Ready.", schema_ref(g, sub::<HealthResponse>)),
+        ),
+        Op::Livez => (
+            "Alive: 200 while the process runs, whatever the database (no auth).",
             "200",
             json_response("Alive.", schema_ref(g, sub::<HealthResponse>)),
         ),
@@ -728,6 +745,12 @@ fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Va
     }
     for (status, d) in errors {
         let mut resp = error_response(d);
+        if status == "503" && matches!(r.op, Op::Healthz | Op::Readyz) {
+            resp = json_response(
+                "Not ready: the store's database is unreachable (`Retry-After`).",
+                schema_ref(g, sub::<HealthResponse>),
+            );
+        }
         if status == "503" {
             resp["headers"] = json!({"Retry-After": {
                 "description": "`owner_unreachable`: seconds until the owner's lease expires.",

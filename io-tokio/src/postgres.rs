@@ -33,14 +33,17 @@ use crate::daemon::{
     Acquired, Daemon, DaemonOptions, Housekeeping, Ownership, StartError, StoreCheckpoint,
 };
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tracing::info;
 use tracing::{debug, warn};
 use tutti_core::model::Id;
 use tutti_core::store::HostStore;
+use tutti_postgres::conn;
 use tutti_postgres::lease::Claim;
 use tutti_postgres::notify::{OutboxListener, Wake, OUTBOX_CHANNEL};
-use tutti_postgres::PostgresStore;
+use tutti_postgres::{Health, PostgresStore};
 
 /// How long the listener waits for a notification before it reads the counter row itself.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -61,6 +64,8 @@ pub struct Leases {
     /// The epoch of each lease held.
     held: BTreeMap<Id, u64>,
     checkpoint: StoreCheckpoint,
+    /// The writer's reconnect count last seen (see [`Housekeeping::reconnected`]).
+    reconnects: u64,
 }
 
 impl Leases {
@@ -72,6 +77,7 @@ impl Leases {
             ttl,
             held: BTreeMap::new(),
             checkpoint: StoreCheckpoint::default(),
+            reconnects: 0,
         }
     }
 
@@ -126,6 +132,12 @@ impl Housekeeping<PostgresStore> for Leases {
             match store.renew_lease(root, &self.owner, *epoch, now_ms, ttl) {
                 Ok(true) => {}
                 Ok(false) => lost.push(root.clone()),
+                // The database is unreachable (logged once, see `start`): the others wait for
+                // the next tick.
+                Err(e) if e.is_unavailable() => {
+                    debug!(error = %e, "tree leases not renewed: store unavailable");
+                    break;
+                }
                 // Not lost: the fence still refuses commits if another daemon took it over.
                 Err(e) => warn!(root = %root, error = %e, "tree lease not renewed"),
             }
@@ -139,7 +151,11 @@ impl Housekeeping<PostgresStore> for Leases {
         let expired = match store.expired_leases(&self.owner, now_ms, 100) {
             Ok(e) => e,
             Err(e) => {
-                warn!(error = %e, "expired tree leases not readable");
+                if e.is_unavailable() {
+                    debug!(error = %e, "expired tree leases not readable: store unavailable");
+                } else {
+                    warn!(error = %e, "expired tree leases not readable");
+                }
                 return Vec::new();
             }
         };
@@ -172,8 +188,15 @@ impl Housekeeping<PostgresStore> for Leases {
                 owner_address: l.owner_address,
                 expires_at_ms: l.expires_at_ms,
             },
+            Err(e) if e.is_unavailable() => Acquired::Unavailable(e.to_string()),
             Err(e) => Acquired::Unknown(e.to_string()),
         }
+    }
+    fn reconnected(&mut self, store: &mut PostgresStore) -> bool {
+        let n = store.reconnects();
+        let changed = n != self.reconnects;
+        self.reconnects = n;
+        changed
     }
     fn renew_every(&self) -> Option<Duration> {
         Some((self.ttl / 3).max(Duration::from_millis(100)))
@@ -218,27 +241,78 @@ pub fn start(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, S
 }
 
 fn start_here(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, StartError> {
-    let mut writer = PostgresStore::connect(url).map_err(StartError::store)?;
+    let health = Health::new();
+    let mut writer = PostgresStore::connect_with(url, health.clone()).map_err(StartError::store)?;
     let candidate = crate::clock::random_hex(32)?;
     let secret = writer
         .cluster_secret(&candidate)
         .map_err(StartError::store)?;
     let cluster = crate::forward::Cluster::new(secret, leases.address.clone());
-    let reader = PostgresStore::connect(url).map_err(StartError::store)?;
-    let listener = OutboxListener::connect(url).map_err(StartError::store)?;
+    let reader = PostgresStore::connect_with(url, health.clone()).map_err(StartError::store)?;
+    let listener = OutboxListener::connect_with(url, health.clone()).map_err(StartError::store)?;
     let last = reader.last_outbox_seq().map_err(StartError::store)?;
     let daemon = Daemon::start_on(writer, Box::new(reader), Box::new(leases), opts)?;
     let (tx, rx) = watch::channel(last);
     let url = url.to_string();
+    let listen_health = health.clone();
     std::thread::Builder::new()
         .name("tutti-pg-listen".into())
-        .spawn(move || listen(&url, listener, &tx))?;
-    Ok(daemon.with_commits_from(rx).with_cluster(cluster))
+        .spawn(move || listen(&url, listener, &tx, &listen_health))?;
+    tokio::runtime::Handle::current().spawn(watch_health(health.clone()));
+    Ok(daemon
+        .with_commits_from(rx)
+        .with_cluster(cluster)
+        .with_store_health(health))
+}
+
+/// How often [`watch_health`] looks at the store's reachability.
+const HEALTH_EVERY: Duration = Duration::from_millis(250);
+
+/// Logs each change of the database's reachability once (issue 34: "Recovery is logged once,
+/// not per request"); ends with the daemon (once its connections and handles, which share
+/// `health`, are gone).
+async fn watch_health(health: Arc<Health>) {
+    let mut up = true;
+    let mut tick = tokio::time::interval(HEALTH_EVERY);
+    loop {
+        tick.tick().await;
+        if Arc::strong_count(&health) <= 1 {
+            return;
+        }
+        let now = health.is_up();
+        if now == up {
+            continue;
+        }
+        up = now;
+        if up {
+            info!(
+                reconnects = health.reconnects(),
+                unavailable_seconds = health.unavailable_seconds(),
+                "database reachable again"
+            );
+        } else {
+            warn!("database unreachable; commands and reads answer 503 until it is back");
+        }
+    }
+}
+
+/// Raises `tx` to `seq` (never lowers it).
+fn raise(tx: &watch::Sender<u64>, seq: u64) {
+    tx.send_if_modified(|v| {
+        let raised = seq > *v;
+        if raised {
+            *v = seq;
+        }
+        raised
+    });
 }
 
 /// The listener thread: raises `tx` to every notified (or polled) last seq; reconnects after an
-/// error; ends once no daemon handle holds the receiver.
-fn listen(url: &str, mut listener: OutboxListener, tx: &watch::Sender<u64>) {
+/// error (backoff from [`conn::BACKOFF_MIN`] doubling to [`conn::BACKOFF_MAX`]), `LISTEN`s
+/// again and reads the counter row at once, so followers catch up on the rows committed while
+/// nobody listened (they read rows from the table after their last seq: nothing is missed);
+/// ends once no daemon handle holds the receiver.
+fn listen(url: &str, mut listener: OutboxListener, tx: &watch::Sender<u64>, health: &Arc<Health>) {
     loop {
         while !tx.is_closed() {
             match listener.wait(POLL) {
@@ -246,32 +320,32 @@ fn listen(url: &str, mut listener: OutboxListener, tx: &watch::Sender<u64>) {
                     let seq = match w {
                         Wake::Committed(s) | Wake::Quiet(s) => s,
                     };
-                    tx.send_if_modified(|v| {
-                        let raised = seq > *v;
-                        if raised {
-                            *v = seq;
-                        }
-                        raised
-                    });
+                    raise(tx, seq);
                 }
                 Err(e) => {
-                    warn!(channel = OUTBOX_CHANNEL, error = %e, "outbox listener failed; reconnecting");
+                    debug!(channel = OUTBOX_CHANNEL, error = %e, "outbox listener failed; reconnecting");
                     break;
                 }
             }
         }
+        let mut backoff = conn::BACKOFF_MIN;
         loop {
             if tx.is_closed() {
                 debug!("outbox listener stopped");
                 return;
             }
-            std::thread::sleep(POLL);
-            match OutboxListener::connect(url) {
-                Ok(l) => {
-                    listener = l;
-                    break;
-                }
-                Err(e) => warn!(error = %e, "outbox listener cannot reconnect"),
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(conn::BACKOFF_MAX);
+            match OutboxListener::connect_with(url, health.clone()) {
+                Ok(mut l) => match l.last_seq() {
+                    Ok(seq) => {
+                        raise(tx, seq);
+                        listener = l;
+                        break;
+                    }
+                    Err(e) => debug!(error = %e, "outbox listener cannot read the counter"),
+                },
+                Err(e) => debug!(error = %e, "outbox listener cannot reconnect"),
             }
         }
     }

@@ -13,10 +13,31 @@ use tutti_core::store::{HostStore, OutboxRow, RootsPage, Store};
 /// A read failed in the store (the store's own error, as text: identifiers only).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("store read failed: {0}")]
-pub struct ReadError(pub String);
+pub struct ReadError(pub String, pub ReadFailure);
 
-fn err<E: std::fmt::Display>(e: E) -> ReadError {
-    ReadError(e.to_string())
+/// What kind of failure a [`ReadError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFailure {
+    /// The store could not be reached ([`HostStore::is_unavailable`]): retry later.
+    Unavailable,
+    /// Anything else (a bad cursor, an undecodable row).
+    Other,
+}
+
+impl ReadError {
+    /// Whether the store could not be reached (answered `503 unavailable`).
+    pub fn is_unavailable(&self) -> bool {
+        self.1 == ReadFailure::Unavailable
+    }
+}
+
+fn err<S: HostStore>(e: S::Error) -> ReadError {
+    let kind = if S::is_unavailable(&e) {
+        ReadFailure::Unavailable
+    } else {
+        ReadFailure::Other
+    };
+    ReadError(e.to_string(), kind)
 }
 
 /// The store reads of a running daemon (see the module docs).
@@ -62,13 +83,13 @@ pub trait Reads: Send {
 
 impl<S: HostStore + Send> Reads for S {
     fn session(&self, id: &str) -> Result<Option<Session>, ReadError> {
-        Store::session(self, id).map_err(err)
+        Store::session(self, id).map_err(err::<S>)
     }
     fn turn(&self, id: &str) -> Result<Option<Turn>, ReadError> {
-        Store::turn(self, id).map_err(err)
+        Store::turn(self, id).map_err(err::<S>)
     }
     fn session_detail(&self, id: &str) -> Result<Option<SessionDetail>, ReadError> {
-        Store::session_detail(self, id).map_err(err)
+        Store::session_detail(self, id).map_err(err::<S>)
     }
     fn messages(
         &self,
@@ -76,16 +97,16 @@ impl<S: HostStore + Send> Reads for S {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<Message>, ReadError> {
-        Store::messages(self, session, after, limit).map_err(err)
+        Store::messages(self, session, after, limit).map_err(err::<S>)
     }
     fn interaction(&self, turn: &str, request: &str) -> Result<Option<Interaction>, ReadError> {
-        Store::interaction(self, turn, request).map_err(err)
+        Store::interaction(self, turn, request).map_err(err::<S>)
     }
     fn cancel_operation(&self, id: &str) -> Result<Option<CancelOperation>, ReadError> {
-        Store::cancel_operation(self, id).map_err(err)
+        Store::cancel_operation(self, id).map_err(err::<S>)
     }
     fn load_tree(&self, root: &str) -> Result<Option<TreeSnapshot>, ReadError> {
-        Store::load_tree(self, root).map_err(err)
+        Store::load_tree(self, root).map_err(err::<S>)
     }
     fn roots(
         &self,
@@ -93,21 +114,21 @@ impl<S: HostStore + Send> Reads for S {
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<RootsPage, ReadError> {
-        HostStore::roots(self, workspace, limit, cursor).map_err(err)
+        HostStore::roots(self, workspace, limit, cursor).map_err(err::<S>)
     }
     fn outbox_after(&self, after: u64, limit: usize) -> Result<Vec<OutboxRow>, ReadError> {
-        Store::outbox_after(self, after, limit).map_err(err)
+        Store::outbox_after(self, after, limit).map_err(err::<S>)
     }
     fn outbox_pruned_through(&self) -> Result<u64, ReadError> {
-        HostStore::outbox_pruned_through(self).map_err(err)
+        HostStore::outbox_pruned_through(self).map_err(err::<S>)
     }
     fn last_outbox_seq(&self) -> Result<u64, ReadError> {
-        HostStore::last_outbox_seq(self).map_err(err)
+        HostStore::last_outbox_seq(self).map_err(err::<S>)
     }
     fn session_cwd(&self, root: &str) -> Result<Option<String>, ReadError> {
-        HostStore::session_cwd(self, root).map_err(err)
+        HostStore::session_cwd(self, root).map_err(err::<S>)
     }
     fn read_consistent_dyn(&self, f: &mut dyn FnMut(&dyn Reads)) -> Result<(), ReadError> {
-        HostStore::read_consistent(self, |s| f(s)).map_err(err)
+        HostStore::read_consistent(self, |s| f(s)).map_err(err::<S>)
     }
 }

@@ -527,3 +527,166 @@ fn a_commit_notifies_the_listeners_of_its_store_with_its_last_seq() {
         Wake::Quiet(last)
     );
 }
+
+/// Ends the backend `pid` from another connection (`pg_terminate_backend`, what an operator or
+/// a failover does) and waits until it is gone.
+fn terminate(url: &str, pid: i32) {
+    let mut admin = postgres::Client::connect(url, postgres::NoTls).expect("admin connection");
+    let ended: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .expect("terminate")
+        .get(0);
+    assert!(ended, "backend {pid} was signalled");
+    for _ in 0..500 {
+        let alive: bool = admin
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                &[&pid],
+            )
+            .expect("pg_stat_activity")
+            .get(0);
+        if !alive {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("backend {pid} did not end");
+}
+
+/// Issue 34: "Every PostgreSQL connection ... notices a broken connection and reconnects with
+/// bounded backoff". A store whose backend was terminated from another connection commits its
+/// next batch on a new connection (the transaction is retried there: nothing of the failed
+/// attempt was written), its reads work again, and the reconnect is counted.
+#[test]
+fn a_store_whose_connection_was_terminated_reconnects_and_its_next_commit_succeeds() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut store = PostgresStore::connect(&url).expect("connect");
+    let health = store.health();
+    let mut engine = Engine::new();
+    let inputs = tree_inputs("R", 2);
+    let mut batches = inputs.into_iter().map(|v| decide(&mut engine, 1, v));
+    store
+        .apply(&batches.next().expect("create"))
+        .expect("first commit");
+    let old = store.backend_pid().expect("connected");
+    terminate(&url, old);
+
+    for b in batches {
+        store
+            .apply(&b)
+            .expect("commit after the backend was terminated");
+    }
+    assert_eq!(store.reconnects(), 1, "one reconnect");
+    assert!(health.reconnects() >= 1 && health.is_up(), "health saw it");
+    assert_ne!(store.backend_pid(), Some(old), "a new backend");
+    let tree = store.load_tree("R").expect("read").expect("tree");
+    assert_eq!(tree.sessions.len(), 2, "root and child stored");
+    assert_eq!(
+        store.messages("C-R", None, 10).expect("messages").len(),
+        2,
+        "every message committed once"
+    );
+    // A reader's connection terminated: its next read reconnects too.
+    let reader = PostgresStore::connect(&url).expect("reader");
+    terminate(&url, reader.backend_pid().expect("connected"));
+    assert!(reader.session("R").expect("read after terminate").is_some());
+    assert_eq!(reader.reconnects(), 1);
+}
+
+/// Issue 34: "A commit whose outcome is unknown (the connection broke after COMMIT was sent)
+/// is resolved by reading back, never guessed". Every group transaction stores the handle's
+/// commit mark inside itself: a committed batch's mark reads back as committed (also from a
+/// new connection after the old backend was terminated), a mark that no transaction committed
+/// reads back as not committed, and a refused batch (a failed guard) stores no mark.
+#[test]
+fn an_unknown_commit_outcome_is_resolved_by_reading_the_commit_mark_back() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut store = PostgresStore::connect(&url).expect("connect");
+    let mut engine = Engine::new();
+    let inputs = tree_inputs("R", 0);
+    let mut batches: Vec<PersistBatch> = inputs
+        .into_iter()
+        .map(|v| decide(&mut engine, 1, v))
+        .collect();
+    let create = batches.remove(0);
+    store.apply(&create).expect("create");
+    let committed = store.last_commit_mark();
+    assert!(committed > 0, "the commit stored a mark");
+    assert!(store.read_back_commit(committed).expect("read back"));
+    assert!(
+        !store.read_back_commit(committed + 1).expect("read back"),
+        "a mark no transaction committed"
+    );
+    // From a new connection, after the backend that committed was terminated.
+    terminate(&url, store.backend_pid().expect("connected"));
+    assert!(store
+        .read_back_commit(committed)
+        .expect("read back after a reconnect"));
+    // A refused batch leaves no mark: a second writer commits the submit first, then this
+    // handle's copy of the same decision (another turn id) fails its guard.
+    let mut other = PostgresStore::connect(&url).expect("second writer");
+    let mut engine2 = Engine::new();
+    decide(&mut engine2, 1, tree_inputs("R", 0).remove(0));
+    let theirs = decide(
+        &mut engine2,
+        2,
+        json!({"type": "submit", "agentSessionId": "R", "turnId": "T-other", "text": "go"}),
+    );
+    other.apply(&theirs).expect("their submit");
+    let refused = store.apply(&batches.remove(0));
+    assert!(
+        matches!(refused, Err(PgError::GuardFailed(_))),
+        "refused: {refused:?}"
+    );
+    assert_eq!(store.last_commit_mark(), committed, "no new mark");
+    assert!(!store.read_back_commit(committed + 1).expect("read back"));
+}
+
+/// Issue 34: "A row that conflicts with an existing one is never dropped silently inside a
+/// batch that otherwise commits: the batch is refused whole". Two writers decide different
+/// messages at the same (session, seq); the first commits; the second's batch, with its guards
+/// removed so that only the message collides, is refused whole (its turn and outbox rows are
+/// not written), while a replay of the committed batch still passes and writes nothing.
+#[test]
+fn a_batch_whose_message_collides_with_a_stored_one_is_refused_whole() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut store = PostgresStore::connect(&url).expect("connect");
+    let mut engines = [Engine::new(), Engine::new()];
+    for v in tree_inputs("R", 0) {
+        let b = decide(&mut engines[0], 1, v.clone());
+        decide(&mut engines[1], 1, v);
+        store.apply(&b).expect("shared prefix");
+    }
+    let message = |id: &str| json!({"type": "messageAppended", "agentSessionId": "C-R", "turnId": "CT-R", "messageId": id, "role": "assistant", "text": "x"});
+    let first = decide(&mut engines[0], 2, message("m-first"));
+    let mut second = decide(&mut engines[1], 2, message("m-second"));
+    store.apply(&first).expect("first message");
+    let head = store.last_outbox_seq().expect("seq");
+    second.guards.clear();
+    let refused = store.apply(&second);
+    assert!(
+        matches!(
+            refused,
+            Err(PgError::RowConflict {
+                table: "messages",
+                ..
+            })
+        ),
+        "refused whole: {refused:?}"
+    );
+    assert!(<PostgresStore as HostStore>::is_guard_failure(
+        &refused.expect_err("refused")
+    ));
+    assert_eq!(store.last_outbox_seq().expect("seq"), head, "no outbox row");
+    let msgs = store.messages("C-R", None, 10).expect("messages");
+    assert_eq!(msgs.len(), 1);
+    assert_eq!(&*msgs[0].message_id, "m-first", "the stored message stays");
+    assert_eq!(
+        store.apply(&first).expect("a replay passes"),
+        Vec::<u64>::new(),
+        "a replay writes nothing"
+    );
+}

@@ -145,6 +145,12 @@ pub enum DriverError {
     /// tree was reloaded. The input may be retried (see [`Driver::commit_refused`]).
     #[error("the store refused the batch: the tree changed or this host no longer owns it")]
     Refused,
+    /// The input's batch was not committed because the store could not be reached (nothing of
+    /// it was written, or, for [`Driver::commit_unavailable`] with an unknown outcome, the
+    /// tree's state is whatever the store holds once reachable): retry later (see
+    /// [`crate::store::HostStore::is_unavailable`]).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     /// A native message the adapter cannot use (dropped; nothing changed).
     #[error(transparent)]
     Adapter(#[from] AdapterError),
@@ -634,6 +640,14 @@ impl Driver {
         self.not_committed(id, DriverError::Refused, trees);
     }
 
+    /// [`Driver::commit_failed`] for a batch that failed because the store could not be reached
+    /// ([`HostStore::is_unavailable`]): its caller, and the callers of the tree's later batches,
+    /// get [`DriverError::Unavailable`]. The tree is dropped and reloaded as for any failed
+    /// commit (from the store's state, which is the truth once it is reachable again).
+    pub fn commit_unavailable(&mut self, id: BatchId, error: &str, trees: &dyn Trees) {
+        self.not_committed(id, DriverError::Unavailable(error.into()), trees);
+    }
+
     fn not_committed(&mut self, id: BatchId, error: DriverError, trees: &dyn Trees) {
         let Some(e) = self.entry_mut(id.0) else {
             return;
@@ -642,6 +656,10 @@ impl Driver {
             return;
         }
         e.state = State::Failed;
+        let later_error = match &error {
+            DriverError::Unavailable(m) => DriverError::Unavailable(m.clone()),
+            _ => DriverError::Storage("an earlier batch of this tree was not committed".into()),
+        };
         e.outcome = Err(error);
         let root = e.root.clone();
         if let Some(root) = root {
@@ -652,9 +670,12 @@ impl Driver {
                     && matches!(e.state, State::Ready | State::Decided | State::Sent)
                 {
                     e.state = State::Failed;
-                    e.outcome = Err(DriverError::Storage(
-                        "an earlier batch of this tree was not committed".into(),
-                    ));
+                    e.outcome = Err(match &later_error {
+                        DriverError::Unavailable(m) => DriverError::Unavailable(m.clone()),
+                        _ => DriverError::Storage(
+                            "an earlier batch of this tree was not committed".into(),
+                        ),
+                    });
                 }
             }
             self.engine.evict(&root);

@@ -28,6 +28,8 @@ pub struct Server {
     port: u16,
     run_as: Option<String>,
     next_db: std::sync::atomic::AtomicU32,
+    /// The server options (`pg_ctl -o`), for [`Server::start_again`].
+    opts: String,
 }
 
 /// Why a server could not be started.
@@ -142,12 +144,13 @@ impl Server {
             chown(dir.path(), u)?;
         }
         let port = free_port()?;
-        let server = Server {
+        let mut server = Server {
             dir,
             bin,
             port,
             run_as,
             next_db: std::sync::atomic::AtomicU32::new(0),
+            opts: String::new(),
         };
         let data = server.data();
         server.run(
@@ -173,8 +176,16 @@ impl Server {
             opts.push_str(" -c ");
             opts.push_str(s);
         }
-        let log = server.dir.path().join("server.log");
-        server.run(
+        server.opts = opts;
+        server.start_again()?;
+        Ok(server)
+    }
+
+    /// Starts the server again after [`Server::stop`] (same port, options and data).
+    pub fn start_again(&self) -> Result<(), ServerError> {
+        let data = self.data();
+        let log = self.dir.path().join("server.log");
+        self.run(
             "pg_ctl",
             &[
                 "-D",
@@ -182,14 +193,57 @@ impl Server {
                 "-l",
                 path_str(&log)?,
                 "-o",
-                &opts,
+                &self.opts,
                 "-w",
                 "-t",
                 "60",
                 "start",
             ],
-        )?;
-        Ok(server)
+        )
+    }
+
+    /// Stops the server as an operator does before an upgrade (`pg_ctl stop -m fast`: open
+    /// transactions are rolled back, every connection is closed), waiting until it is down.
+    pub fn stop(&self) -> Result<(), ServerError> {
+        let data = self.data();
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "stop",
+            ],
+        )
+    }
+
+    /// `pg_ctl restart -m fast` (what a config reload needing a restart, a minor upgrade or a
+    /// managed failover does), waiting until the server accepts connections again.
+    pub fn restart(&self) -> Result<(), ServerError> {
+        let data = self.data();
+        // With its log file: the server's output must not hold our pipe open.
+        let log = self.dir.path().join("server.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-l",
+                path_str(&log)?,
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &self.opts,
+                "restart",
+            ],
+        )
     }
 
     fn data(&self) -> PathBuf {

@@ -244,6 +244,16 @@ fn answers_and_event_rows_of_a_real_run_validate_against_the_document() {
     d.wait_for(WS, &id, 30, "canceled", |v| {
         turn_of(v, &id).is_some_and(|t| t["outcome"] == "canceled")
     });
+    // The rows so far, read before the delete: a deletion rewrites the kept rows of the tree
+    // to `redacted` ones (issue 36, "deleted means gone"), which are read again at the end.
+    let (_, before) = send(&d, "GET", &base, None, true);
+    let before_seq = before["eventSeq"].as_u64().expect("eventSeq");
+    let early = read_events(&d.addr, &d.token, "?after=0", before_seq as usize, 20);
+    assert!(
+        early.len() as u64 >= before_seq,
+        "{} of {before_seq} rows",
+        early.len()
+    );
     check(
         "delete",
         SESSION,
@@ -292,10 +302,18 @@ fn answers_and_event_rows_of_a_real_run_validate_against_the_document() {
     // Every row of the stream so far, then the reset event of a position beyond the newest.
     let (_, list) = send(&d, "GET", &base, None, true);
     let last = list["eventSeq"].as_u64().expect("eventSeq");
-    let rows = read_events(&d.addr, &d.token, "?after=0", last as usize, 20);
-    assert!(rows.len() as u64 >= last, "{} of {last} rows", rows.len());
+    let late = read_events(
+        &d.addr,
+        &d.token,
+        &format!("?after={before_seq}"),
+        (last - before_seq) as usize,
+        20,
+    );
+    let redacted = read_events(&d.addr, &d.token, "?after=0", last as usize, 20);
+    assert!(redacted.len() as u64 >= last, "{} of {last} rows", redacted.len());
+    let rows: Vec<_> = early.iter().chain(&late).chain(&redacted).collect();
     let mut kinds = BTreeSet::new();
-    for e in &rows {
+    for &e in &rows {
         assert_eq!(
             e.data["kind"],
             e.event.as_str(),
@@ -322,6 +340,7 @@ fn answers_and_event_rows_of_a_real_run_validate_against_the_document() {
         "toolCall",
         "cancelOperation",
         "sessionDeleted",
+        "redacted",
     ] {
         assert!(kinds.contains(k), "a {k} row was seen: {kinds:?}");
     }

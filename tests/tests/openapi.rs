@@ -310,7 +310,11 @@ fn answers_and_event_rows_of_a_real_run_validate_against_the_document() {
         20,
     );
     let redacted = read_events(&d.addr, &d.token, "?after=0", last as usize, 20);
-    assert!(redacted.len() as u64 >= last, "{} of {last} rows", redacted.len());
+    assert!(
+        redacted.len() as u64 >= last,
+        "{} of {last} rows",
+        redacted.len()
+    );
     let rows: Vec<_> = early.iter().chain(&late).chain(&redacted).collect();
     let mut kinds = BTreeSet::new();
     for &e in &rows {

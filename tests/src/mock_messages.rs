@@ -419,6 +419,19 @@ pub enum Block {
     },
 }
 
+impl Block {
+    /// A use of the Claude CLI's delegation tool `Agent` (subagent type `general-purpose`), with
+    /// a generated id; `background` sets `run_in_background`.
+    pub fn agent(description: &str, prompt: &str, background: bool) -> Block {
+        Block::ToolUse {
+            id: String::new(),
+            name: "Agent".into(),
+            input: json!({"description": description, "prompt": prompt,
+                          "subagent_type": "general-purpose", "run_in_background": background}),
+        }
+    }
+}
+
 /// What a reply sends.
 #[derive(Clone, Debug)]
 pub enum ReplyKind {

@@ -247,15 +247,6 @@ fn foreground_child() {
 }
 
 /// An `Agent` tool use block (the CLI's delegation tool).
-fn agent_block(description: &str, prompt: &str, background: bool) -> mm::Block {
-    mm::Block::ToolUse {
-        id: String::new(),
-        name: "Agent".into(),
-        input: json!({"description": description, "prompt": prompt,
-                      "subagent_type": "general-purpose", "run_in_background": background}),
-    }
-}
-
 fn is_sub(v: &Value, child: Option<&str>, state: Option<&str>) -> bool {
     is_update(v, "subagent_update")
         && child.is_none_or(|c| v["params"]["update"]["sessionId"] == c)
@@ -298,8 +289,8 @@ fn two_parallel_children_finishing_apart() {
                 "delegate",
                 mm::Match::root().tool_results(0),
                 mm::Reply::blocks(vec![
-                    agent_block("fast one", "CHILD-FAST go", false),
-                    agent_block("slow one", "CHILD-SLOW go", false),
+                    mm::Block::agent("fast one", "CHILD-FAST go", false),
+                    mm::Block::agent("slow one", "CHILD-SLOW go", false),
                 ]),
             )
             .fallback(mm::Reply::text("Both done.")),
@@ -352,7 +343,11 @@ fn background_child_outliving_the_prompt() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("in the background", "CHILD-BG go", true)]),
+                mm::Reply::blocks(vec![mm::Block::agent(
+                    "in the background",
+                    "CHILD-BG go",
+                    true,
+                )]),
             )
             .on(
                 "notified",
@@ -425,7 +420,7 @@ fn permission_inside_a_child() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block(
+                mm::Reply::blocks(vec![mm::Block::agent(
                     "write a file",
                     "CHILD-WRITE do it",
                     false,
@@ -473,7 +468,7 @@ fn child_only_cancel() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("hang", "CHILD-HANG go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("hang", "CHILD-HANG go", false)]),
             )
             .fallback(mm::Reply::text("The child was stopped; carrying on.")),
     );
@@ -516,7 +511,11 @@ fn whole_tree_cancel_with_a_background_child() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("hang in bg", "CHILD-BG-HANG go", true)]),
+                mm::Reply::blocks(vec![mm::Block::agent(
+                    "hang in bg",
+                    "CHILD-BG-HANG go",
+                    true,
+                )]),
             )
             .fallback(mm::Reply::text("Started it in the background.")),
     );
@@ -570,7 +569,7 @@ fn nested_child() {
                 mm::Match::subagent()
                     .first_user_contains("CHILD-NEST")
                     .tool_results(0),
-                mm::Reply::blocks(vec![agent_block("deeper", "GRANDCHILD go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("deeper", "GRANDCHILD go", false)]),
             )
             .on(
                 "child done",
@@ -580,7 +579,7 @@ fn nested_child() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("nest", "CHILD-NEST go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("nest", "CHILD-NEST go", false)]),
             )
             .fallback(mm::Reply::text("Nested done.")),
     );
@@ -623,7 +622,11 @@ fn without_the_capability() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("look around", "CHILD-PLAIN go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent(
+                    "look around",
+                    "CHILD-PLAIN go",
+                    false,
+                )]),
             )
             .fallback(mm::Reply::text("Delegated and done.")),
     );
@@ -663,7 +666,7 @@ fn relaunch_loads_a_session_with_a_child() {
                 mm::Match::root()
                     .tool_results(0)
                     .text_lacks("third question"),
-                mm::Reply::blocks(vec![agent_block("remember", "CHILD-PAPAYA go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("remember", "CHILD-PAPAYA go", false)]),
             )
             .fallback(mm::Reply::text("Noted.")),
     );

@@ -675,16 +675,6 @@ fn claude_agent_acp_daemon_sigterm_leaves_no_process_behind() {
 
 // ---- claude-agent-acp's subagents as child sessions (issue 35) ------------------------------
 
-/// An `Agent` tool use block (the Claude CLI's delegation tool).
-fn agent_block(description: &str, prompt: &str, background: bool) -> mm::Block {
-    mm::Block::ToolUse {
-        id: String::new(),
-        name: "Agent".into(),
-        input: json!({"description": description, "prompt": prompt,
-                      "subagent_type": "general-purpose", "run_in_background": background}),
-    }
-}
-
 impl Claude {
     /// The child session titled `title`, once it exists.
     fn child(&self, id: &str, title: &str) -> Value {
@@ -792,8 +782,8 @@ fn claude_agent_acp_parallel_subagents_keep_the_root_open_until_both_finish() {
                 "delegate",
                 mm::Match::root().tool_results(0),
                 mm::Reply::blocks(vec![
-                    agent_block("fast one", "CHILD-FAST go", false),
-                    agent_block("slow one", "CHILD-SLOW go", false),
+                    mm::Block::agent("fast one", "CHILD-FAST go", false),
+                    mm::Block::agent("slow one", "CHILD-SLOW go", false),
                 ]),
             )
             .fallback(mm::Reply::text("Both done.")),
@@ -829,7 +819,11 @@ fn claude_agent_acp_background_subagent_keeps_the_root_waiting_until_it_settles(
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("in the background", "CHILD-BG go", true)]),
+                mm::Reply::blocks(vec![mm::Block::agent(
+                    "in the background",
+                    "CHILD-BG go",
+                    true,
+                )]),
             )
             .on(
                 "notified",
@@ -888,7 +882,7 @@ fn claude_agent_acp_permission_inside_a_subagent_is_answered_on_the_child_turn()
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block(
+                mm::Reply::blocks(vec![mm::Block::agent(
                     "write a file",
                     "CHILD-WRITE do it",
                     false,
@@ -926,7 +920,7 @@ fn claude_agent_acp_child_only_cancel_cancels_the_subagent_and_the_root_goes_on(
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("hang", "CHILD-HANG go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("hang", "CHILD-HANG go", false)]),
             )
             .fallback(mm::Reply::text("The child was stopped; carrying on.")),
     );
@@ -966,7 +960,11 @@ fn claude_agent_acp_whole_tree_cancel_ends_the_background_subagent() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("hang in bg", "CHILD-BG-HANG go", true)]),
+                mm::Reply::blocks(vec![mm::Block::agent(
+                    "hang in bg",
+                    "CHILD-BG-HANG go",
+                    true,
+                )]),
             )
             .on(
                 "notified",
@@ -1034,7 +1032,7 @@ fn claude_agent_acp_nested_subagent_is_a_grandchild_session() {
                 mm::Match::subagent()
                     .first_user_contains("CHILD-NEST")
                     .tool_results(0),
-                mm::Reply::blocks(vec![agent_block("deeper", "GRANDCHILD go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("deeper", "GRANDCHILD go", false)]),
             )
             .on(
                 "child done",
@@ -1044,7 +1042,7 @@ fn claude_agent_acp_nested_subagent_is_a_grandchild_session() {
             .on(
                 "delegate",
                 mm::Match::root().tool_results(0),
-                mm::Reply::blocks(vec![agent_block("nest", "CHILD-NEST go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("nest", "CHILD-NEST go", false)]),
             )
             .fallback(mm::Reply::text("Nested done.")),
     );
@@ -1080,7 +1078,7 @@ fn claude_agent_acp_relaunch_binds_the_restored_subagent_to_its_recorded_child()
                 mm::Match::root()
                     .tool_results(0)
                     .text_lacks("third question"),
-                mm::Reply::blocks(vec![agent_block("remember", "CHILD-PAPAYA go", false)]),
+                mm::Reply::blocks(vec![mm::Block::agent("remember", "CHILD-PAPAYA go", false)]),
             )
             .fallback(mm::Reply::text("Noted.")),
     );

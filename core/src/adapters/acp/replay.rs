@@ -27,9 +27,10 @@
 //! diagnostics, and the invariant checker runs after every line.
 
 use super::{AcpAdapter, AcpConfig};
+use crate::adapters::codex::replay::absorb_records;
 use crate::adapters::codex::ReplayOutput;
 use crate::adapters::parse_line;
-use crate::driver::{Driver, Output, Record};
+use crate::driver::{Driver, Output};
 use crate::input::{Command, Input};
 use crate::model::{Id, Millis};
 use crate::store::MemoryStore;
@@ -161,27 +162,7 @@ impl AcpReplay {
                 }
             }
         }
-        for r in self.driver.take_records() {
-            match r {
-                Record::Adapter { output, .. } => {
-                    for d in output.diagnostics {
-                        self.diag(format!("adapter: {d}"));
-                    }
-                    self.out.events.extend(output.events);
-                    self.out.answers.extend(output.answers);
-                }
-                Record::Decided { input, outcome } => match outcome {
-                    Ok(None) => {}
-                    Ok(Some(why)) => self.diag(format!("engine ignored {}: {why:?}", input.kind())),
-                    Err(e) => self.diag(format!("engine rejected {}: {e}", input.kind())),
-                },
-                Record::Dropped { .. } => {}
-            }
-        }
-        for v in self.driver.engine().check_invariants() {
-            let line = self.lines;
-            self.out.violations.push(format!("line {line}: {v}"));
-        }
+        absorb_records(&mut self.out, self.lines, &mut self.driver);
     }
 
     fn engine_input(&mut self, input: Input) {

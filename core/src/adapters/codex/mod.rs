@@ -98,7 +98,7 @@
 
 mod protocol;
 pub(crate) use protocol::answer;
-mod replay;
+pub(crate) mod replay;
 
 pub use replay::{
     replay_transcript, replay_transcript_with, CodexReplay, ReplayOptions, ReplayOutput,

@@ -206,27 +206,7 @@ impl CodexReplay {
                 }
             }
         }
-        for r in self.driver.take_records() {
-            match r {
-                Record::Adapter { output, .. } => {
-                    for d in output.diagnostics {
-                        self.diag(format!("adapter: {d}"));
-                    }
-                    self.out.events.extend(output.events);
-                    self.out.answers.extend(output.answers);
-                }
-                Record::Decided { input, outcome } => match outcome {
-                    Ok(None) => {}
-                    Ok(Some(why)) => self.diag(format!("engine ignored {}: {why:?}", input.kind())),
-                    Err(e) => self.diag(format!("engine rejected {}: {e}", input.kind())),
-                },
-                Record::Dropped { .. } => {}
-            }
-        }
-        for v in self.engine().check_invariants() {
-            let line = self.lines;
-            self.out.violations.push(format!("line {line}: {v}"));
-        }
+        absorb_records(&mut self.out, self.lines, &mut self.driver);
     }
 
     /// Hands a host command to the driver and settles.
@@ -436,6 +416,38 @@ impl CodexReplay {
                 "client answered request {key}, which is not a pending interaction"
             )),
         }
+    }
+}
+
+/// What a line-by-line replay host keeps of the driver's records after a step: the adapter's
+/// events, answers and diagnostics, the engine's refusals (as diagnostics of line `line`), and
+/// the invariant checker's findings. Shared by the Codex and ACP replays.
+pub(crate) fn absorb_records(out: &mut ReplayOutput, line: usize, driver: &mut Driver) {
+    for r in driver.take_records() {
+        match r {
+            Record::Adapter { output, .. } => {
+                for d in output.diagnostics {
+                    out.diagnostics.push(format!("line {line}: adapter: {d}"));
+                }
+                out.events.extend(output.events);
+                out.answers.extend(output.answers);
+            }
+            Record::Decided { input, outcome } => match outcome {
+                Ok(None) => {}
+                Ok(Some(why)) => out.diagnostics.push(format!(
+                    "line {line}: engine ignored {}: {why:?}",
+                    input.kind()
+                )),
+                Err(e) => out.diagnostics.push(format!(
+                    "line {line}: engine rejected {}: {e}",
+                    input.kind()
+                )),
+            },
+            Record::Dropped { .. } => {}
+        }
+    }
+    for v in driver.engine().check_invariants() {
+        out.violations.push(format!("line {line}: {v}"));
     }
 }
 

@@ -162,20 +162,15 @@ pub trait HostStore: Store {
     }
 
     /// One retention pass at `now_ms`: deletes at most `max_rows` of the oldest expired rows at
-    /// or below `protect` (`None`: no live reader). A store that keeps every row does nothing.
+    /// or below `protect` (`None`: no live reader). Required (issue 30: no silent default): a
+    /// store that keeps every row says so in its own implementation.
     fn prune_outbox(
         &mut self,
         policy: &RetentionPolicy,
         now_ms: i64,
         protect: Option<u64>,
         max_rows: usize,
-    ) -> Result<PruneOutcome, Self::Error> {
-        let _ = (policy, now_ms, protect, max_rows);
-        Ok(PruneOutcome {
-            pruned_through: self.outbox_pruned_through()?,
-            ..PruneOutcome::default()
-        })
-    }
+    ) -> Result<PruneOutcome, Self::Error>;
 
     /// Records the working directory of a root session's provider (replacing an earlier one).
     fn set_session_cwd(&mut self, root: &str, cwd: &str) -> Result<(), Self::Error>;
@@ -183,10 +178,9 @@ pub trait HostStore: Store {
     /// The working directory recorded for a root session's provider, if any.
     fn session_cwd(&self, root: &str) -> Result<Option<String>, Self::Error>;
 
-    /// Runs `f` so that every read it makes sees one committed state.
-    fn read_consistent<T>(&self, f: impl FnOnce(&Self) -> T) -> Result<T, Self::Error> {
-        Ok(f(self))
-    }
+    /// Runs `f` so that every read it makes sees one committed state. Required (issue 30: a
+    /// store that forgot it would let a detail read see half of a step).
+    fn read_consistent<T>(&self, f: impl FnOnce(&Self) -> T) -> Result<T, Self::Error>;
 
     /// [`Store::load_live_trees`] for crash recovery at start-up: a store may leave out the
     /// trees' messages (and their ids), because the host only settles these trees and then

@@ -473,6 +473,25 @@ impl HostStore for MemoryStore {
         matches!(error, StoreError::GuardFailed(_))
     }
 
+    /// The memory store keeps every row (it lives as long as its process): nothing is pruned.
+    fn prune_outbox(
+        &mut self,
+        _policy: &RetentionPolicy,
+        _now_ms: i64,
+        _protect: Option<u64>,
+        _max_rows: usize,
+    ) -> Result<PruneOutcome, StoreError> {
+        Ok(PruneOutcome {
+            pruned_through: self.outbox_pruned_through()?,
+            ..PruneOutcome::default()
+        })
+    }
+
+    /// One owner, no concurrent writer: every read sees one committed state.
+    fn read_consistent<T>(&self, f: impl FnOnce(&Self) -> T) -> Result<T, StoreError> {
+        Ok(f(self))
+    }
+
     fn root_of(&self, session: &str) -> Result<Option<Id>, StoreError> {
         Ok(self.sessions.get(session).map(|s| s.tree_root_id().clone()))
     }

@@ -984,7 +984,10 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     agent_session_id, ..
                 },
             ) => (agent_session_id, false),
-            _ => return Ok(()),
+            // Exhaustive on purpose (issue 30: a new command must decide here whether it needs
+            // the tree's lease; a catch-all arm skipped it silently). Provider events and
+            // runtime answers come from this daemon's own runtimes, for trees it holds.
+            Input::Event(_) | Input::Runtime(_) => return Ok(()),
         };
         let root = if create {
             session.clone()

@@ -118,6 +118,18 @@ impl HostStore for Shared {
     fn session_cwd(&self, root: &str) -> Result<Option<String>, StoreError> {
         self.get().session_cwd(root)
     }
+    fn prune_outbox(
+        &mut self,
+        policy: &tutti_core::store::RetentionPolicy,
+        now_ms: i64,
+        protect: Option<u64>,
+        max_rows: usize,
+    ) -> Result<tutti_core::store::PruneOutcome, StoreError> {
+        self.get().prune_outbox(policy, now_ms, protect, max_rows)
+    }
+    fn read_consistent<T>(&self, f: impl FnOnce(&Self) -> T) -> Result<T, StoreError> {
+        Ok(f(self))
+    }
 }
 
 fn registry() -> Arc<Registry> {

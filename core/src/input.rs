@@ -189,6 +189,10 @@ pub enum NormalizedEvent {
         /// The provider's own id of the session (for example the Codex root thread id).
         #[serde(default)]
         provider_session_id: Option<String>,
+        /// A token-use report ([`TokenUsage`](crate::model::TokenUsage)), merged into the
+        /// session's.
+        #[serde(default)]
+        usage: Option<crate::model::TokenUsage>,
     },
 }
 

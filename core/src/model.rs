@@ -70,6 +70,65 @@ impl ProviderAliases {
     }
 }
 
+/// The provider's latest report of a session's token use, where the provider reports one (ACP
+/// `usage_update`, Codex `thread/tokenUsage/updated`). Display data: it never gates anything.
+///
+/// Each report updates the fields it carries and keeps the others ([`TokenUsage::merge`]): ACP
+/// sends `cost` only on some updates, and a later update without it must not erase it.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenUsage {
+    /// Tokens consumed over the session so far (Codex `total.totalTokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_tokens: Option<u64>,
+    /// Tokens in the session's context window now (ACP `used`; Codex `last.totalTokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u64>,
+    /// The size of the context window (ACP `size`; Codex `modelContextWindow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// The session's cumulative cost as the provider estimates it (ACP `cost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// An amount of money in a currency (ACP `cost`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cost {
+    /// The amount.
+    pub amount: f64,
+    /// ISO 4217 currency code, as the provider sent it (for example `USD`).
+    pub currency: String,
+}
+
+impl TokenUsage {
+    /// Whether the report carries nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == TokenUsage::default()
+    }
+
+    /// Takes every field `other` carries; fields it lacks stay. Returns whether anything changed.
+    pub fn merge(&mut self, other: &TokenUsage) -> bool {
+        let before = self.clone();
+        for (mine, theirs) in [
+            (&mut self.total_tokens, other.total_tokens),
+            (&mut self.context_tokens, other.context_tokens),
+            (&mut self.context_window, other.context_window),
+        ] {
+            if theirs.is_some() {
+                *mine = theirs;
+            }
+        }
+        if other.cost.is_some() {
+            self.cost.clone_from(&other.cost);
+        }
+        *self != before
+    }
+}
+
 /// What a provider declared it can do.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,6 +183,8 @@ pub struct Session {
     pub deleted_at: Option<Millis>,
     /// Provider-native workflow metadata (for example a Claude goal). Opaque; never gates anything.
     pub goal: Option<serde_json::Value>,
+    /// The provider's latest token-use report for this session, if it sent one.
+    pub usage: Option<TokenUsage>,
     /// Creation time.
     pub created_at: Millis,
     /// Last change.
@@ -147,6 +208,7 @@ impl Session {
             last_turn_id: None,
             deleted_at: None,
             goal: None,
+            usage: None,
             created_at: now,
             updated_at: now,
             version: 0,

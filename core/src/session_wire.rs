@@ -8,7 +8,7 @@
 //! `capabilities` are written as the default, as they always were, and ignored when read.
 
 use crate::model::{
-    Capabilities, ChildOf, Id, Millis, ProviderAliases, Relation, Session, SessionKind,
+    Capabilities, ChildOf, Id, Millis, ProviderAliases, Relation, Session, SessionKind, TokenUsage,
 };
 use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
 
@@ -52,6 +52,8 @@ struct Out<'a> {
     capabilities: &'a Capabilities,
     #[serde(skip_serializing_if = "Option::is_none")]
     goal: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<&'a TokenUsage>,
     created_at: Millis,
     updated_at: Millis,
     version: u64,
@@ -91,6 +93,8 @@ struct In {
     capabilities: Capabilities,
     #[serde(default)]
     goal: Option<serde_json::Value>,
+    #[serde(default)]
+    usage: Option<TokenUsage>,
     created_at: Millis,
     updated_at: Millis,
     version: u64,
@@ -117,6 +121,7 @@ impl Serialize for Session {
             deleted_at: self.deleted_at,
             capabilities: self.capabilities().unwrap_or(&CHILD_CAPABILITIES),
             goal: self.goal.as_ref(),
+            usage: self.usage.as_ref(),
             created_at: self.created_at,
             updated_at: self.updated_at,
             version: self.version,
@@ -172,6 +177,7 @@ impl<'de> Deserialize<'de> for Session {
         s.last_turn_id = w.last_turn_id;
         s.deleted_at = w.deleted_at;
         s.goal = w.goal;
+        s.usage = w.usage;
         s.updated_at = w.updated_at;
         s.version = w.version;
         Ok(s)

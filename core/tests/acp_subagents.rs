@@ -666,7 +666,10 @@ fn subagent_output_that_breaks_the_shapes_is_a_diagnostic_and_changes_nothing() 
         let after = a
             .on_native(
                 40,
-                &update(SESSION, json!({"sessionUpdate": "usage_update", "used": 1})),
+                &update(
+                    SESSION,
+                    json!({"sessionUpdate": "available_commands_update", "availableCommands": []}),
+                ),
             )
             .expect("usage");
         assert!(
@@ -980,4 +983,97 @@ fn state_for_a_deleted_child_changes_nothing() {
         Some(Outcome::Completed)
     );
     assert!(d.engine().check_invariants().is_empty());
+}
+
+/// Issue 32, "token usage where the provider reports it (ACP `usage_update`)": the real agent's
+/// last `usage_update` of the root is the root session's usage (context tokens and window), and
+/// the cost it sent on an earlier update stays when a later one carries none.
+#[test]
+fn claude_agent_acp_usage_updates_become_the_root_sessions_usage() {
+    let text = capture("foreground");
+    let (mut used, mut size, mut cost) = (None, None, None);
+    for line in text.lines() {
+        let Some(msg) = line
+            .strip_prefix("<< ")
+            .and_then(|j| serde_json::from_str::<Value>(j).ok())
+        else {
+            continue;
+        };
+        let u = &msg["params"]["update"];
+        if u["sessionUpdate"] == "usage_update" {
+            used = u["used"].as_u64();
+            size = u["size"].as_u64();
+            if u["cost"].is_object() {
+                cost = Some((u["cost"]["amount"].as_f64(), u["cost"]["currency"].clone()));
+            }
+        }
+    }
+    assert!(
+        used.is_some() && cost.is_some(),
+        "the capture reports usage and cost"
+    );
+    let out = replay("foreground");
+    let root = out
+        .snapshot
+        .sessions
+        .iter()
+        .find(|s| !s.is_child())
+        .expect("root");
+    let got = root.usage.as_ref().expect("usage recorded");
+    assert_eq!((got.context_tokens, got.context_window), (used, size));
+    let c = got.cost.as_ref().expect("cost kept");
+    let (amount, currency) = cost.unwrap();
+    assert_eq!((Some(c.amount), json!(c.currency)), (amount, currency));
+    assert_eq!(got.total_tokens, None);
+}
+
+/// A child's own `usage_update` (its own `sessionId`) is that child's usage, also after its
+/// prompt's answer (not turn content); bad counts and a currency that is not a short code are
+/// left out, and an update with nothing usable records nothing.
+#[test]
+fn a_childs_usage_update_is_the_childs_usage_and_bad_fields_are_left_out() {
+    let mut a = opened(None);
+    start(&mut a, "T");
+    let out = feed(
+        &mut a,
+        &[
+            sub(SESSION, "c1", running()),
+            message(SESSION, "m1", SESSION, "c1"),
+            update(
+                "c1",
+                json!({"sessionUpdate": "usage_update", "used": 5, "size": 50,
+                "cost": {"amount": 0.5, "currency": "USD"}}),
+            ),
+            update(
+                "c1",
+                json!({"sessionUpdate": "usage_update", "used": -1, "size": "x",
+                "cost": {"amount": 1, "currency": "not a currency code"}}),
+            ),
+            update(SESSION, json!({"sessionUpdate": "usage_update", "used": 7})),
+        ],
+    );
+    let kid = created(&out)[0].0.clone();
+    let usage: Vec<(String, tutti_core::model::TokenUsage)> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::SessionMetadataUpdated {
+                agent_session_id,
+                usage: Some(u),
+                ..
+            } => Some((agent_session_id.to_string(), u.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(usage.len(), 2, "{usage:?}");
+    assert_eq!(usage[0].0, kid);
+    assert_eq!(
+        (usage[0].1.context_tokens, usage[0].1.context_window),
+        (Some(5), Some(50))
+    );
+    assert_eq!(usage[0].1.cost.as_ref().map(|c| c.amount), Some(0.5));
+    assert_eq!(
+        (usage[1].0.as_str(), usage[1].1.context_tokens),
+        (ROOT, Some(7))
+    );
 }

@@ -2246,3 +2246,61 @@ fn late_start_of_a_canceled_turns_native_turn_is_not_adopted_by_the_next_turn() 
     assert_eq!(r.outcome(ROOT, "T2"), Some(Outcome::Completed));
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
+
+/// Issue 32, "token usage where the provider reports it": each thread's last
+/// `thread/tokenUsage/updated` of the captured transcript becomes its session's `usage` (root
+/// and child threads alike), with the cumulative total, the last request's tokens and the
+/// context window.
+#[test]
+fn golden_each_threads_token_usage_is_its_sessions_usage() {
+    let text = transcript("spawn2");
+    let mut last: std::collections::BTreeMap<String, Value> = Default::default();
+    for line in text.lines() {
+        let Some(json) = line.strip_prefix("<< ") else {
+            continue;
+        };
+        let Ok(msg) = serde_json::from_str::<Value>(json) else {
+            continue;
+        };
+        if msg["method"] == "thread/tokenUsage/updated" {
+            let thread = msg["params"]["threadId"].as_str().unwrap().to_string();
+            last.insert(thread, msg["params"]["tokenUsage"].clone());
+        }
+    }
+    assert!(last.len() >= 2, "the capture has root and child usage");
+    let out = replay_transcript(&text).unwrap();
+    for (thread, usage) in &last {
+        let session = out
+            .snapshot
+            .sessions
+            .iter()
+            .find(|s| s.provider_session_id.as_deref() == Some(thread.as_str()))
+            .unwrap_or_else(|| panic!("a session for thread {thread}"));
+        let got = session.usage.as_ref().expect("usage recorded");
+        assert_eq!(got.total_tokens, usage["total"]["totalTokens"].as_u64());
+        assert_eq!(got.context_tokens, usage["last"]["totalTokens"].as_u64());
+        assert_eq!(got.context_window, usage["modelContextWindow"].as_u64());
+        assert_eq!(got.cost, None);
+    }
+}
+
+/// A `thread/tokenUsage/updated` without counts records nothing, one with garbage counts keeps
+/// only what is a count, and a later report keeps what it does not carry.
+#[test]
+fn token_usage_with_garbage_counts_records_only_the_counts() {
+    let mut r = Rig::running();
+    let out = r.feed(json!({"method":"thread/tokenUsage/updated","params":{"threadId":ROOT_THREAD,"tokenUsage":{"total":{"totalTokens":-3},"last":"x"}}}));
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    assert_eq!(r.engine().session(ROOT).unwrap().usage, None);
+    r.feed(json!({"method":"thread/tokenUsage/updated","params":{"threadId":ROOT_THREAD,"tokenUsage":{"total":{"totalTokens":9},"modelContextWindow":"big"}}}));
+    let u = r.engine().session(ROOT).unwrap().usage.clone().unwrap();
+    assert_eq!((u.total_tokens, u.context_window), (Some(9), None));
+    r.feed(json!({"method":"thread/tokenUsage/updated","params":{"threadId":ROOT_THREAD,"tokenUsage":{"last":{"totalTokens":4},"modelContextWindow":100}}}));
+    let u = r.engine().session(ROOT).unwrap().usage.clone().unwrap();
+    assert_eq!(
+        (u.total_tokens, u.context_tokens, u.context_window),
+        (Some(9), Some(4), Some(100))
+    );
+    let turn = r.engine().session(ROOT).unwrap().active_turn_id.clone();
+    assert_eq!(turn.as_deref(), Some(T1), "usage never settles the root");
+}

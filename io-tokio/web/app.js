@@ -349,6 +349,20 @@
 
   const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
+  // A session's token use as the provider reported it (`usage`: contextTokens, contextWindow,
+  // totalTokens, cost), or "" when it reported none.
+  function usageText(u) {
+    if (!u) return "";
+    const n = (x) => (x >= 1e6 ? `${+(x / 1e6).toFixed(1)}M` : x >= 1e4 ? `${+(x / 1e3).toFixed(1)}k` : `${x}`);
+    const parts = [];
+    if (u.totalTokens != null) parts.push(`${n(u.totalTokens)} tokens`);
+    if (u.contextTokens != null) {
+      parts.push(u.contextWindow ? `${n(u.contextTokens)} of ${n(u.contextWindow)} context` : `${n(u.contextTokens)} in context`);
+    }
+    if (u.cost) parts.push(`${u.cost.currency} ${u.cost.amount.toFixed(4)}`);
+    return parts.join(" · ");
+  }
+
   function duration(ms) {
     const s = Math.max(0, Math.round(ms / 1000));
     if (s < 60) return `${s}s`;
@@ -677,7 +691,8 @@
     const ctx = ctxOf(v, tree);
     const isChild = s.kind === "child";
     setText(byId("session-title"), s.title || s.id);
-    setText(byId("session-meta"), `${s.kind} session · provider ${s.provider} · ${s.id}`);
+    const used = usageText(s.usage);
+    setText(byId("session-meta"), `${s.kind} session · provider ${s.provider} · ${s.id}${used ? ` · ${used}` : ""}`);
     setText(byId("load-error"), "");
     renderBreadcrumb(v, s);
     setText(byId("turn-heading"), isChild ? "This child's turn" : "Root turn");
@@ -897,7 +912,8 @@
       h("summary", {},
         h("span", { class: "lane-title" }),
         h("span", { class: "state" }),
-        h("span", { class: "lane-meta meta" }, h("span", { class: "elapsed" }), h("span", { class: "counts" })),
+        h("span", { class: "lane-meta meta" }, h("span", { class: "elapsed" }), h("span", { class: "counts" }),
+          h("span", { class: "usage" })),
         h("span", { class: "lane-summary meta" })),
       h("p", { class: "lane-error", hidden: true }),
       h("div", { class: "lane-interactions" }),
@@ -946,6 +962,10 @@
     const kids = ctx.childrenOf.get(c.id) || [];
     setText(lane.querySelector(".counts"), ` · ${plural(msgs.size, "message", "messages")} · `
       + `${plural(tools.length, "tool call", "tool calls")}${kids.length ? ` · ${plural(kids.length, "child", "children")}` : ""}`);
+    const used = usageText(c.usage);
+    const usage = lane.querySelector(".usage");
+    setData(usage, "tokens", c.usage ? (c.usage.totalTokens ?? c.usage.contextTokens ?? null) : null);
+    setText(usage, used ? ` · ${used}` : "");
     // One line for a folded lane: its current tool, else its latest message.
     const open = tools.filter((x) => !["completed", "failed", "interrupted", "canceled", "cancelled"].includes(x.status));
     let last = null;

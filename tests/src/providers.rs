@@ -299,9 +299,13 @@ impl Drop for FileLock {
 pub fn ensure_pip_venv(name: &str, specs: &[&str]) -> Result<PathBuf, String> {
     let root = providers_dir();
     fs::create_dir_all(&root).map_err(|e| format!("create {}: {e}", root.display()))?;
+    // A venv's scripts name its interpreter by absolute path: it is built at the canonical path
+    // (`.providers` may be a symlink) and the marker records that path, so a venv built
+    // elsewhere (a removed worktree) is rebuilt rather than run with a dead interpreter.
+    let root = fs::canonicalize(&root).map_err(|e| format!("resolve {}: {e}", root.display()))?;
     let venv = root.join(name);
     let marker = venv.join(".complete");
-    let want = specs.join("\n");
+    let want = format!("{}\n@{}", specs.join("\n"), venv.display());
     let done = || fs::read_to_string(&marker).is_ok_and(|m| m == want);
     if done() {
         return Ok(venv);

@@ -934,6 +934,27 @@ fn web_overview_jumps_per_child_cancel_keyboard_and_child_pages() {
         ]),
         "{jumps}"
     );
+    // Token usage where the provider reports it (the demo agent's ACP `usage_update` on each
+    // child's own stream): the lane shows the child's usage as the API has it.
+    let used = child_by_title(&detail, "tester")["usage"].clone();
+    assert!(used["contextTokens"].as_u64().is_some(), "{detail}");
+    let shown = b.wait(
+        "the failed lane's token usage",
+        20,
+        "const u = document.querySelector(arguments[0] + ' .usage');
+         return u && u.dataset.tokens ? [u.dataset.tokens, u.textContent] : null",
+        vec![json!(lane_of(&failed))],
+    );
+    assert_eq!(
+        shown[0],
+        json!(used["contextTokens"].to_string()),
+        "{shown} {used}"
+    );
+    let text = shown[1].as_str().unwrap_or_default();
+    assert!(
+        text.contains("context") && text.contains(used["cost"]["currency"].as_str().unwrap_or("?")),
+        "{text}"
+    );
     b.click(&format!(
         "#overview-jumps button[data-jump='{}']",
         asking.as_str().unwrap_or_default()

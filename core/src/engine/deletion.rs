@@ -75,6 +75,7 @@ pub(crate) fn delete(tree: &mut Tree, now: i64, session: &Id) -> Result<Tx, Reje
             s.active_turn_id = None;
             s.title = None;
             s.goal = None;
+            s.usage = None;
         }
         tx.session(id, Hint::NONE, true);
         tx.purge(id);

@@ -413,13 +413,17 @@ impl Engine {
                 goal,
                 title,
                 provider_session_id,
+                usage,
             } => transcript::metadata(
                 tree,
                 now,
                 agent_session_id,
-                goal.as_ref(),
-                title.as_ref(),
-                provider_session_id.as_ref(),
+                transcript::Metadata {
+                    goal: goal.as_ref(),
+                    title: title.as_ref(),
+                    provider_session_id: provider_session_id.as_ref(),
+                    usage: usage.as_ref(),
+                },
             ),
         };
         match r {

@@ -201,16 +201,28 @@ fn track_open(tree: &mut Tree, turn: &Id, call: &Id, terminal: bool) {
     }
 }
 
+/// What a `sessionMetadataUpdated` carries (each `None` leaves that field as it is).
+pub(crate) struct Metadata<'a> {
+    pub(crate) goal: Option<&'a Value>,
+    pub(crate) title: Option<&'a String>,
+    pub(crate) provider_session_id: Option<&'a String>,
+    pub(crate) usage: Option<&'a crate::model::TokenUsage>,
+}
+
 /// `sessionMetadataUpdated`: "Goal status must not settle the root, clear its active-turn
 /// reference, or unlock those surfaces". Only the session row changes.
 pub(crate) fn metadata(
     tree: &mut Tree,
     now: i64,
     session: &Id,
-    goal: Option<&Value>,
-    title: Option<&String>,
-    provider_session_id: Option<&String>,
+    m: Metadata<'_>,
 ) -> Result<Tx, Rejected> {
+    let Metadata {
+        goal,
+        title,
+        provider_session_id,
+        usage,
+    } = m;
     let Some(s) = tree.sessions.get_mut(session) else {
         return Err(Rejected::UnknownSession(session.clone()));
     };
@@ -229,6 +241,13 @@ pub(crate) fn metadata(
     if provider_session_id.is_some() && s.provider_session_id.as_ref() != provider_session_id {
         Arc::make_mut(s).provider_session_id = provider_session_id.cloned();
         changed = true;
+    }
+    if let Some(report) = usage.filter(|u| !u.is_empty()) {
+        let mut merged = s.usage.clone().unwrap_or_default();
+        if merged.merge(report) || s.usage.is_none() {
+            Arc::make_mut(s).usage = Some(merged);
+            changed = true;
+        }
     }
     if !changed {
         return Ok(Tx::ignore(now, Ignored::Duplicate));

@@ -98,6 +98,14 @@
 //!      "content":{"type":"text","text":"explorer: starting on subtask 1."}}}
 //!    ```
 //!
+//!    After its search a child reports its token use on its own stream (`usage_update`, a
+//!    made-up deterministic count of a 200k context and a cost), so its lane shows it:
+//!
+//!    ```json
+//!    {"sessionId":"demo-session-1-t1-child-1","update":{"sessionUpdate":"usage_update",
+//!      "used":1100,"size":200000,"cost":{"amount":0.0011,"currency":"USD"}}}
+//!    ```
+//!
 //! 5. **Child permission requests** use the child's session id as `sessionId` (no extra
 //!    `_meta`); the tool call id belongs to the child's stream, where a `tool_call` for it
 //!    (status `pending`, omitted on the wire) was sent first. While the request is pending
@@ -184,7 +192,7 @@ use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, ErrorStopReason,
+    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Cost, ErrorStopReason,
     IdleStateUpdate, IdleStopReason, Implementation, InitializeRequest, InitializeResponse,
     LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
     PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse,
@@ -192,7 +200,7 @@ use agent_client_protocol::v1::schema::{
     RunningStateUpdate, SessionCancelCapabilities, SessionNotification, SessionReference,
     SessionUpdate, StateUpdate, StopReason, SubagentSessionCapabilities, SubagentUpdate,
     TextContent, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
-    ToolKind,
+    ToolKind, UsageUpdate,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client, Error};
@@ -510,6 +518,17 @@ impl Demo {
         )
     }
 
+    /// One `usage_update`: `used` tokens of a 200k context, and a cost of 1 USD per million
+    /// tokens used (made up, deterministic: the web view shows it per lane).
+    fn usage(&self, session: &str, used: u64) -> Result<(), Error> {
+        self.update(
+            session,
+            SessionUpdate::UsageUpdate(
+                UsageUpdate::new(used, 200_000).cost(Cost::new(used as f64 / 1e6, "USD")),
+            ),
+        )
+    }
+
     fn tool_call(&self, session: &str, call: ToolCall) -> Result<(), Error> {
         self.update(session, SessionUpdate::ToolCall(call))
     }
@@ -701,6 +720,7 @@ impl Demo {
                     .content(vec![ToolCallContent::from(text_block("3 matches"))]),
             )?;
             self.say(child, format!("{name}: found what I need."))?;
+            self.usage(child, 1000 + 100 * spec.number as u64)?;
         }
         self.pause(500).await;
 

@@ -626,6 +626,17 @@ impl Driver {
                     }),
                     title: None,
                     provider_session_id: None,
+                    // Every third report carries token use (a cost on odd ticks), so stores
+                    // round-trip it, floats included.
+                    usage: n.is_multiple_of(3).then(|| tutti_core::model::TokenUsage {
+                        total_tokens: Some(n),
+                        context_tokens: Some(n / 2),
+                        context_window: None,
+                        cost: (n % 2 == 1).then(|| tutti_core::model::Cost {
+                            amount: n as f64 / 7.0,
+                            currency: "USD".into(),
+                        }),
+                    }),
                 }
                 .into()
             }

@@ -403,6 +403,7 @@ impl AcpAdapter {
                     goal: None,
                     title: None,
                     provider_session_id: Some(sid.to_string()),
+                    usage: None,
                 });
                 for r in std::mem::take(&mut self.queued) {
                     let o = self.on_request(self.now, &r);
@@ -498,6 +499,25 @@ impl AcpAdapter {
                 .push(format!("acp: update {kind} for an unknown session dropped"));
             return Ok(());
         };
+        if kind == "usage_update" {
+            // Session metadata, not turn content: also after the prompt's answer (the agent
+            // reports the turn's cost then), and never attached to a turn. Like every update
+            // that is not a chunk, it ends the message being streamed.
+            if accepting {
+                self.flush(out, &native);
+            }
+            let usage = usage_of(update);
+            if !usage.is_empty() {
+                out.events.push(NormalizedEvent::SessionMetadataUpdated {
+                    agent_session_id: session,
+                    goal: None,
+                    title: None,
+                    provider_session_id: None,
+                    usage: Some(usage),
+                });
+            }
+            return Ok(());
+        }
         if !accepting {
             // "A late notification after the prompt result must not be attached to a recently
             // settled root turn"; nothing is invented to make it persistable.
@@ -941,6 +961,32 @@ impl Adapter for AcpAdapter {
 /// turns it ran).
 fn message_id(turn: &Id, n: u64) -> Id {
     format!("acp-{turn}-m{n}").into()
+}
+
+/// The token use an ACP `usage_update` reports: `used` (tokens in the context), `size` (the
+/// context window) and the optional cumulative `cost`. A field that is not a count (or a cost
+/// without a finite amount and a short currency code) is left out: nothing is guessed.
+fn usage_of(update: &Value) -> crate::model::TokenUsage {
+    let cost = update.get("cost").and_then(|c| {
+        let amount = c
+            .get("amount")
+            .and_then(Value::as_f64)
+            .filter(|a| a.is_finite())?;
+        let currency = c
+            .get("currency")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty() && c.len() <= 8)?;
+        Some(crate::model::Cost {
+            amount,
+            currency: currency.to_string(),
+        })
+    });
+    crate::model::TokenUsage {
+        total_tokens: None,
+        context_tokens: update.get("used").and_then(Value::as_u64),
+        context_window: update.get("size").and_then(Value::as_u64),
+        cost,
+    }
 }
 
 #[cfg(test)]

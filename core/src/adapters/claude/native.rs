@@ -160,6 +160,7 @@ impl ClaudeAdapter {
                     goal: Some(goal),
                     title: None,
                     provider_session_id: None,
+                    usage: None,
                 });
             }
             _ => out.diagnostics.push(format!(
@@ -231,6 +232,7 @@ impl ClaudeAdapter {
                         goal: None,
                         title: None,
                         provider_session_id: Some(sid.to_string()),
+                        usage: None,
                     });
                 }
             }

@@ -436,6 +436,7 @@ impl CodexAdapter {
             goal: None,
             title: None,
             provider_session_id: Some(thread.clone()),
+            usage: None,
         });
         for q in std::mem::take(&mut self.queued) {
             self.send_turn_start(q.turn, &q.text, q.guide, out);
@@ -649,10 +650,15 @@ impl CodexAdapter {
                         goal: None,
                         title: name,
                         provider_session_id: None,
+                        usage: None,
                     });
                 }
             }
             Note::Resolved { thread, key } => self.resolved(&thread, &key, out),
+            Note::Usage { usage, .. } => {
+                let root = self.root.clone();
+                Self::usage(root, usage, out);
+            }
             Note::ThreadStarted { .. } | Note::Status { .. } | Note::Other { .. } => {}
         }
     }
@@ -872,8 +878,23 @@ impl CodexAdapter {
                 }
             }
             Note::Resolved { thread, key } => self.resolved(&thread, &key, out),
+            Note::Usage { usage, .. } => Self::usage(session, usage, out),
             Note::ThreadStarted { .. } | Note::Other { .. } => {}
         }
+    }
+
+    /// A thread's token use, as its session's usage (a report with no counts is dropped).
+    fn usage(session: Id, usage: crate::model::TokenUsage, out: &mut AdapterOutput) {
+        if usage.is_empty() {
+            return;
+        }
+        out.events.push(NormalizedEvent::SessionMetadataUpdated {
+            agent_session_id: session,
+            goal: None,
+            title: None,
+            provider_session_id: None,
+            usage: Some(usage),
+        });
     }
 
     fn child_turn_started(&mut self, thread: &str, turn: String, out: &mut AdapterOutput) {

@@ -86,6 +86,12 @@ pub(crate) enum Note {
         /// input, or not); `None` for idle and every other status.
         waiting: Option<bool>,
     },
+    /// `thread/tokenUsage/updated`: the thread's token use (fields it lacks or that are not
+    /// counts are left out).
+    Usage {
+        thread: String,
+        usage: crate::model::TokenUsage,
+    },
     Other {
         thread: Option<String>,
     },
@@ -101,6 +107,7 @@ impl Note {
             | Note::Item { thread, .. }
             | Note::Resolved { thread, .. }
             | Note::Name { thread, .. }
+            | Note::Usage { thread, .. }
             | Note::Status { thread, .. } => Some(thread),
             Note::Other { thread } => thread.as_deref(),
         }
@@ -325,6 +332,21 @@ fn parse_note(method: &str, p: &Value) -> Result<Note, AdapterError> {
                 .ok_or_else(|| missing(method, "requestId"))?;
             Note::Resolved { thread, key }
         }
+        "thread/tokenUsage/updated" => Note::Usage {
+            thread: thread()?,
+            usage: crate::model::TokenUsage {
+                total_tokens: p
+                    .pointer("/tokenUsage/total/totalTokens")
+                    .and_then(Value::as_u64),
+                context_tokens: p
+                    .pointer("/tokenUsage/last/totalTokens")
+                    .and_then(Value::as_u64),
+                context_window: p
+                    .pointer("/tokenUsage/modelContextWindow")
+                    .and_then(Value::as_u64),
+                cost: None,
+            },
+        },
         "thread/name/updated" => Note::Name {
             thread: thread()?,
             name: opt_str(p, "threadName"),

@@ -129,7 +129,11 @@ impl TokenUsage {
     }
 }
 
-/// What a provider declared it can do.
+/// What a provider declared it can do. "Provider adapters must expose whether root-turn guidance
+/// is supported while only child agents are running": each adapter type states it once, as its
+/// `CAPABILITIES` constant (for example [`CodexAdapter::CAPABILITIES`](crate::adapters::codex::CodexAdapter::CAPABILITIES)),
+/// known before any provider process runs; a host passes it (or a narrower value from its
+/// configuration) with `createSession`, and the engine asks only the root session's copy.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

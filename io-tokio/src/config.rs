@@ -6,7 +6,7 @@
 //! kind = "acp"                       # acp | codex | claude
 //! command = ["/usr/local/bin/agent", "--stdio"]
 //! env = { RUST_LOG = "info" }
-//! guide_while_children_only = true   # optional; the adapter's default otherwise
+//! guide_while_children_only = false  # optional: narrows what the adapter declares
 //! options = { }                      # adapter-specific (codex config overrides, claude query options)
 //!
 //! [retention]                        # optional; defaults shown (see `tutti_tokio::retention`)
@@ -59,7 +59,9 @@ pub struct ProviderConfig {
     /// Extra environment.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Overrides the adapter's declared guidance support.
+    /// `false` turns off guidance while only children run for this provider; `true` or unset
+    /// keeps what the adapter type declares (its `CAPABILITIES`): a config cannot grant what
+    /// the adapter cannot do.
     #[serde(default)]
     pub guide_while_children_only: Option<bool>,
     /// Adapter-specific options.

@@ -178,8 +178,15 @@ impl Registry {
 impl ProviderFactory for Registry {
     fn capabilities(&self, provider: &str) -> Option<Capabilities> {
         let p = self.providers.get(provider)?;
+        // The adapter type declares what it can do; the config may only say "cannot".
+        let declared = match p.kind {
+            ProviderKind::Acp => tutti_core::adapters::acp::AcpAdapter::CAPABILITIES,
+            ProviderKind::Codex => tutti_core::adapters::codex::CodexAdapter::CAPABILITIES,
+            ProviderKind::Claude => tutti_core::adapters::claude::ClaudeAdapter::CAPABILITIES,
+        };
         Some(Capabilities {
-            guide_while_children_only: p.guide_while_children_only.unwrap_or(true),
+            guide_while_children_only: declared.guide_while_children_only
+                && p.guide_while_children_only.unwrap_or(true),
         })
     }
 
@@ -221,5 +228,41 @@ impl ProviderFactory for Registry {
 
     fn names(&self) -> Vec<String> {
         self.providers.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 30 item 4, "the provider capability lives in one place": what the registry
+    /// passes with `createSession` is the adapter type's declaration, which a config can turn
+    /// off but not on.
+    #[test]
+    fn capabilities_come_from_the_adapter_type_and_a_config_can_only_narrow_them() {
+        let config: ConfigFile = toml::from_str(
+            r#"
+            [providers.codex]
+            kind = "codex"
+            command = ["codex", "app-server"]
+            [providers.quiet]
+            kind = "acp"
+            command = ["agent"]
+            guide_while_children_only = false
+            "#,
+        )
+        .expect("config");
+        let r = Registry::with_builtins(config).expect("registry");
+        let guide = |name: &str| r.capabilities(name).map(|c| c.guide_while_children_only);
+        assert_eq!(
+            guide("codex"),
+            Some(tutti_core::adapters::codex::CodexAdapter::CAPABILITIES.guide_while_children_only)
+        );
+        assert_eq!(
+            guide("demo"),
+            Some(tutti_core::adapters::acp::AcpAdapter::CAPABILITIES.guide_while_children_only)
+        );
+        assert_eq!(guide("quiet"), Some(false));
+        assert_eq!(guide("nobody"), None);
     }
 }

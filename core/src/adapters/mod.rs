@@ -110,10 +110,6 @@ pub trait Adapter: std::any::Any + Send {
     fn flush_text(&mut self, _now: Millis) -> AdapterOutput {
         AdapterOutput::default()
     }
-    /// Whether root-turn guidance is supported while only child agents run.
-    fn guide_while_children_only(&self) -> bool {
-        true
-    }
 }
 
 /// Removes and returns the earliest timer due at `now` (`at(timer) <= now`), for drivers and

@@ -96,15 +96,18 @@ impl LineDriver {
             inputs: 0,
             native: Vec::new(),
         };
-        let guide = adapter.guide_while_children_only();
+        // What the adapter type declares (as the daemon's registry passes it).
+        let declared = match provider {
+            "codex" => tutti_core::adapters::codex::CodexAdapter::CAPABILITIES,
+            "claude" => tutti_core::adapters::claude::ClaudeAdapter::CAPABILITIES,
+            _ => tutti_core::adapters::acp::AcpAdapter::CAPABILITIES,
+        };
         d.command(Command::CreateSession {
             agent_session_id: root.clone(),
             workspace_id: "W".into(),
             provider: provider.into(),
             title: None,
-            capabilities: Some(tutti_core::model::Capabilities {
-                guide_while_children_only: guide,
-            }),
+            capabilities: Some(declared),
         })?;
         d.driver.attach(d.now, root.clone(), adapter, &d.store);
         d.settle()?;

@@ -149,6 +149,12 @@ pub struct AcpAdapter {
 }
 
 impl AcpAdapter {
+    /// What an ACP agent can do (the one place it is declared; see [`Capabilities`](crate::model::Capabilities)):
+    /// guidance while only children run is a new `session/prompt` on the root session.
+    pub const CAPABILITIES: crate::model::Capabilities = crate::model::Capabilities {
+        guide_while_children_only: true,
+    };
+
     /// An adapter for one root session.
     pub fn new(root_agent_session_id: Id, config: AcpConfig) -> AcpAdapter {
         AcpAdapter {

@@ -383,6 +383,13 @@ pub struct ClaudeAdapter {
 }
 
 impl ClaudeAdapter {
+    /// What the Claude SDK can do (the one place it is declared; see [`Capabilities`](crate::model::Capabilities)):
+    /// "guidance always targets the root session": while only children run, the adapter opens
+    /// a `synthetic-*` root provider turn and streams the guidance in.
+    pub const CAPABILITIES: crate::model::Capabilities = crate::model::Capabilities {
+        guide_while_children_only: true,
+    };
+
     /// An adapter for one root session.
     pub fn new(root_agent_session_id: Id, config: ClaudeConfig) -> Self {
         let provider_session_id = config.resume_session_id.clone();
@@ -954,12 +961,6 @@ impl Adapter for ClaudeAdapter {
             &mut out,
         );
         out
-    }
-
-    /// "Guidance always targets the root session": while only children run, the adapter opens a
-    /// `synthetic-*` root provider turn and streams the guidance in.
-    fn guide_while_children_only(&self) -> bool {
-        true
     }
 }
 

@@ -312,6 +312,12 @@ pub struct CodexAdapter {
 }
 
 impl CodexAdapter {
+    /// What Codex can do (the one place it is declared; see [`Capabilities`]): it can start a
+    /// root provider turn (`turn/start` on the root thread) while only children run.
+    pub const CAPABILITIES: crate::model::Capabilities = crate::model::Capabilities {
+        guide_while_children_only: true,
+    };
+
     /// An adapter for the root session `root_agent_session_id`.
     pub fn new(root_agent_session_id: Id, config: CodexConfig) -> CodexAdapter {
         CodexAdapter {
@@ -1778,11 +1784,5 @@ impl Adapter for CodexAdapter {
             }
         }
         out
-    }
-
-    /// Codex can start a root provider turn (`turn/start` on the root thread) while only
-    /// children run.
-    fn guide_while_children_only(&self) -> bool {
-        true
     }
 }

@@ -526,7 +526,12 @@ mod tests {
         // A start clears what was retained.
         ProviderTransition::Start.apply(&mut r);
         assert_eq!(
-            (r.phase, r.reserved, r.retained_outcome, r.retained_error.as_deref()),
+            (
+                r.phase,
+                r.reserved,
+                r.retained_outcome,
+                r.retained_error.as_deref()
+            ),
             (ProviderPhase::Running, false, None, None)
         );
         // The wire form of the flags is unchanged.

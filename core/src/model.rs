@@ -5,7 +5,8 @@
 //! phase and outcome vocabulary as root turns: "do not duplicate child lifecycle into a second
 //! child-agent status field".
 
-pub use crate::relation::{ChildOf, Relation, RootOnly};
+mod relation;
+pub use relation::{ChildOf, Relation, RootOnly};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 

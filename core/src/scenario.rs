@@ -26,7 +26,7 @@ use crate::input::Input;
 use crate::invariants::check_tree;
 use crate::model::{CancelOperation, Interaction, Millis, Session, ToolCall, Turn};
 use crate::step::Step;
-use crate::store::Store;
+use crate::store::{MemoryStore, Store};
 use serde_json::{Map, Value};
 
 /// What happened to the previous input.
@@ -90,6 +90,35 @@ pub fn run<S: Store>(text: &str, engine: &mut Engine, store: &mut S) -> Result<u
         }
     }
     Ok(checks)
+}
+
+/// The outcome of one scenario file in [`run_all`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileOutcome {
+    /// The file's name, as given.
+    pub name: String,
+    /// The number of checks it passed, or why it failed.
+    pub result: Result<usize, String>,
+}
+
+/// Runs scenario files, given as (name, text), each through a fresh [`Engine`] and
+/// [`MemoryStore`]: the one loop of both scenario test runners (`tutti-core`'s and
+/// `tutti-tests`'), which only list and read the files. A file that checks nothing fails
+/// ("the scenario checks nothing"): a contract file must assert something.
+pub fn run_all<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<FileOutcome> {
+    files
+        .into_iter()
+        .map(|(name, text)| {
+            let result = match run(text, &mut Engine::new(), &mut MemoryStore::new()) {
+                Ok(0) => Err("the scenario checks nothing".to_string()),
+                other => other,
+            };
+            FileOutcome {
+                name: name.to_string(),
+                result,
+            }
+        })
+        .collect()
 }
 
 /// Checks the invariants on the engine, on every stored tree, and that the store holds exactly
@@ -489,7 +518,6 @@ fn assign(want: &[Value], got: &[Value], used: &mut Vec<bool>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
 
     const SETUP: &str = r#"{"input":{"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"test"}}
 {"at":1,"input":{"type":"submit","agentSessionId":"R","turnId":"T","text":"hi"}}
@@ -513,6 +541,27 @@ mod tests {
                 assert!(e.contains(needle), "{line}: want {needle:?} in {e:?}");
             }
         }
+    }
+
+    #[test]
+    fn run_all_fails_a_file_that_checks_nothing_and_reports_each_file() {
+        let checked = format!("{SETUP}{{\"expect\":{{\"turn\":\"T\",\"phase\":\"submitted\"}}}}\n");
+        let out = run_all([
+            ("empty", SETUP),
+            ("checked", checked.as_str()),
+            ("bad", "nope"),
+        ]);
+        let names: Vec<&str> = out.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["empty", "checked", "bad"]);
+        assert_eq!(
+            out[0].result,
+            Err("the scenario checks nothing".to_string())
+        );
+        assert_eq!(out[1].result, Ok(1));
+        assert!(out[2]
+            .result
+            .as_ref()
+            .is_err_and(|e| e.contains("not JSON")));
     }
 
     #[test]

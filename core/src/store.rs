@@ -15,10 +15,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use thiserror::Error;
 
-pub use crate::host_store::{
-    GroupError, HostStore, PruneOutcome, Published, RetentionPolicy, RootsPage,
-};
+mod host_store;
 pub use crate::stored::{decode_stored, StoredEntity};
+pub use host_store::{GroupError, HostStore, PruneOutcome, Published, RetentionPolicy, RootsPage};
 
 /// One published change, in the order of its sequence number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

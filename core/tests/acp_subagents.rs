@@ -9,10 +9,11 @@
 //!   the agent output that breaks them (a diagnostic that changes nothing).
 
 use serde_json::{json, Value};
-use tutti_core::adapters::acp::{replay_transcript, AcpAdapter, AcpConfig};
-use tutti_core::adapters::codex::ReplayOutput;
+use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::{child_ids, Adapter, AdapterOutput};
 use tutti_core::model::{Outcome, Target};
+use tutti_core::replay::acp::replay_transcript;
+use tutti_core::replay::codex::ReplayOutput;
 use tutti_core::step::ProviderRequest;
 use tutti_core::{NormalizedEvent, RuntimeAnswer};
 

@@ -8,11 +8,12 @@
 
 use serde_json::{json, Value};
 use std::any::Any;
-use tutti_core::adapters::claude::{replay_transcript, sidecar_line, ClaudeAdapter, ClaudeConfig};
+use tutti_core::adapters::claude::{sidecar_line, ClaudeAdapter, ClaudeConfig};
 use tutti_core::adapters::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use tutti_core::driver::{DriverError, Output, Record};
 use tutti_core::invariants::check_tree;
 use tutti_core::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, Turn};
+use tutti_core::replay::claude::replay_transcript;
 use tutti_core::store::MemoryStore;
 use tutti_core::{Driver, Engine, Input, NormalizedEvent, ProviderRequest, RuntimeAnswer, Step};
 

@@ -4,15 +4,15 @@
 
 use serde_json::{json, Value};
 use std::any::Any;
-use tutti_core::adapters::codex::{
-    replay_transcript, replay_transcript_with, CodexAdapter, CodexConfig, CodexReplay,
-    ReplayOptions, DROPPED_REQUEST, UNOWNED_REQUEST,
-};
+use tutti_core::adapters::codex::{CodexAdapter, CodexConfig, DROPPED_REQUEST, UNOWNED_REQUEST};
 use tutti_core::adapters::{
     child_ids, parse_line, Adapter, AdapterError, AdapterOutput, AdapterTimer,
 };
 use tutti_core::driver::{DriverError, Output, Record};
 use tutti_core::model::{Outcome, Phase, ProviderPhase, Target};
+use tutti_core::replay::codex::{
+    replay_transcript, replay_transcript_with, CodexReplay, ReplayOptions,
+};
 use tutti_core::store::MemoryStore;
 use tutti_core::{Driver, Engine, Input, NormalizedEvent, RuntimeAnswer, Step};
 

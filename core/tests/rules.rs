@@ -1146,3 +1146,79 @@ fn rule_6_a_wide_cancel_writes_each_entity_once_in_one_batch() {
     assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
     h.check();
 }
+
+/// Rule 3, as `engine/gate.rs` decides it by a match over the root provider turn's state (issue
+/// 30): a repeated unnamed start of the running provider turn is a duplicate; after the canonical
+/// root settled, the terminal of a provider turn other than the recorded one is late and changes
+/// nothing, the recorded one's terminal is persisted (late after settled), and its repeat is a
+/// duplicate.
+#[test]
+fn rule_3_settled_roots_provider_terminals_are_late_or_duplicates_by_their_state() {
+    use tutti_core::step::Ignored;
+    let mut h = H::new();
+    h.root("R");
+    h.submit("R", "T");
+    h.started("R", "p1");
+    let step = h.feed(json!({"type": "rootProviderTurnStarted", "agentSessionId": "R"}));
+    assert_eq!(step.ignored, Some(Ignored::Duplicate));
+    assert!(step.persist.is_empty(), "{:?}", step.persist);
+    h.cancel("op1", "R", "T");
+    h.feed(json!({"type": "cancelResult", "operationId": "op1",
+        "acked": [{"agentSessionId": "R", "turnId": "T"}]}));
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    let running = json!({"phase": "running", "providerTurnId": "p1"});
+    assert_eq!(h.turn("T")["rootProviderTurn"], running);
+    // Another provider turn's terminal, named on the settled root turn: late, nothing changes.
+    let step = h.feed(
+        json!({"type": "rootProviderTurnCompleted", "agentSessionId": "R",
+        "turnId": "T", "providerTurnId": "p2", "outcome": "completed"}),
+    );
+    assert_eq!(step.ignored, Some(Ignored::LateAfterSettled));
+    assert!(step.persist.is_empty(), "{:?}", step.persist);
+    assert_eq!(h.turn("T")["rootProviderTurn"], running);
+    // The recorded provider turn's terminal: persisted into the lifecycle, late after settled.
+    let step = h.completed("R", "p1", "interrupted");
+    assert_eq!(step.ignored, Some(Ignored::LateAfterSettled));
+    assert!(!step.persist.is_empty());
+    assert_eq!(h.turn("T")["rootProviderTurn"]["phase"], "completed");
+    // Its repeat: a duplicate.
+    let step = h.completed("R", "p1", "interrupted");
+    assert_eq!(step.ignored, Some(Ignored::Duplicate));
+    assert!(step.persist.is_empty(), "{:?}", step.persist);
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    h.check();
+}
+
+/// Rule 3 under a guidance reservation (issue 30, the match over the root provider turn's
+/// state): once the canonical root settled, a terminal of the provider turn recorded before the
+/// reservation is late and releases nothing; only the provider turn the reservation waited for
+/// may complete it.
+#[test]
+fn rule_3_settled_roots_reservation_keeps_the_terminal_it_did_not_wait_for_out() {
+    use tutti_core::step::Ignored;
+    let mut h = H::new();
+    h.feed(
+        json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W",
+        "provider": "codex"}),
+    );
+    h.submit("R", "T");
+    h.started("R", "p1");
+    h.child("C1", "CT1", "R", "T", "R", "T");
+    h.feed(json!({"type": "turnStarted", "agentSessionId": "C1", "turnId": "CT1"}));
+    h.completed("R", "p1", "completed");
+    h.feed(json!({"type": "submit", "agentSessionId": "R", "turnId": "T2", "text": "more"}));
+    assert_eq!(h.turn("T")["rootProviderTurn"]["reserved"], true);
+    h.cancel("op1", "R", "T");
+    h.feed(
+        json!({"type": "cancelResult", "operationId": "op1", "acked": [
+        {"agentSessionId": "R", "turnId": "T"}, {"agentSessionId": "C1", "turnId": "CT1"}]}),
+    );
+    assert_eq!(h.outcome("T").as_deref(), Some("canceled"));
+    let before = h.turn("T")["rootProviderTurn"].clone();
+    assert_eq!(before["reserved"], true, "{before}");
+    let step = h.completed("R", "p1", "completed");
+    assert_eq!(step.ignored, Some(Ignored::LateAfterSettled));
+    assert!(step.persist.is_empty(), "{:?}", step.persist);
+    assert_eq!(h.turn("T")["rootProviderTurn"], before);
+    h.check();
+}

@@ -4,8 +4,7 @@
 //! replays the same files and any other folder named by `TUTTI_SCENARIOS_DIR`.)
 
 use std::path::PathBuf;
-use tutti_core::store::MemoryStore;
-use tutti_core::{scenario, Engine};
+use tutti_core::scenario;
 
 /// The workspace's scenario folder, next to this crate.
 fn scenario_dir() -> PathBuf {
@@ -31,18 +30,18 @@ fn every_scenario_file_passes_in_tutti_core() {
         files.len(),
         dir.display()
     );
-    let mut failures = Vec::new();
-    for f in &files {
-        let name = f.file_stem().unwrap_or_default().to_string_lossy();
-        let text = std::fs::read_to_string(f).expect("readable scenario file");
-        let mut engine = Engine::new();
-        let mut store = MemoryStore::new();
-        match scenario::run(&text, &mut engine, &mut store) {
-            Ok(0) => failures.push(format!("{name}: the scenario checks nothing")),
-            Ok(_) => {}
-            Err(e) => failures.push(format!("{name}: {e}")),
-        }
-    }
+    let texts: Vec<(String, String)> = files
+        .iter()
+        .map(|f| {
+            let name = f.file_stem().unwrap_or_default().to_string_lossy();
+            let text = std::fs::read_to_string(f).expect("readable scenario file");
+            (name.to_string(), text)
+        })
+        .collect();
+    let failures: Vec<String> = scenario::run_all(texts.iter().map(|(n, t)| (&**n, &**t)))
+        .into_iter()
+        .filter_map(|o| o.result.err().map(|e| format!("{}: {e}", o.name)))
+        .collect();
     assert!(
         failures.is_empty(),
         "scenario failures:\n{}",

@@ -421,12 +421,12 @@ fn run(cli: &Cli) -> Result<(), String> {
                 std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
             let out = match provider.as_str() {
                 "codex" => {
-                    serde_json::to_value(tutti_core::adapters::codex::replay_transcript(&text)?)
+                    serde_json::to_value(tutti_core::replay::codex::replay_transcript(&text)?)
                 }
                 "claude" => {
-                    serde_json::to_value(tutti_core::adapters::claude::replay_transcript(&text)?)
+                    serde_json::to_value(tutti_core::replay::claude::replay_transcript(&text)?)
                 }
-                "acp" => serde_json::to_value(tutti_core::adapters::acp::replay_transcript(&text)?),
+                "acp" => serde_json::to_value(tutti_core::replay::acp::replay_transcript(&text)?),
                 other => return Err(format!("unknown provider {other} (codex, claude, acp)")),
             };
             print(&out.map_err(|e| e.to_string())?);

@@ -1,12 +1,12 @@
-//! Replays every scenario file through the engine and the in-memory reference store.
+//! Replays every scenario file through the engine and the in-memory reference store
+//! ([`tutti_core::scenario::run_all`], the loop `tutti-core`'s own scenario test shares).
 //!
 //! `cargo test -p tutti-tests --test scenarios` runs `tests/scenarios/*.jsonl`; with
 //! `TUTTI_SCENARIOS_DIR` set it runs every `*.jsonl` in that folder instead. One `PASS name` /
 //! `FAIL name: reason` line per file; the test fails if any failed.
 
 use std::path::PathBuf;
-use tutti_core::store::MemoryStore;
-use tutti_core::{scenario, Engine};
+use tutti_core::scenario;
 
 fn scenario_files() -> Vec<PathBuf> {
     let dir = std::env::var_os("TUTTI_SCENARIOS_DIR")
@@ -24,25 +24,21 @@ fn scenario_files() -> Vec<PathBuf> {
 fn main() {
     let files = scenario_files();
     assert!(!files.is_empty(), "no scenario files found");
+    let texts: Vec<(String, String)> = files
+        .iter()
+        .map(|f| {
+            let name = f.file_stem().unwrap_or_default().to_string_lossy();
+            let text = std::fs::read_to_string(f).expect("readable scenario file");
+            (name.to_string(), text)
+        })
+        .collect();
     let mut failed = 0;
-    for f in &files {
-        let name = f
-            .file_stem()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
-        let text = std::fs::read_to_string(f).expect("readable scenario file");
-        let mut engine = Engine::new();
-        let mut store = MemoryStore::new();
-        match scenario::run(&text, &mut engine, &mut store) {
-            Ok(0) => {
-                failed += 1;
-                println!("FAIL {name}: the scenario checks nothing");
-            }
-            Ok(_) => println!("PASS {name}"),
+    for o in scenario::run_all(texts.iter().map(|(n, t)| (&**n, &**t))) {
+        match o.result {
+            Ok(_) => println!("PASS {}", o.name),
             Err(e) => {
                 failed += 1;
-                println!("FAIL {name}: {e}");
+                println!("FAIL {}: {e}", o.name);
             }
         }
     }

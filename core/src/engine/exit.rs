@@ -3,11 +3,11 @@
 //! cancel was in flight still settles canceled (the user's intent), and the operation fails.
 
 use super::cancel::{resolve, Resolution};
-use super::gate::settle_turn;
+use super::gate::{settle_turn, ProviderState, ProviderTransition};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::Hint;
-use crate::model::{CancelState, Id, Outcome, ProviderPhase};
+use crate::model::{CancelState, Id, Outcome};
 use crate::step::Ignored;
 use std::sync::Arc;
 
@@ -59,11 +59,9 @@ pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<
     }
     if let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) {
         if let Some(r) = t.root_provider_turn.as_mut() {
-            if r.phase != ProviderPhase::Completed || r.reserved {
-                r.phase = ProviderPhase::Completed;
-                r.reserved = false;
-                r.retained_outcome = Some(Outcome::Interrupted);
-                r.retained_error = Some(message.clone());
+            if ProviderState::of(r) != ProviderState::Completed {
+                let interrupted = Some(message.clone());
+                ProviderTransition::Complete(Outcome::Interrupted, interrupted).apply(r);
             }
         }
         tx.turn(&root_turn, Hint::NONE, true);

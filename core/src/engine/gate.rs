@@ -249,6 +249,102 @@ fn is_earlier(rpt: &RootProviderTurn, provider_turn_id: Option<&str>) -> bool {
     provider_turn_id.is_some_and(|p| rpt.earlier_provider_turn_ids.iter().any(|e| e == p))
 }
 
+/// The root provider turn's state, read as one value: of the lifecycle's flags (`phase`,
+/// `reserved`) only four combinations are reachable, and every decision below is a match over
+/// them. The persisted shape stays the flags ([`RootProviderTurn`]'s wire form is unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ProviderState {
+    /// No provider turn started yet.
+    Idle,
+    /// A provider turn is running.
+    Running,
+    /// Guidance asked the provider for a new provider turn while only children ran; the
+    /// lifecycle counts as running until it starts or the guide fails (the provider turn id
+    /// recorded is still the one that completed before).
+    Reserved,
+    /// The provider turn reached a terminal; its outcome is retained.
+    Completed,
+}
+
+impl ProviderState {
+    /// The state of `rpt`. Guidance sets `reserved` only together with phase running, so a
+    /// reserved lifecycle is [`ProviderState::Reserved`] whatever its phase says.
+    pub(super) fn of(rpt: &RootProviderTurn) -> ProviderState {
+        match (rpt.reserved, rpt.phase) {
+            (true, _) => ProviderState::Reserved,
+            (false, ProviderPhase::Idle) => ProviderState::Idle,
+            (false, ProviderPhase::Running) => ProviderState::Running,
+            (false, ProviderPhase::Completed) => ProviderState::Completed,
+        }
+    }
+}
+
+/// A transition of the root provider turn's lifecycle: the one place its flags are written.
+#[derive(Debug, Clone)]
+pub(super) enum ProviderTransition {
+    /// A provider turn started: running, nothing retained.
+    Start,
+    /// The provider turn reached a terminal: completed, its outcome (and error) retained.
+    Complete(Outcome, Option<String>),
+    /// Guidance reserved the lifecycle for a provider turn it asked for.
+    Reserve,
+    /// The guide failed: the reservation is released back to completed (the outcome retained
+    /// before it stays).
+    Release,
+}
+
+impl ProviderTransition {
+    /// Writes this transition into `r`.
+    pub(super) fn apply(self, r: &mut RootProviderTurn) {
+        match self {
+            ProviderTransition::Start => {
+                r.phase = ProviderPhase::Running;
+                r.reserved = false;
+                r.retained_outcome = None;
+                r.retained_error = None;
+            }
+            ProviderTransition::Complete(outcome, error) => {
+                r.phase = ProviderPhase::Completed;
+                r.reserved = false;
+                r.retained_outcome = Some(outcome);
+                r.retained_error = error;
+            }
+            ProviderTransition::Reserve => {
+                r.phase = ProviderPhase::Running;
+                r.reserved = true;
+            }
+            ProviderTransition::Release => {
+                r.phase = ProviderPhase::Completed;
+                r.reserved = false;
+            }
+        }
+    }
+}
+
+/// Applies `transition` to `root_turn`'s root provider turn and records `provider_turn_id` on it
+/// (see [`record_provider_turn_id`]). False if the turn is gone.
+fn transition(
+    tree: &mut Tree,
+    root_turn: &Id,
+    transition: ProviderTransition,
+    provider_turn_id: Option<String>,
+) -> bool {
+    let Some(t) = tree.turns.get_mut(root_turn).map(Arc::make_mut) else {
+        return false;
+    };
+    let created_at = t.created_at;
+    let r = t.root_provider_turn.get_or_insert_with(Default::default);
+    transition.apply(r);
+    record_provider_turn_id(
+        &mut tree.provider_turns,
+        root_turn,
+        created_at,
+        r,
+        provider_turn_id,
+    );
+    true
+}
+
 /// `rootProviderTurnStarted`: adopt the provider turn into the canonical root turn it belongs to
 /// (see [`resolve_root_turn`]), unless that root settled or is being canceled ("a late root
 /// provider start is not adopted"). A repeated start is a no-op, also after the root settled
@@ -278,40 +374,28 @@ pub(crate) fn provider_started(
         // A repeat of a provider turn this root turn already moved past.
         return Ok(Tx::ignore(now, Ignored::StaleProviderTurn));
     }
-    if rpt.reserved && provider_turn_id.is_some() && provider_turn_id == rpt.provider_turn_id {
-        // A repeat of the provider turn that completed before the guidance reservation.
-        return Ok(Tx::ignore(now, Ignored::Duplicate));
-    }
-    if rpt.phase == ProviderPhase::Completed
-        && provider_turn_id.is_some()
-        && provider_turn_id == rpt.provider_turn_id
-    {
-        // A repeat of the start of the provider turn that already completed.
-        return Ok(Tx::ignore(now, Ignored::Duplicate));
-    }
-    if rpt.phase == ProviderPhase::Running
-        && !rpt.reserved
-        && (provider_turn_id.is_none() || rpt.provider_turn_id == provider_turn_id)
-    {
+    // The provider turn recorded now (named, and the same).
+    let current = provider_turn_id.is_some() && provider_turn_id == rpt.provider_turn_id;
+    let repeat = match ProviderState::of(&rpt) {
+        ProviderState::Idle => false,
+        // A repeated start of the running provider turn (or an unnamed one).
+        ProviderState::Running => provider_turn_id.is_none() || current,
+        // A repeat of the start of the provider turn that completed (before the guidance
+        // reservation, or for good).
+        ProviderState::Reserved | ProviderState::Completed => current,
+    };
+    if repeat {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
-    let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) else {
-        return Ok(tx);
-    };
-    let created_at = t.created_at;
-    let r = t.root_provider_turn.get_or_insert_with(Default::default);
-    r.phase = ProviderPhase::Running;
-    r.reserved = false;
-    r.retained_outcome = None;
-    r.retained_error = None;
-    record_provider_turn_id(
-        &mut tree.provider_turns,
+    if !transition(
+        tree,
         &root_turn,
-        created_at,
-        r,
+        ProviderTransition::Start,
         provider_turn_id,
-    );
+    ) {
+        return Ok(tx);
+    }
     tx.turn(&root_turn, Hint::NONE, true);
     refresh_root_phase(tree, &mut tx, (&root_turn, Hint::NONE));
     Ok(tx)
@@ -344,80 +428,114 @@ pub(crate) fn provider_completed(
     };
     let rpt = t.root_provider_turn.clone().unwrap_or_default();
     let recorded = provider_turn_id.as_deref().is_some_and(|p| rpt.records(p));
+    // Not a different provider turn than the one recorded (either may be unnamed).
     let same_id = match (&rpt.provider_turn_id, &provider_turn_id) {
         (Some(a), Some(b)) => a == b,
         _ => true,
     };
+    // The provider turn recorded now (named, and the same).
+    let current = provider_turn_id.is_some() && provider_turn_id == rpt.provider_turn_id;
     let error = if outcome.allows_error() { error } else { None };
     if is_earlier(&rpt, provider_turn_id.as_deref()) {
         // A late or repeated terminal of a provider turn this root turn already moved past.
         return Ok(Tx::ignore(now, Ignored::StaleProviderTurn));
     }
-    if !t.is_active() {
-        // The provider turn still open on the settled root: its current one, or (under a
-        // guidance reservation) the new one the reservation waited for.
-        let open =
-            rpt.phase != ProviderPhase::Completed && if rpt.reserved { !recorded } else { same_id };
-        if !open {
-            let why = if recorded && rpt.phase == ProviderPhase::Completed {
-                Ignored::Duplicate
-            } else {
-                Ignored::LateAfterSettled
-            };
-            return Ok(Tx::ignore(now, why));
+    let root_active = t.is_active();
+    let ignored = match (ProviderState::of(&rpt), root_active) {
+        // The settled root: only the provider turn still open on it may complete (its current
+        // one, or under a guidance reservation the new one the reservation waited for).
+        (ProviderState::Completed, false) if recorded => Some(Ignored::Duplicate),
+        (ProviderState::Completed, false) => Some(Ignored::LateAfterSettled),
+        (ProviderState::Reserved, false) if recorded => Some(Ignored::LateAfterSettled),
+        (ProviderState::Idle | ProviderState::Running, false) if !same_id => {
+            Some(Ignored::LateAfterSettled)
         }
-        let mut tx = Tx::new(now);
-        let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) else {
-            return Ok(tx);
-        };
-        let created_at = t.created_at;
-        let r = t.root_provider_turn.get_or_insert_with(Default::default);
-        r.phase = ProviderPhase::Completed;
-        r.reserved = false;
-        r.retained_outcome = Some(outcome);
-        r.retained_error = error;
-        record_provider_turn_id(
-            &mut tree.provider_turns,
-            &root_turn,
-            created_at,
-            r,
-            provider_turn_id,
-        );
-        tx.turn(&root_turn, Hint::NONE, false);
-        tx.ignored = Some(Ignored::LateAfterSettled);
-        return Ok(tx);
-    }
-    if rpt.reserved && provider_turn_id.is_some() && provider_turn_id == rpt.provider_turn_id {
+        (_, false) => None,
         // A repeat of the completion that preceded the guidance reservation: it must not
         // release the reservation ("only when no ... reserved ... provider turn remains active").
-        return Ok(Tx::ignore(now, Ignored::Duplicate));
-    }
-    match rpt.phase {
-        ProviderPhase::Completed if same_id => return Ok(Tx::ignore(now, Ignored::Duplicate)),
-        ProviderPhase::Completed => return Ok(Tx::ignore(now, Ignored::StaleProviderTurn)),
-        ProviderPhase::Running if !rpt.reserved && !same_id => {
-            return Ok(Tx::ignore(now, Ignored::StaleProviderTurn))
-        }
-        _ => {}
+        (ProviderState::Reserved, true) if current => Some(Ignored::Duplicate),
+        (ProviderState::Completed, true) if same_id => Some(Ignored::Duplicate),
+        (ProviderState::Completed, true) => Some(Ignored::StaleProviderTurn),
+        (ProviderState::Running, true) if !same_id => Some(Ignored::StaleProviderTurn),
+        (ProviderState::Idle | ProviderState::Running | ProviderState::Reserved, true) => None,
+    };
+    if let Some(why) = ignored {
+        return Ok(Tx::ignore(now, why));
     }
     let mut tx = Tx::new(now);
-    let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) else {
+    let complete = ProviderTransition::Complete(outcome, error);
+    if !transition(tree, &root_turn, complete, provider_turn_id) {
         return Ok(tx);
-    };
-    let created_at = t.created_at;
-    let r = t.root_provider_turn.get_or_insert_with(Default::default);
-    r.phase = ProviderPhase::Completed;
-    r.reserved = false;
-    r.retained_outcome = Some(outcome);
-    r.retained_error = error;
-    record_provider_turn_id(
-        &mut tree.provider_turns,
-        &root_turn,
-        created_at,
-        r,
-        provider_turn_id,
-    );
-    tx.turn(&root_turn, Hint::NONE, true);
-    evaluate_root(tree, &mut tx, (&root_turn, Hint::NONE));
+    }
+    tx.turn(&root_turn, Hint::NONE, root_active);
+    if root_active {
+        evaluate_root(tree, &mut tx, (&root_turn, Hint::NONE));
+    } else {
+        tx.ignored = Some(Ignored::LateAfterSettled);
+    }
     Ok(tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ProviderState, ProviderTransition};
+    use crate::model::{Outcome, ProviderPhase, RootProviderTurn};
+
+    #[test]
+    fn provider_state_is_one_of_four_and_a_reservation_reads_as_reserved() {
+        let mut r = RootProviderTurn::default();
+        assert_eq!(ProviderState::of(&r), ProviderState::Idle);
+        ProviderTransition::Start.apply(&mut r);
+        assert_eq!(ProviderState::of(&r), ProviderState::Running);
+        ProviderTransition::Complete(Outcome::Failed, Some("e".into())).apply(&mut r);
+        assert_eq!(ProviderState::of(&r), ProviderState::Completed);
+        ProviderTransition::Reserve.apply(&mut r);
+        assert_eq!(ProviderState::of(&r), ProviderState::Reserved);
+        // The phase alone would say running: the reservation decides.
+        assert_eq!(r.phase, ProviderPhase::Running);
+        ProviderTransition::Release.apply(&mut r);
+        assert_eq!(ProviderState::of(&r), ProviderState::Completed);
+    }
+
+    #[test]
+    fn provider_transitions_write_the_persisted_flags_as_before() {
+        let mut r = RootProviderTurn::default();
+        ProviderTransition::Complete(Outcome::Failed, Some("e".into())).apply(&mut r);
+        assert_eq!(
+            (
+                r.phase,
+                r.reserved,
+                r.retained_outcome,
+                r.retained_error.as_deref()
+            ),
+            (
+                ProviderPhase::Completed,
+                false,
+                Some(Outcome::Failed),
+                Some("e")
+            )
+        );
+        // A reservation and its release keep the outcome retained before it.
+        ProviderTransition::Reserve.apply(&mut r);
+        assert_eq!((r.phase, r.reserved), (ProviderPhase::Running, true));
+        ProviderTransition::Release.apply(&mut r);
+        assert_eq!(
+            (r.phase, r.reserved, r.retained_outcome),
+            (ProviderPhase::Completed, false, Some(Outcome::Failed))
+        );
+        // A start clears what was retained.
+        ProviderTransition::Start.apply(&mut r);
+        assert_eq!(
+            (
+                r.phase,
+                r.reserved,
+                r.retained_outcome,
+                r.retained_error.as_deref()
+            ),
+            (ProviderPhase::Running, false, None, None)
+        );
+        // The wire form of the flags is unchanged.
+        let json = serde_json::to_value(&r).unwrap_or_default();
+        assert_eq!(json, serde_json::json!({"phase": "running"}));
+    }
 }

@@ -3,7 +3,7 @@
 //! turn".
 
 use super::child::new_turn;
-use super::gate::evaluate_root;
+use super::gate::{evaluate_root, ProviderState, ProviderTransition};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::Hint;
@@ -146,8 +146,7 @@ pub(crate) fn submit(
     if mode == GuideMode::StartOnRoot {
         if let Some(t) = tree.turns.get_mut(&active).map(Arc::make_mut) {
             let r = t.root_provider_turn.get_or_insert_with(Default::default);
-            r.phase = ProviderPhase::Running;
-            r.reserved = true;
+            ProviderTransition::Reserve.apply(r);
         }
         tx.turn(&active, Hint::NONE, true);
         evaluate_root(tree, &mut tx, (&active, Hint::NONE));
@@ -176,15 +175,17 @@ pub(crate) fn guide_failed(
     turn: &Id,
 ) -> Result<Tx, Rejected> {
     let (_, t) = super::child::turn_of(tree, (session, Hint::NONE), turn)?;
-    let reserved = t.root_provider_turn.as_ref().is_some_and(|r| r.reserved);
+    let reserved = t
+        .root_provider_turn
+        .as_ref()
+        .is_some_and(|r| ProviderState::of(r) == ProviderState::Reserved);
     if !t.is_active() || !reserved {
         return Ok(Tx::ignore(now, Ignored::Stale));
     }
     let mut tx = Tx::new(now);
     if let Some(t) = tree.turns.get_mut(turn).map(Arc::make_mut) {
         if let Some(r) = t.root_provider_turn.as_mut() {
-            r.reserved = false;
-            r.phase = ProviderPhase::Completed;
+            ProviderTransition::Release.apply(r);
         }
     }
     tx.turn(turn, Hint::NONE, true);

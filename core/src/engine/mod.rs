@@ -8,6 +8,7 @@ mod gate;
 mod guidance;
 mod interaction;
 mod provider_turns;
+mod restore;
 mod transcript;
 mod tree;
 

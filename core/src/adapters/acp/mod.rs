@@ -49,10 +49,7 @@
 //!   resurrects a settled root turn. The agent's own request ids (from 0, the same numbers as
 //!   ours) are told from our responses by their `method`.
 
-pub mod replay;
 pub mod subagents;
-
-pub use replay::replay_transcript;
 
 use super::{Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
@@ -154,6 +151,15 @@ impl AcpAdapter {
     pub const CAPABILITIES: crate::model::Capabilities = crate::model::Capabilities {
         guide_while_children_only: true,
     };
+
+    /// Which tutti session the ACP session `native` is, for a replay: `Some(None)` for the root
+    /// session, `Some(Some(id))` for a known child, `None` for an unknown session.
+    pub(crate) fn session_of_native(&self, native: &str) -> Option<Option<Id>> {
+        if self.session.as_deref() == Some(native) {
+            return Some(None);
+        }
+        self.children.get(native).map(|c| Some(c.session.clone()))
+    }
 
     /// An adapter for one root session.
     pub fn new(root_agent_session_id: Id, config: AcpConfig) -> AcpAdapter {

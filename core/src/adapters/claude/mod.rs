@@ -102,11 +102,11 @@
 
 mod native;
 mod notifications;
-mod replay;
 mod requests;
+mod sidecar;
 
-pub use replay::{replay_transcript, sidecar_line, ReplayOutput};
 pub(crate) use requests::permission_decision;
+pub use sidecar::sidecar_line;
 
 use crate::adapters::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::hash::{FxMap, FxSet};

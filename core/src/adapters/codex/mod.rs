@@ -98,12 +98,7 @@
 
 mod protocol;
 pub(crate) use protocol::answer;
-pub(crate) mod replay;
-
-pub use replay::{
-    replay_transcript, replay_transcript_with, CodexReplay, ReplayOptions, ReplayOutput,
-    REPLAY_ROOT, REPLAY_TURN,
-};
+pub(crate) use protocol::id_key;
 
 use super::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};

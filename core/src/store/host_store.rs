@@ -8,9 +8,9 @@
 //!
 //! [`MemoryStore`]: crate::store::MemoryStore
 
+use super::Store;
 use crate::model::{Id, Session};
 use crate::step::PersistBatch;
-use crate::store::Store;
 use thiserror::Error;
 
 /// One outbox row written by a batch: its sequence number, the index of the published row in

@@ -30,8 +30,8 @@
 //! rejections become diagnostics, and the invariant checker runs after every line (its findings
 //! are `violations`).
 
-use super::protocol::id_key as protocol_id_key;
-use super::{CodexAdapter, CodexConfig};
+use crate::adapters::codex::id_key as protocol_id_key;
+use crate::adapters::codex::{CodexAdapter, CodexConfig};
 use crate::adapters::parse_line;
 use crate::driver::{Driver, Output, Record};
 use crate::input::{Command, Input, NormalizedEvent, RuntimeAnswer};

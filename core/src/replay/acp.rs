@@ -26,9 +26,8 @@
 //! first. Nothing panics: garbage lines, adapter errors and engine rejections become
 //! diagnostics, and the invariant checker runs after every line.
 
-use super::{AcpAdapter, AcpConfig};
-use crate::adapters::codex::replay::absorb_records;
-use crate::adapters::codex::ReplayOutput;
+use super::codex::{absorb_records, ReplayOutput};
+use crate::adapters::acp::{AcpAdapter, AcpConfig};
 use crate::adapters::parse_line;
 use crate::driver::{Driver, Output};
 use crate::input::{Command, Input};
@@ -272,8 +271,11 @@ impl AcpReplay {
 
     fn mirror_cancel(&mut self, native: &str) {
         let session: Option<Id> = match self.adapter() {
-            Some(a) if a.session.as_deref() == Some(native) => Some(REPLAY_ROOT.into()),
-            Some(a) => a.children.get(native).map(|c| c.session.clone()),
+            Some(a) => match a.session_of_native(native) {
+                Some(None) => Some(REPLAY_ROOT.into()),
+                Some(Some(child)) => Some(child),
+                None => None,
+            },
             None => None,
         };
         let active = session.and_then(|s| {

@@ -10,7 +10,7 @@
 //! The wire form is unchanged: [`Session`](crate::model::Session) is still written with `kind`
 //! and the flat optional fields, in the same order (see `session_wire.rs`).
 
-use crate::model::{Capabilities, Id, SessionKind};
+use super::{Capabilities, Id, SessionKind};
 
 /// Root or child, with the fields that belong to that kind only.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,6 +27,7 @@ use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
 use crate::follow::{Followed, Follower};
 use crate::forward::{forward_commands, OwnedElsewhere, RequestId};
+use crate::metrics::Stage;
 use crate::openapi::{
     CancelResponse, CreateSessionResponse, DeleteResponse, HealthResponse, ListSessionsResponse,
     LoginLinkResponse, MessagesResponse, OkResponse, Op, ProvidersResponse, SessionDetailResponse,
@@ -1059,6 +1060,7 @@ async fn events(
     let cursor = header_after.or(q.after).unwrap_or(0);
     let mut follower = Follower::new(&s.daemon, cursor);
     let mut stop = s.stop.clone();
+    let metrics = s.daemon.metrics().clone();
     let stream = async_stream(move |tx| async move {
         loop {
             let next = tokio::select! {
@@ -1091,12 +1093,19 @@ async fn events(
                     continue;
                 }
             };
-            for row in rows {
-                let data = serde_json::to_string(&row).unwrap_or_default();
-                let ev = Event::default()
-                    .id(row.seq.to_string())
-                    .event(row.kind.clone())
-                    .data(data);
+            let t = std::time::Instant::now();
+            let events: Vec<Event> = rows
+                .into_iter()
+                .map(|row| {
+                    let data = serde_json::to_string(&row).unwrap_or_default();
+                    Event::default()
+                        .id(row.seq.to_string())
+                        .event(row.kind)
+                        .data(data)
+                })
+                .collect();
+            metrics.stage(Stage::Stream, t.elapsed());
+            for ev in events {
                 if tx.send(Ok(ev)).await.is_err() {
                     return;
                 }

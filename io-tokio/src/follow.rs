@@ -27,6 +27,7 @@
 //! newest row is simply caught up.
 
 use crate::daemon::{Daemon, DaemonError};
+use crate::metrics::Stage;
 use std::sync::Arc;
 use tokio::sync::broadcast;
 use tutti_core::model::Id;
@@ -219,6 +220,7 @@ impl Follower {
                         self.behind = true;
                         continue;
                     }
+                    let t = std::time::Instant::now();
                     let mut out = Vec::with_capacity(batch.len());
                     for r in batch.iter().filter(|r| r.seq > self.cursor) {
                         let payload = serde_json::from_str(&r.payload)
@@ -231,6 +233,7 @@ impl Follower {
                             payload,
                         });
                     }
+                    self.daemon.metrics().stage(Stage::Stream, t.elapsed());
                     if let Some(last) = out.last() {
                         self.advance(last.seq);
                         return Ok(Followed::Rows(out));

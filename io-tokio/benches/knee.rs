@@ -8,7 +8,7 @@
 //! by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE clients over TCP.
 //!
 //! The offered rate (provider lines per second, all agents together) ramps up by a factor of
-//! `TUTTI_KNEE_STEP` (default 1.4) from `TUTTI_KNEE_START` (default 2,000) until the p99 of
+//! `TUTTI_KNEE_STEP` (default 1.4) from `TUTTI_KNEE_START` (default 500) until the p99 of
 //! provider line → committed → streamed (every `tool_call` line carries its send time in its
 //! title; each client takes the time when it reads the row) crosses 5 ms, or fewer lines were
 //! delivered than offered (a step's last row reached every client more than half a second after
@@ -455,7 +455,7 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
     let agents = env_f("TUTTI_KNEE_AGENTS", 100.0).max(1.0) as usize;
     let secs = env_f("TUTTI_KNEE_SECS", 2.0).max(0.5);
     let factor = env_f("TUTTI_KNEE_STEP", 1.4).max(1.05);
-    let mut rate = env_f("TUTTI_KNEE_START", 2_000.0).max(100.0);
+    let mut rate = env_f("TUTTI_KNEE_START", 500.0).max(100.0);
     let mut knee = None;
     for _ in 0..20 {
         let r = step(db, agents, followers, rate, secs).await;

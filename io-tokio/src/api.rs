@@ -25,7 +25,7 @@
 
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
-use crate::follow::{Followed, Follower};
+use crate::follow::{Follower, Streamed};
 use crate::forward::{forward_commands, OwnedElsewhere, RequestId};
 use crate::metrics::Stage;
 use crate::openapi::{
@@ -1064,15 +1064,15 @@ async fn events(
     let stream = async_stream(move |tx| async move {
         loop {
             let next = tokio::select! {
-                r = follower.next_event() => match r {
+                r = follower.next_stream() => match r {
                     Ok(next) => next,
                     Err(_) => return,
                 },
                 _ = stopped(&mut stop) => return,
             };
             let rows = match next {
-                Followed::Rows(rows) => rows,
-                Followed::Reset {
+                Streamed::Rows(rows) => rows,
+                Streamed::Reset {
                     requested_after,
                     pruned_through,
                 } => {
@@ -1097,11 +1097,10 @@ async fn events(
             let events: Vec<Event> = rows
                 .into_iter()
                 .map(|row| {
-                    let data = serde_json::to_string(&row).unwrap_or_default();
                     Event::default()
                         .id(row.seq.to_string())
                         .event(row.kind)
-                        .data(data)
+                        .data(&*row.data)
                 })
                 .collect();
             metrics.stage(Stage::Stream, t.elapsed());

@@ -1322,13 +1322,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 let rows = p
                     .rows
                     .into_iter()
-                    .map(|r| LiveRow {
-                        seq: r.seq,
-                        kind: r.kind,
-                        root_agent_session_id: root.clone(),
-                        workspace_id: ws.clone(),
-                        payload: r.payload,
-                    })
+                    .map(|r| LiveRow::new(r.seq, r.kind, root.clone(), ws.clone(), r.payload))
                     .collect();
                 let _ = self.live.send(Arc::new(rows));
             }

@@ -25,8 +25,9 @@
 
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
-use crate::follow::{Followed, Follower};
+use crate::follow::{Follower, Streamed};
 use crate::forward::{forward_commands, OwnedElsewhere, RequestId};
+use crate::metrics::Stage;
 use crate::openapi::{
     CancelResponse, CreateSessionResponse, DeleteResponse, HealthResponse, ListSessionsResponse,
     LoginLinkResponse, MessagesResponse, OkResponse, Op, ProvidersResponse, SessionDetailResponse,
@@ -1059,18 +1060,19 @@ async fn events(
     let cursor = header_after.or(q.after).unwrap_or(0);
     let mut follower = Follower::new(&s.daemon, cursor);
     let mut stop = s.stop.clone();
+    let metrics = s.daemon.metrics().clone();
     let stream = async_stream(move |tx| async move {
         loop {
             let next = tokio::select! {
-                r = follower.next_event() => match r {
+                r = follower.next_stream() => match r {
                     Ok(next) => next,
                     Err(_) => return,
                 },
                 _ = stopped(&mut stop) => return,
             };
             let rows = match next {
-                Followed::Rows(rows) => rows,
-                Followed::Reset {
+                Streamed::Rows(rows) => rows,
+                Streamed::Reset {
                     requested_after,
                     pruned_through,
                 } => {
@@ -1091,12 +1093,18 @@ async fn events(
                     continue;
                 }
             };
-            for row in rows {
-                let data = serde_json::to_string(&row).unwrap_or_default();
-                let ev = Event::default()
-                    .id(row.seq.to_string())
-                    .event(row.kind.clone())
-                    .data(data);
+            let t = std::time::Instant::now();
+            let events: Vec<Event> = rows
+                .into_iter()
+                .map(|row| {
+                    Event::default()
+                        .id(row.seq.to_string())
+                        .event(row.kind)
+                        .data(&*row.data)
+                })
+                .collect();
+            metrics.stage(Stage::Stream, t.elapsed());
+            for ev in events {
                 if tx.send(Ok(ev)).await.is_err() {
                     return;
                 }

@@ -11,7 +11,7 @@
 
 use crate::clock::now_ms;
 use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
-use crate::metrics::{phase_name, Metrics, StateGauges};
+use crate::metrics::{phase_name, Metrics, Stage, StateGauges};
 use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, FromRuntime, RuntimeHandle, ToDaemon, Transport};
@@ -597,6 +597,7 @@ impl Daemon {
                 .unwrap_or_else(default_max_providers)
                 .max(1),
             reserved: std::collections::HashSet::new(),
+            round_io: std::time::Duration::ZERO,
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -824,6 +825,9 @@ struct Core<S> {
     line_round: Option<std::time::Instant>,
     /// The cap on live provider runtimes (see [`DaemonOptions::max_providers`]).
     max_providers: usize,
+    /// Time this round spent committing and publishing (the rest of the round is deciding; see
+    /// [`crate::metrics::Stage`]).
+    round_io: std::time::Duration,
     /// Roots whose submit was let through this round for a provider start still to come: they
     /// count against the cap until launched (cleared after the round).
     reserved: std::collections::HashSet<Id>,
@@ -928,6 +932,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 }
             }
             let touched = self.settle(now);
+            let io = std::mem::take(&mut self.round_io);
+            self.metrics
+                .stage(Stage::Decide, round.elapsed().saturating_sub(io));
             self.reserved.clear();
             for root in &touched {
                 self.review_runtime(root);
@@ -1197,7 +1204,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
         }
         let t = std::time::Instant::now();
-        match self.store.apply_group(&batches, true) {
+        let result = self.store.apply_group(&batches, true);
+        let took = t.elapsed();
+        self.round_io += took;
+        self.metrics.stage(Stage::Commit, took);
+        match result {
             Ok(published) => {
                 self.metrics
                     .committed(&batches, t.elapsed(), self.line_round);
@@ -1295,6 +1306,14 @@ impl<S: HostStore + Send + 'static> Core<S> {
 
     /// Announces a commit: the newest sequence number, and its rows to live followers.
     fn publish(&mut self, p: Publication) {
+        let t = std::time::Instant::now();
+        self.publish_rows(p);
+        let took = t.elapsed();
+        self.round_io += took;
+        self.metrics.stage(Stage::Publish, took);
+    }
+
+    fn publish_rows(&mut self, p: Publication) {
         let Some(max) = p.rows.iter().map(|r| r.seq).max() else {
             return;
         };
@@ -1303,13 +1322,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 let rows = p
                     .rows
                     .into_iter()
-                    .map(|r| LiveRow {
-                        seq: r.seq,
-                        kind: r.kind,
-                        root_agent_session_id: root.clone(),
-                        workspace_id: ws.clone(),
-                        payload: r.payload,
-                    })
+                    .map(|r| LiveRow::new(r.seq, r.kind, root.clone(), ws.clone(), r.payload))
                     .collect();
                 let _ = self.live.send(Arc::new(rows));
             }

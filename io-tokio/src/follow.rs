@@ -27,12 +27,17 @@
 //! newest row is simply caught up.
 
 use crate::daemon::{Daemon, DaemonError};
-use std::sync::Arc;
+use crate::metrics::Stage;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::broadcast;
 use tutti_core::model::Id;
 use tutti_core::store::OutboxRow;
 
 /// One outbox row as a commit wrote it (the payload is the stored JSON text).
+///
+/// Every live follower gets the same `LiveRow` (one [`LiveBatch`] per commit, shared), so what
+/// an event stream sends for it is rendered once for all of them ([`LiveRow::stream_data`],
+/// issue 33: "serializing an outbox row once for all followers").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveRow {
     /// Outbox sequence number.
@@ -45,6 +50,98 @@ pub struct LiveRow {
     pub workspace_id: Id,
     /// The entity's wire JSON, as stored.
     pub payload: String,
+    /// The row's event-stream JSON, once a follower asked for it.
+    rendered: OnceLock<Result<Arc<str>, String>>,
+}
+
+impl LiveRow {
+    /// A row of a commit.
+    pub fn new(
+        seq: u64,
+        kind: &'static str,
+        root_agent_session_id: Id,
+        workspace_id: Id,
+        payload: String,
+    ) -> LiveRow {
+        LiveRow {
+            seq,
+            kind,
+            root_agent_session_id,
+            workspace_id,
+            payload,
+            rendered: OnceLock::new(),
+        }
+    }
+
+    /// The row as `GET /v1/events` sends it: the JSON of its [`OutboxRow`] (`seq`, `kind`,
+    /// `rootAgentSessionId`, `workspaceId`, `payload`), rendered on the first call and shared by
+    /// every later caller. The payload is the stored text, checked once to be one JSON value
+    /// (a row whose payload is not is an error for every follower, as it is when parsed).
+    ///
+    /// Choice: the payload's keys keep the order the store wrote them in; a row read back from
+    /// the file is re-serialized from its parsed value instead, so the two may order keys
+    /// differently (JSON objects are unordered; the values are equal).
+    pub fn stream_data(&self) -> Result<Arc<str>, DaemonError> {
+        self.rendered
+            .get_or_init(|| self.render())
+            .clone()
+            .map_err(DaemonError::Storage)
+    }
+
+    fn render(&self) -> Result<Arc<str>, String> {
+        serde_json::from_str::<serde::de::IgnoredAny>(&self.payload).map_err(|e| e.to_string())?;
+        let text = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
+        let mut out = String::with_capacity(self.payload.len() + 128);
+        out.push_str("{\"seq\":");
+        out.push_str(&self.seq.to_string());
+        out.push_str(",\"kind\":");
+        out.push_str(&text(self.kind)?);
+        out.push_str(",\"rootAgentSessionId\":");
+        out.push_str(&text(&self.root_agent_session_id)?);
+        out.push_str(",\"workspaceId\":");
+        out.push_str(&text(&self.workspace_id)?);
+        out.push_str(",\"payload\":");
+        out.push_str(self.payload.trim());
+        out.push('}');
+        Ok(out.into())
+    }
+}
+
+/// One row for an event stream: its sequence number, kind and JSON text (see
+/// [`LiveRow::stream_data`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRow {
+    /// Outbox sequence number.
+    pub seq: u64,
+    /// Entity kind.
+    pub kind: String,
+    /// The row's JSON, as `GET /v1/events` sends it as an event's data.
+    pub data: Arc<str>,
+}
+
+/// What [`Follower::next_stream`] yields next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Streamed {
+    /// The next rows, in order (never empty).
+    Rows(Vec<StreamRow>),
+    /// As [`Followed::Reset`].
+    Reset {
+        /// The position the follower asked for.
+        requested_after: u64,
+        /// Every row up to this seq is gone; the follower continues after it.
+        pruned_through: u64,
+    },
+}
+
+/// What the follower found next, before it is shaped for its caller.
+enum Next {
+    File(Vec<OutboxRow>),
+    /// A live batch and the index of its first row this follower has not seen.
+    Live(LiveBatch, usize),
+    Reset {
+        requested_after: u64,
+        pruned_through: u64,
+    },
 }
 
 /// The rows of one commit, in sequence order.
@@ -145,6 +242,80 @@ impl Follower {
     /// The next rows, or a reset if the rows after this follower's position were pruned; waits
     /// until there is something. `Err` once the daemon stops or the file cannot be read.
     pub async fn next_event(&mut self) -> Result<Followed, DaemonError> {
+        Ok(match self.next_any().await? {
+            Next::File(rows) => Followed::Rows(rows),
+            Next::Live(batch, from) => {
+                let t = std::time::Instant::now();
+                let mut out = Vec::with_capacity(batch.len() - from);
+                for r in &batch[from..] {
+                    let payload = serde_json::from_str(&r.payload)
+                        .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                    out.push(OutboxRow {
+                        seq: r.seq,
+                        kind: r.kind.to_string(),
+                        root_agent_session_id: r.root_agent_session_id.clone(),
+                        workspace_id: r.workspace_id.clone(),
+                        payload,
+                    });
+                }
+                self.daemon.metrics().stage(Stage::Stream, t.elapsed());
+                Followed::Rows(out)
+            }
+            Next::Reset {
+                requested_after,
+                pruned_through,
+            } => Followed::Reset {
+                requested_after,
+                pruned_through,
+            },
+        })
+    }
+
+    /// [`Follower::next_event`] shaped for an event stream: each row as the JSON text it is
+    /// sent as. A live row's text is rendered once for every follower
+    /// ([`LiveRow::stream_data`]); a row read from the file is serialized here.
+    pub async fn next_stream(&mut self) -> Result<Streamed, DaemonError> {
+        let next = self.next_any().await?;
+        let t = std::time::Instant::now();
+        let out = match next {
+            Next::File(rows) => Streamed::Rows(
+                rows.into_iter()
+                    .map(|row| {
+                        let data = serde_json::to_string(&row)
+                            .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                        Ok(StreamRow {
+                            seq: row.seq,
+                            kind: row.kind,
+                            data: data.into(),
+                        })
+                    })
+                    .collect::<Result<_, DaemonError>>()?,
+            ),
+            Next::Live(batch, from) => Streamed::Rows(
+                batch[from..]
+                    .iter()
+                    .map(|r| {
+                        Ok(StreamRow {
+                            seq: r.seq,
+                            kind: r.kind.to_string(),
+                            data: r.stream_data()?,
+                        })
+                    })
+                    .collect::<Result<_, DaemonError>>()?,
+            ),
+            Next::Reset {
+                requested_after,
+                pruned_through,
+            } => Streamed::Reset {
+                requested_after,
+                pruned_through,
+            },
+        };
+        self.daemon.metrics().stage(Stage::Stream, t.elapsed());
+        Ok(out)
+    }
+
+    async fn next_any(&mut self) -> Result<Next, DaemonError> {
         loop {
             if self.behind {
                 let d = self.daemon.clone();
@@ -175,21 +346,21 @@ impl Follower {
                 self.head_checked = true;
                 if let Some(head) = head.filter(|h| after > *h) {
                     self.advance(head);
-                    return Ok(Followed::Reset {
+                    return Ok(Next::Reset {
                         requested_after: after,
                         pruned_through: head,
                     });
                 }
                 if after > 0 && after < pruned {
                     self.advance(pruned);
-                    return Ok(Followed::Reset {
+                    return Ok(Next::Reset {
                         requested_after: after,
                         pruned_through: pruned,
                     });
                 }
                 if let Some(last) = rows.last() {
                     self.advance(last.seq);
-                    return Ok(Followed::Rows(rows));
+                    return Ok(Next::File(rows));
                 }
                 self.behind = false;
             }
@@ -219,25 +390,77 @@ impl Follower {
                         self.behind = true;
                         continue;
                     }
-                    let mut out = Vec::with_capacity(batch.len());
-                    for r in batch.iter().filter(|r| r.seq > self.cursor) {
-                        let payload = serde_json::from_str(&r.payload)
-                            .map_err(|e| DaemonError::Storage(e.to_string()))?;
-                        out.push(OutboxRow {
-                            seq: r.seq,
-                            kind: r.kind.to_string(),
-                            root_agent_session_id: r.root_agent_session_id.clone(),
-                            workspace_id: r.workspace_id.clone(),
-                            payload,
-                        });
-                    }
-                    if let Some(last) = out.last() {
+                    // Rows in sequence order: the unseen ones are a suffix.
+                    let from = batch.partition_point(|r| r.seq <= self.cursor);
+                    if let Some(last) = batch.last().filter(|_| from < batch.len()) {
                         self.advance(last.seq);
-                        return Ok(Followed::Rows(out));
+                        return Ok(Next::Live(batch, from));
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => self.behind = true,
                 Err(broadcast::error::RecvError::Closed) => return Err(DaemonError::Stopped),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn row(payload: &str) -> LiveRow {
+        LiveRow::new(
+            7,
+            "toolCall",
+            "root \"quoted\" \u{e9}".into(),
+            "w\\1".into(),
+            payload.to_string(),
+        )
+    }
+
+    /// Issue 33: a live row's event-stream JSON is the JSON of its `OutboxRow`, as the stream
+    /// sent it when every follower serialized the row itself (ids with quotes and escapes
+    /// included).
+    #[test]
+    fn stream_data_is_the_outbox_row_json() {
+        let payload = json!({"toolCallId": "c1", "name": "t=\"1\"\n", "n": [1, 2.5, null]});
+        let r = row(&payload.to_string());
+        let data = r.stream_data().expect("rendered");
+        let parsed: Value = serde_json::from_str(&data).expect("one JSON value");
+        let expected = serde_json::to_value(OutboxRow {
+            seq: 7,
+            kind: "toolCall".into(),
+            root_agent_session_id: "root \"quoted\" \u{e9}".into(),
+            workspace_id: "w\\1".into(),
+            payload,
+        })
+        .expect("row");
+        assert_eq!(parsed, expected);
+    }
+
+    /// Issue 33: "serializing an outbox row once for all followers": every follower of a commit
+    /// shares one batch, and a row's text is rendered once, then shared (the same allocation).
+    #[test]
+    fn stream_data_is_rendered_once_for_all_followers() {
+        let batch: LiveBatch = Arc::new(vec![row(r#"{"a":1}"#)]);
+        let (one, two) = (batch.clone(), batch.clone());
+        let a = one[0].stream_data().expect("rendered");
+        let b = two[0].stream_data().expect("rendered");
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    /// A payload that is not one JSON value is a storage error for every follower (as when the
+    /// followers parsed it), never a malformed event.
+    #[test]
+    fn stream_data_of_a_bad_payload_is_an_error() {
+        for bad in ["", "{\"a\":", "1 2", "{} x"] {
+            let r = row(bad);
+            for _ in 0..2 {
+                assert!(
+                    matches!(r.stream_data(), Err(DaemonError::Storage(_))),
+                    "{bad:?}"
+                );
             }
         }
     }

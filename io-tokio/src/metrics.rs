@@ -71,6 +71,44 @@ pub struct ProviderLabel {
     pub provider: String,
 }
 
+/// One label: `stage` (see [`Stage`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    /// `decide`, `commit`, `publish` or `stream`.
+    pub stage: String,
+}
+
+/// Where the daemon spends its time on the path provider line → committed → streamed (issue 33:
+/// the per-stage share). Parsing a provider's line into JSON happens on its runtime task before
+/// the daemon sees it and is not one of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The engine thread deciding inputs: the adapters reading native messages and the engine
+    /// deciding the steps (the `Driver`'s `handle_*` calls).
+    Decide,
+    /// The group commits (`apply_group`).
+    Commit,
+    /// Announcing commits to the live followers (the engine thread).
+    Publish,
+    /// The event streams turning rows into SSE events (every follower's time, summed).
+    Stream,
+}
+
+impl Stage {
+    /// Every stage, in path order.
+    pub const ALL: [Stage; 4] = [Stage::Decide, Stage::Commit, Stage::Publish, Stage::Stream];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Decide => "decide",
+            Stage::Commit => "commit",
+            Stage::Publish => "publish",
+            Stage::Stream => "stream",
+        }
+    }
+}
+
 /// One label: `phase`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
@@ -167,6 +205,8 @@ pub struct Metrics {
     line_to_commit: Histogram,
     waiting_on_children: Histogram,
     cancel_settle: Histogram,
+    /// Per [`Stage`], in [`Stage::ALL`] order (the family's series, looked up once).
+    stages: [Counter<f64, std::sync::atomic::AtomicU64>; 4],
     // Gauges (set at scrape time).
     uptime: Gauge<f64, std::sync::atomic::AtomicU64>,
     resident_trees: Gauge,
@@ -213,6 +253,7 @@ impl Metrics {
             line_to_commit: seconds_histogram(),
             waiting_on_children: seconds_histogram(),
             cancel_settle: seconds_histogram(),
+            stages: Default::default(),
             uptime: Gauge::default(),
             resident_trees: Gauge::default(),
             live_trees: Gauge::default(),
@@ -383,9 +424,39 @@ impl Metrics {
             Unit::Seconds,
             m.cancel_settle.clone(),
         );
+        let stages: Family<StageLabel, Counter<f64, std::sync::atomic::AtomicU64>> =
+            Family::default();
         let mut m = m;
+        for (i, s) in Stage::ALL.iter().enumerate() {
+            m.stages[i] = stages
+                .get_or_create(&StageLabel {
+                    stage: s.name().into(),
+                })
+                .clone();
+        }
+        r.register_with_unit(
+            "tutti_stage",
+            "Time spent per stage of provider line to committed to streamed (decide, commit, publish, stream)",
+            Unit::Seconds,
+            stages,
+        );
         m.registry = r;
         m
+    }
+
+    /// Counts `took` against `stage` (see [`Stage`]).
+    pub fn stage(&self, stage: Stage, took: Duration) {
+        let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
+        self.stages[i].inc_by(took.as_secs_f64());
+    }
+
+    /// Seconds spent so far per stage, in [`Stage::ALL`] order.
+    pub fn stage_seconds(&self) -> Vec<(&'static str, f64)> {
+        Stage::ALL
+            .iter()
+            .zip(self.stages.iter())
+            .map(|(s, c)| (s.name(), c.get()))
+            .collect()
     }
 
     /// Seconds since the metrics (the daemon) started.

@@ -1,0 +1,721 @@
+//! `cargo bench -p tutti-tokio --bench knee`: how far one daemon goes (issue 33).
+//!
+//! The whole daemon, end to end: 100 simulated ACP agents (in-process tasks writing ACP wire
+//! lines: `agent_message_chunk`s, `tool_call`s and `tool_call_update`s, and a subagent's
+//! `subagent_update` lifecycle every 40 lines) whose lines are parsed as a provider runtime
+//! parses them (`parse_line`) and decided by the real ACP adapter and engine on the daemon's
+//! engine thread ([`Daemon`], the `Driver` path), group-committed to a real store, and streamed
+//! by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE clients over TCP.
+//!
+//! The offered rate (provider lines per second, all agents together) ramps up by a factor of
+//! `TUTTI_KNEE_STEP` (default 1.4) from `TUTTI_KNEE_START` (default 500) until the p99 of
+//! provider line → committed → streamed (every `tool_call` line carries its send time in its
+//! title; each client takes the time when it reads the row) crosses 5 ms, or fewer lines were
+//! delivered than offered (a step's last row reached every client more than half a second after
+//! its last line was sent). The knee is the highest rate that passed. Each step runs
+//! `TUTTI_KNEE_SECS` seconds (default 2) on a fresh database.
+//!
+//! Then, in the same run and on the same file system, the store's ceiling for the same rows:
+//! the same lines decided by a standalone `Driver` (same adapter, same engine), and the batches
+//! it decided committed in groups of `MAX_GROUP` by `SqliteStore` and by raw rusqlite (the rows
+//! the store writes, plain prepared upserts: `cargo bench -p tutti-sqlite`'s baseline), both
+//! with the daemon's checkpoint thread; printed as events (provider lines) per second, with
+//! `knee / store ceiling` and `knee / raw ceiling`.
+//!
+//! Followers: 1, 10 and 100 (`TUTTI_KNEE_FOLLOWERS`, comma-separated). SQLite runs with
+//! `synchronous=NORMAL` (as the other daemon benchmarks, so the figures compare with the raw
+//! ceiling, which writes with NORMAL); PostgreSQL on a real server started by the bench in a
+//! temporary directory, with its durable defaults (`fsync`, `synchronous_commit` on); set
+//! `TUTTI_KNEE_PG=0` to skip it.
+//!
+//! At the knee, the per-stage time share: `parse` (line → JSON on the runtime side, timed by the
+//! simulated runtime), `decide` (adapter + engine on the engine thread), `commit` (the group
+//! commits), `publish` (announcing each commit to the live followers), `stream` (all followers
+//! turning rows into SSE events), from the daemon's own stage counters
+//! (`tutti_stage_seconds_total`).
+//!
+//! Nothing is asserted: the bench prints figures. The machine is shared and has 2 cores: compare
+//! figures within one run.
+
+#[path = "../../io-sqlite/benches/shared/raw_rows.rs"]
+mod raw_rows;
+
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
+use tutti_core::adapters::{parse_line, Adapter};
+use tutti_core::driver::{Driver, Output};
+use tutti_core::model::{Capabilities, Id};
+use tutti_core::store::HostStore;
+use tutti_core::{Command, EngineConfig, Input, PersistBatch};
+use tutti_sqlite::{CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore};
+use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
+use tutti_tokio::runtime::{Native, NativeSink, Transport, WriteError};
+
+const SESSION: &str = "sim";
+const TOKEN: &str = "knee-bench-token-0123456789abcdef0123456789";
+const P99_LIMIT_US: u64 = 5_000;
+
+fn env_f(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `i`-th line of an agent's turn; whether it carries a send time (a `tool_call` title).
+fn line(i: usize, sent_us: u64) -> (String, bool) {
+    let upd = |u: Value| {
+        json!({"jsonrpc": "2.0", "method": "session/update",
+            "params": {"sessionId": SESSION, "update": u}})
+        .to_string()
+    };
+    let child = format!("sub{}", i / 40);
+    match i % 40 {
+        5 => (
+            upd(
+                json!({"sessionUpdate": "subagent_update", "sessionId": child,
+                "title": "helper", "state": {"state": "running"}}),
+            ),
+            false,
+        ),
+        35 => (
+            upd(
+                json!({"sessionUpdate": "subagent_update", "sessionId": child,
+                "state": {"state": "idle", "stopReason": "end_turn"}}),
+            ),
+            false,
+        ),
+        k if k % 4 == 1 => (
+            upd(
+                json!({"sessionUpdate": "tool_call", "toolCallId": format!("c{i}"),
+                "title": format!("t={sent_us}"), "kind": "search", "status": "in_progress",
+                "rawInput": {"pattern": "fn main", "path": "src"}}),
+            ),
+            true,
+        ),
+        k if k % 4 == 3 => (
+            upd(
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": format!("c{}", i - 2),
+                "title": format!("t={sent_us}"), "status": "completed",
+                "rawOutput": {"matches": 3}}),
+            ),
+            true,
+        ),
+        _ => (
+            upd(
+                json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text",
+                "text": "a line of transcript of about sixty characters, as agents write "}}),
+            ),
+            false,
+        ),
+    }
+}
+
+/// How many of the first `n` lines carry a send time.
+fn stamped(n: usize) -> usize {
+    (0..n).filter(|&i| line(i, 0).1).count()
+}
+
+struct ChannelSink(mpsc::UnboundedSender<Value>);
+impl NativeSink for ChannelSink {
+    fn send<'a>(&'a mut self, m: &'a Value) -> BoxFuture<'a, Result<(), WriteError>> {
+        let r = self
+            .0
+            .send(m.clone())
+            .map_err(|_| WriteError::Transport("closed".into()));
+        Box::pin(async move { r })
+    }
+}
+
+/// Parse time on the runtime side (nanoseconds), as the simulated runtimes measure it.
+static PARSE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Simulated ACP agents: each answers the handshake, then writes its turn's lines at its share
+/// of the offered rate, as text lines parsed as a provider runtime parses stdout.
+struct Sim {
+    epoch: Instant,
+    per_agent_rate: f64,
+    per_agent_lines: usize,
+}
+
+impl ProviderFactory for Sim {
+    fn capabilities(&self, _: &str) -> Option<Capabilities> {
+        Some(Capabilities::default())
+    }
+    fn names(&self) -> Vec<String> {
+        vec!["sim".into()]
+    }
+    fn launch(
+        &self,
+        _: &str,
+        root: &Id,
+        _: Option<&str>,
+        _: Option<&str>,
+    ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
+        let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
+        let (to_runtime, incoming) = mpsc::channel::<Native>(4096);
+        let epoch = self.epoch;
+        let rate = self.per_agent_rate;
+        let n = self.per_agent_lines;
+        tokio::spawn(async move {
+            while let Some(msg) = agent_rx.recv().await {
+                let id = msg.get("id").cloned();
+                let reply = |result: Value| {
+                    json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
+                };
+                let line = match msg.get("method").and_then(Value::as_str) {
+                    Some("initialize") => {
+                        reply(json!({"protocolVersion": 1, "agentCapabilities": {}}))
+                    }
+                    Some("session/new") => reply(json!({"sessionId": SESSION})),
+                    Some("session/prompt") => {
+                        tokio::spawn(turn(to_runtime.clone(), epoch, rate, n, id));
+                        continue;
+                    }
+                    _ => continue,
+                };
+                if send_line(&to_runtime, &line).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let adapter = AcpAdapter::new(root.clone(), AcpConfig::default());
+        Ok((
+            Box::new(adapter),
+            Transport {
+                incoming,
+                sink: Box::new(ChannelSink(to_agent)),
+                child: None,
+            },
+        ))
+    }
+}
+
+/// One line through the runtime side: parsed as `spawn_line_process` parses a provider's stdout.
+async fn send_line(tx: &mpsc::Sender<Native>, line: &str) -> Result<(), ()> {
+    let t = Instant::now();
+    let msg = match parse_line(line) {
+        Ok(v) => Native::Message(v),
+        Err(e) => Native::Garbage(e.to_string()),
+    };
+    PARSE_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    tx.send(msg).await.map_err(|_| ())
+}
+
+/// An agent's turn: `n` lines at `rate` lines/s, then the prompt's answer.
+async fn turn(tx: mpsc::Sender<Native>, epoch: Instant, rate: f64, n: usize, id: Option<Value>) {
+    let start = Instant::now();
+    // One wake-up per line, or every millisecond at the most (then the lines due by then).
+    let gap = Duration::from_secs_f64((1.0 / rate).max(0.001));
+    let mut tick = tokio::time::interval(gap);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut i = 0;
+    while i < n {
+        tick.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(n);
+        while i < due {
+            let (l, _) = line(i, epoch.elapsed().as_micros() as u64);
+            if send_line(&tx, &l).await.is_err() {
+                return;
+            }
+            i += 1;
+        }
+    }
+    let end = json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "end_turn"}});
+    let _ = send_line(&tx, &end.to_string()).await;
+}
+
+/// One SSE client: `GET /v1/events` over a real TCP connection; the latency of every stamped row
+/// (microseconds), until `expected` rows or `deadline`.
+async fn sse_client(
+    addr: SocketAddr,
+    epoch: Instant,
+    expected: usize,
+    deadline: Instant,
+    warm: Arc<AtomicU64>,
+) -> (Vec<u32>, u64, usize) {
+    let mut lat = Vec::with_capacity(expected);
+    let mut last = 0u64;
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return (lat, last, 0);
+    };
+    let req = format!(
+        "GET /v1/events HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Accept: text/event-stream\r\n\r\n"
+    );
+    let _ = s.set_nodelay(true);
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return (lat, last, 0);
+    }
+    let mut r = BufReader::with_capacity(1 << 16, s);
+    let mut buf = Vec::with_capacity(4096);
+    const NEEDLE: &[u8] = b"\"name\":\"t=";
+    let mut seen = 0;
+    while seen < expected {
+        buf.clear();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, r.read_until(b'\n', &mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => break,
+        }
+        let Some(at) = buf.windows(NEEDLE.len()).position(|w| w == NEEDLE) else {
+            continue;
+        };
+        let now = epoch.elapsed().as_micros() as u64;
+        let digits = &buf[at + NEEDLE.len()..];
+        let end = digits
+            .iter()
+            .position(|b| !b.is_ascii_digit())
+            .unwrap_or(digits.len());
+        let sent = std::str::from_utf8(&digits[..end])
+            .ok()
+            .and_then(|d| d.parse::<u64>().ok());
+        if let Some(sent) = sent {
+            // Every row counts towards delivery; latencies only after the warm-up.
+            seen += 1;
+            if sent >= warm.load(Ordering::Relaxed) {
+                lat.push(now.saturating_sub(sent).min(u32::MAX as u64) as u32);
+            }
+            last = now;
+        }
+    }
+    (lat, last, seen)
+}
+
+/// Which store a step runs on.
+#[derive(Clone, Copy)]
+enum Db<'a> {
+    Sqlite(&'a std::path::Path),
+    Postgres(&'a tutti_pg_server::Server),
+}
+
+/// One step's figures.
+struct StepResult {
+    offered: f64,
+    delivered: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    complete: bool,
+    stages: Vec<(&'static str, f64)>,
+}
+
+impl StepResult {
+    fn passed(&self) -> bool {
+        self.complete && self.p99_ms * 1000.0 <= P99_LIMIT_US as f64
+    }
+}
+
+fn pct(v: &[u32], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() as f64 - 1.0) * p) as usize] as f64 / 1000.0
+}
+
+async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64) -> StepResult {
+    let epoch = Instant::now();
+    let per_agent_rate = rate / agents as f64;
+    let per_agent_lines = ((per_agent_rate * secs) as usize).max(4);
+    let opts = |path: std::path::PathBuf| DaemonOptions {
+        durability: tutti_tokio::config::Durability::Normal,
+        max_providers: Some(usize::MAX),
+        db: path,
+        providers: Arc::new(Sim {
+            epoch,
+            per_agent_rate,
+            per_agent_lines,
+        }),
+        engine: EngineConfig::default(),
+        idle_timeout: None,
+        retention: Default::default(),
+    };
+    let daemon = match db {
+        Db::Sqlite(dir) => {
+            let path = dir.join(format!("knee-{}.db", epoch.elapsed().as_nanos()));
+            let _ = std::fs::remove_file(&path);
+            Daemon::start(opts(path)).expect("daemon starts")
+        }
+        Db::Postgres(server) => {
+            let url = tokio::task::block_in_place(|| server.create_database()).expect("database");
+            let dir = std::env::temp_dir();
+            tutti_tokio::postgres::start(
+                &url,
+                opts(dir.join("knee-pg")),
+                tutti_tokio::postgres::Leases::new(
+                    format!("knee-{}", std::process::id()),
+                    "127.0.0.1:1".into(),
+                    tutti_tokio::postgres::DEFAULT_LEASE,
+                ),
+            )
+            .expect("daemon starts on PostgreSQL")
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = tutti_tokio::api::router_with_shutdown(daemon.clone(), TOKEN.into(), stop_rx.clone());
+    // The daemon's own HTTP server (connection limits, `TCP_NODELAY`).
+    let server = tokio::spawn(tutti_tokio::connections::serve(
+        listener,
+        app,
+        tutti_tokio::connections::HttpLimits::default(),
+        stop_rx,
+    ));
+    // Sessions first (their rows are not measured), then the clients, then the turns.
+    for a in 0..agents {
+        daemon
+            .call(Input::Command(Command::CreateSession {
+                agent_session_id: format!("s{a}").into(),
+                workspace_id: "w".into(),
+                provider: "sim".into(),
+                title: None,
+                capabilities: None,
+            }))
+            .await
+            .expect("create");
+    }
+    let expected = agents * stamped(per_agent_lines);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs * 2.0 + 5.0);
+    let warm = Arc::new(AtomicU64::new(u64::MAX));
+    let clients: Vec<_> = (0..followers)
+        .map(|_| tokio::spawn(sse_client(addr, epoch, expected, deadline, warm.clone())))
+        .collect();
+    // Let every client's stream open before the load starts.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stages_before = daemon.metrics().stage_seconds();
+    let parse_before = PARSE_NS.load(Ordering::Relaxed);
+    let started = epoch.elapsed().as_micros() as u64;
+    for a in 0..agents {
+        daemon
+            .call(Input::Command(Command::Submit {
+                agent_session_id: format!("s{a}").into(),
+                turn_id: format!("t{a}").into(),
+                text: "go".into(),
+            }))
+            .await
+            .expect("submit");
+    }
+    // Latencies count from a warm-up after the last turn started (the provider launches and
+    // handshakes of all agents are not the steady state measured).
+    let warm_up = (secs * 0.2).min(0.5);
+    warm.store(
+        epoch.elapsed().as_micros() as u64 + (warm_up * 1e6) as u64,
+        Ordering::Relaxed,
+    );
+    let mut lat = Vec::with_capacity(expected * followers);
+    let mut last = 0;
+    let mut complete = true;
+    for c in clients {
+        let (l, t, seen) = c.await.expect("client");
+        complete &= seen >= expected;
+        last = last.max(t);
+        lat.extend(l);
+    }
+    let parse = (PARSE_NS.load(Ordering::Relaxed) - parse_before) as f64 / 1e9;
+    let after = daemon.metrics().stage_seconds();
+    let _ = stop_tx.send(true);
+    daemon.shutdown().await;
+    server.abort();
+    lat.sort_unstable();
+    let lines = (agents * per_agent_lines) as f64;
+    let took = last.saturating_sub(started) as f64 / 1e6;
+    // Delivered below offered: the last row reached the clients well after the last line was
+    // sent (half a second of slack for the turn starts and the ramp of the timers).
+    let delivered = if took > 0.0 {
+        lines / took.max(secs)
+    } else {
+        0.0
+    };
+    complete &= took <= secs + 0.5;
+    let mut stages = vec![("parse", parse)];
+    for ((name, b), (_, a)) in stages_before.iter().zip(after.iter()) {
+        stages.push((*name, a - b));
+    }
+    StepResult {
+        offered: lines / secs,
+        delivered,
+        p50_ms: pct(&lat, 0.5),
+        p99_ms: pct(&lat, 0.99),
+        complete,
+        stages,
+    }
+}
+
+/// Ramps the offered rate until a step fails; returns the last step that passed.
+async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
+    let agents = env_f("TUTTI_KNEE_AGENTS", 100.0).max(1.0) as usize;
+    let secs = env_f("TUTTI_KNEE_SECS", 2.0).max(0.5);
+    let factor = env_f("TUTTI_KNEE_STEP", 1.4).max(1.05);
+    let mut rate = env_f("TUTTI_KNEE_START", 500.0).max(100.0);
+    let mut knee = None;
+    for _ in 0..20 {
+        let r = step(db, agents, followers, rate, secs).await;
+        println!(
+            "  {label}, {followers:>3} follower(s): offered {:>7.0}/s delivered {:>7.0}/s p50 {:>6.2} ms p99 {:>7.2} ms{}",
+            r.offered,
+            r.delivered,
+            r.p50_ms,
+            r.p99_ms,
+            if r.passed() { "" } else { "  <- past the knee" }
+        );
+        if std::env::var_os("TUTTI_KNEE_VERBOSE").is_some() {
+            println!("    time: {}", shares(&r));
+        }
+        if !r.passed() {
+            break;
+        }
+        knee = Some(r);
+        rate *= factor;
+    }
+    knee
+}
+
+/// Each stage's share of the time of a step, and its seconds.
+fn shares(k: &StepResult) -> String {
+    let total: f64 = k.stages.iter().map(|(_, s)| s).sum();
+    k.stages
+        .iter()
+        .map(|(n, s)| format!("{n} {:.0} % ({s:.2} s)", 100.0 * s / total.max(1e-9)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_knee(label: &str, followers: usize, knee: &Option<StepResult>) -> f64 {
+    let Some(k) = knee else {
+        println!("knee ({label}, {followers} followers): below the first step");
+        return 0.0;
+    };
+    println!(
+        "knee ({label}, {followers} followers): {:.0} events/s (p99 {:.2} ms); time at the knee: {}",
+        k.offered,
+        k.p99_ms,
+        shares(k)
+    );
+    k.offered
+}
+
+/// The batches a standalone driver (same adapter, same engine) decides for the same lines, and
+/// how many lines that was.
+fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBatch>, usize) {
+    let path = dir.join("capture.db");
+    let mut store = SqliteStore::open(&path).expect("capture store");
+    let mut driver = Driver::new();
+    let mut batches = Vec::new();
+    let mut now = 1;
+    let mut prompts: Vec<(Id, Value)> = Vec::new();
+    let commit = |driver: &mut Driver,
+                  store: &mut SqliteStore,
+                  batches: &mut Vec<PersistBatch>,
+                  prompts: &mut Vec<(Id, Value)>,
+                  now: i64| loop {
+        let mut any = false;
+        while let Some(id) = driver.poll_batch() {
+            any = true;
+            let Some(b) = driver.batch(id).cloned() else {
+                continue;
+            };
+            let p = store.apply_group(&[&b], true).expect("capture commit");
+            batches.push(b);
+            driver.ack_commit(id, p.into_iter().next().unwrap_or_default(), &*store);
+        }
+        while let Some(out) = driver.poll_output() {
+            any = true;
+            match out {
+                Output::Launch(spec) => {
+                    let a = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
+                    driver.attach(now, spec.root, Box::new(a), &*store);
+                }
+                Output::Transmit(t) => {
+                    for m in t.messages {
+                        let id = m.get("id").cloned();
+                        let reply = match m.get("method").and_then(Value::as_str) {
+                            Some("initialize") => {
+                                json!({"protocolVersion": 1, "agentCapabilities": {}})
+                            }
+                            Some("session/new") => json!({"sessionId": SESSION}),
+                            Some("session/prompt") => {
+                                prompts.push((t.root.clone(), id.unwrap_or(Value::Null)));
+                                continue;
+                            }
+                            _ => continue,
+                        };
+                        let l = json!({"jsonrpc": "2.0", "id": id, "result": reply}).to_string();
+                        let _ = driver.handle_line(now, &t.root, &l, &*store);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !any {
+            break;
+        }
+    };
+    for a in 0..agents {
+        let id: Id = format!("s{a}").into();
+        for input in [
+            Command::CreateSession {
+                agent_session_id: id.clone(),
+                workspace_id: "w".into(),
+                provider: "sim".into(),
+                title: None,
+                capabilities: None,
+            },
+            Command::Submit {
+                agent_session_id: id.clone(),
+                turn_id: format!("t{a}").into(),
+                text: "go".into(),
+            },
+        ] {
+            driver.handle_input(now, Input::Command(input), None, &store);
+            commit(&mut driver, &mut store, &mut batches, &mut prompts, now);
+        }
+    }
+    // The daemon steps' order: the agents' lines interleaved.
+    let mut sent = 0;
+    for i in 0..lines {
+        now += 1;
+        for a in 0..agents {
+            let (l, _) = line(i, now as u64);
+            let _ = driver.handle_line(now, &format!("s{a}"), &l, &store);
+            sent += 1;
+            commit(&mut driver, &mut store, &mut batches, &mut prompts, now);
+        }
+    }
+    for (root, id) in std::mem::take(&mut prompts) {
+        let l = json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "end_turn"}});
+        let _ = driver.handle_line(now, &root, &l.to_string(), &store);
+        sent += 1;
+        commit(&mut driver, &mut store, &mut batches, &mut prompts, now);
+    }
+    (batches, sent)
+}
+
+/// The store's ceiling for the captured batches: `SqliteStore` and raw rusqlite, events (lines)
+/// per second, best of three.
+fn ceilings(dir: &std::path::Path) -> (f64, f64, usize) {
+    let (batches, lines) = capture(100, 200, dir);
+    let group = tutti_sqlite::MAX_GROUP;
+    let mut seq = 0i64;
+    let raw: Vec<Vec<raw_rows::RawOp>> = batches
+        .chunks(group)
+        .map(|c| {
+            c.iter()
+                .flat_map(|b| raw_rows::raw_ops(b, &mut seq))
+                .collect()
+        })
+        .collect();
+    let (mut store_best, mut raw_best) = (f64::MAX, f64::MAX);
+    for round in 0..3 {
+        let p = dir.join(format!("ceiling-store-{round}.db"));
+        let mut store = SqliteStore::open_with(
+            &p,
+            &OpenOptions::new()
+                .auto_checkpoint(false)
+                .synchronous(tutti_sqlite::Synchronous::Normal),
+        )
+        .expect("store");
+        let thread =
+            Checkpointer::start(&p, CheckpointPolicy::default(), |_| {}).expect("checkpointer");
+        let t = Instant::now();
+        for g in batches.chunks(group) {
+            let refs: Vec<&PersistBatch> = g.iter().collect();
+            store.apply_group(&refs, true).expect("ceiling commit");
+            thread.committed();
+            if thread.restart_wanted() {
+                let _ = store.checkpoint(CheckpointMode::RestartNoWait);
+                thread.restarted();
+            }
+        }
+        store_best = store_best.min(t.elapsed().as_secs_f64());
+        drop(thread);
+        let p = dir.join(format!("ceiling-raw-{round}.db"));
+        if let Ok(t) = raw_rows::raw_run(&p, &raw, raw_rows::Checkpoints::Thread) {
+            raw_best = raw_best.min(t.wall);
+        }
+    }
+    (
+        lines as f64 / store_best,
+        lines as f64 / raw_best,
+        batches.len(),
+    )
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let followers: Vec<usize> = std::env::var("TUTTI_KNEE_FOLLOWERS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|f| f.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 10, 100]);
+    let dir = std::env::var_os("TUTTI_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("tutti-knee-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("bench directory");
+    println!(
+        "tutti-tokio knee benchmark: provider line -> committed -> streamed, p99 limit {} ms",
+        P99_LIMIT_US / 1000
+    );
+    println!(
+        "  database under {} (TUTTI_BENCH_DIR to measure another file system); {} cores; load average {}",
+        dir.display(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let (store_ceiling, raw_ceiling, nbatches) = ceilings(&dir);
+    println!(
+        "store ceiling (same lines, {nbatches} batches, groups of {}): SqliteStore {store_ceiling:.0} events/s, raw rusqlite {raw_ceiling:.0} events/s",
+        tutti_sqlite::MAX_GROUP
+    );
+    let mut knees = Vec::new();
+    for &f in &followers {
+        let k = rt.block_on(ramp(Db::Sqlite(&dir), "SQLite", f));
+        let eps = print_knee("SQLite", f, &k);
+        println!(
+            "knee: {eps:.0} events/s; knee / store ceiling: {:.2}; knee / raw ceiling: {:.2}",
+            eps / store_ceiling,
+            eps / raw_ceiling
+        );
+        knees.push((f, eps));
+    }
+    if let (Some((1, one)), Some(&(n, many))) = (knees.first().copied(), knees.last()) {
+        if n > 1 && one > 0.0 {
+            println!(
+                "{n} followers cost {:.0} % of the 1-follower knee",
+                100.0 * (1.0 - many / one)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var("TUTTI_KNEE_PG").as_deref() == Ok("0") {
+        return;
+    }
+    let server = match tutti_pg_server::Server::start() {
+        Ok(s) => s,
+        Err(e) => {
+            println!("PostgreSQL skipped: no server ({e})");
+            return;
+        }
+    };
+    for &f in &followers {
+        let k = rt.block_on(ramp(Db::Postgres(&server), "PostgreSQL", f));
+        let eps = print_knee("PostgreSQL", f, &k);
+        println!("knee: {eps:.0} events/s (PostgreSQL, durable defaults)");
+    }
+}

@@ -23,16 +23,23 @@
 //! (shapes: [`tutti_core::adapters::response`]); a refused answer is 400 naming the offered
 //! options and leaves the interaction pending.
 
+use crate::auth::constant_time_eq;
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
 use crate::follow::{Follower, Streamed};
-use crate::forward::{forward_commands, OwnedElsewhere, RequestId};
+use crate::forward::forward_commands;
+use crate::http::{
+    code_of, ApiError, OwnedElsewhere, RequestId, MAX_BODY, MAX_HEADERS, MAX_HEADER_BYTES, MAX_ID,
+    MAX_TEXT, MAX_URI, REQUEST_ID, STORE_RETRY_AFTER_SECS,
+};
 use crate::metrics::Stage;
 use crate::openapi::{
-    CancelResponse, CreateSessionResponse, DeleteResponse, HealthResponse, ListSessionsResponse,
-    LoginLinkResponse, MessagesResponse, OkResponse, Op, ProvidersResponse, SessionDetailResponse,
-    SubmitReply, SubmitResponse, TreeMessagesResponse, TreeMessagesSession,
+    CancelResponse, CreateBody, CreateSessionResponse, DeleteResponse, HealthResponse,
+    ListSessionsResponse, LoginLinkResponse, MessagesResponse, OkResponse, Op, ProvidersResponse,
+    RespondBody, SessionDetailResponse, SubmitBody, SubmitReply, SubmitResponse,
+    TreeMessagesResponse, TreeMessagesSession,
 };
+use crate::reads::ReadError;
 use crate::web::WebAuth;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -51,19 +58,6 @@ use tokio::sync::watch;
 use tutti_core::model::{Id, InteractionStatus};
 use tutti_core::{Command, Input, Reply};
 
-/// Largest accepted request body.
-pub const MAX_BODY: usize = 256 * 1024;
-/// Largest accepted message text.
-pub const MAX_TEXT: usize = 128 * 1024;
-/// Longest accepted request target (path and query), in bytes.
-pub const MAX_URI: usize = 8 * 1024;
-/// Largest accepted total size of the request's header names and values, in bytes.
-pub const MAX_HEADER_BYTES: usize = 32 * 1024;
-/// Most request headers accepted.
-pub const MAX_HEADERS: usize = 64;
-/// Longest identifier (workspace, session, turn, request id) in bytes.
-pub const MAX_ID: usize = 200;
-
 #[derive(Clone)]
 struct AppState {
     daemon: Daemon,
@@ -72,78 +66,6 @@ struct AppState {
     web: Arc<WebAuth>,
     /// Becomes `true` when the daemon stops: open event streams end.
     stop: watch::Receiver<bool>,
-}
-
-use crate::reads::ReadError;
-
-/// An API error.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    /// For `owned_elsewhere`: where the owner is (a response extension for
-    /// [`crate::forward::forward_commands`]).
-    owner: Option<OwnedElsewhere>,
-    /// The `Retry-After` header, in seconds.
-    retry_after: Option<u64>,
-}
-
-/// `Retry-After` of a `503 unavailable` answered while the store is unreachable (issue 34):
-/// one second, the order of the store's longest reconnect backoff.
-pub const STORE_RETRY_AFTER_SECS: u64 = 1;
-
-impl ApiError {
-    pub(crate) fn new(
-        status: StatusCode,
-        code: &'static str,
-        message: impl Into<String>,
-    ) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            owner: None,
-            retry_after: None,
-        }
-    }
-
-    /// `503 unavailable` with `Retry-After`: the store cannot be reached (issue 34).
-    pub(crate) fn store_unavailable(message: impl Into<String>) -> ApiError {
-        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
-        e.retry_after = Some(STORE_RETRY_AFTER_SECS);
-        e
-    }
-    fn not_found(what: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("{what} not found"),
-        )
-    }
-    fn invalid(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut resp = (
-            self.status,
-            Json(json!({"error": {"code": self.code, "message": self.message}})),
-        )
-            .into_response();
-        if let Some(owner) = self.owner {
-            resp.extensions_mut().insert(owner);
-        }
-        if let Some(secs) = self.retry_after {
-            resp.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(secs),
-            );
-        }
-        resp
-    }
 }
 
 impl From<DaemonError> for ApiError {
@@ -178,9 +100,8 @@ impl From<DaemonError> for ApiError {
                     owner_address: owner_address.clone(),
                     expires_at_ms,
                 };
-                let mut out = ApiError::new(StatusCode::CONFLICT, "owned_elsewhere", e.to_string());
-                out.owner = Some(owner);
-                out
+                ApiError::new(StatusCode::CONFLICT, "owned_elsewhere", e.to_string())
+                    .with_owner(owner)
             }
             e @ DaemonError::Conflict => {
                 ApiError::new(StatusCode::CONFLICT, "commit_conflict", e.to_string())
@@ -204,48 +125,6 @@ impl From<ReadError> for ApiError {
         } else {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         }
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(e: JsonRejection) -> ApiError {
-        // A body that is too large or not JSON keeps its status (413, 415); malformed JSON and
-        // JSON of the wrong shape are both 400 `invalid` (not axum's 422).
-        let status = match e.status() {
-            s @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => s,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        ApiError::new(
-            status,
-            code_of(status),
-            format!("malformed request body: {}", e.body_text()),
-        )
-    }
-}
-
-impl From<QueryRejection> for ApiError {
-    fn from(e: QueryRejection) -> ApiError {
-        ApiError::invalid(format!("malformed query string: {}", e.body_text()))
-    }
-}
-
-/// The envelope's `code` for an error status.
-pub(crate) fn code_of(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 => "invalid",
-        401 => "unauthorized",
-        404 => "not_found",
-        405 => "method_not_allowed",
-        408 => "timeout",
-        403 => "forbidden",
-        409 => "conflict",
-        413 => "too_large",
-        414 => "uri_too_long",
-        415 => "unsupported_media_type",
-        431 => "headers_too_large",
-        503 => "unavailable",
-        s if s >= 500 => "internal",
-        _ => "invalid",
     }
 }
 
@@ -472,9 +351,6 @@ async fn metrics_response(d: &Daemon) -> Response {
     }
 }
 
-/// The request id header (issue 22: "request ids echoed in an `X-Request-Id` header").
-pub const REQUEST_ID: &str = "x-request-id";
-
 /// A client's request id is kept when it is 1..=[`MAX_ID`] visible ASCII characters;
 /// otherwise (absent or not usable) one is generated: the process's start time and a counter,
 /// in hex, unique within the host.
@@ -564,11 +440,6 @@ fn bearer(value: &str) -> Option<&str> {
         .then(|| token.trim_start())
 }
 
-/// Compares two secrets without stopping at the first difference.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Bidirectional-text controls (embeddings, overrides, isolates, marks): they make an id
 /// display as something else.
 fn is_bidi_control(c: char) -> bool {
@@ -630,22 +501,6 @@ async fn session_in(
         return Err(ApiError::not_found("session"));
     }
     Ok(s)
-}
-
-/// The body of `POST /v1/workspaces/{ws}/agent-sessions`.
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct CreateBody {
-    /// A configured provider name (`GET /v1/providers`).
-    #[schemars(example = &"demo")]
-    provider: String,
-    /// Display title (at most 1000 bytes).
-    #[serde(default)]
-    #[schemars(length(max = 1000))]
-    title: Option<String>,
-    /// The provider's working directory: an existing directory.
-    #[serde(default)]
-    cwd: Option<String>,
 }
 
 async fn create(
@@ -889,15 +744,6 @@ async fn tree_messages(
     Ok(Json(out))
 }
 
-/// The body of `POST .../submit`.
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct SubmitBody {
-    /// The message (1..=131072 bytes).
-    #[schemars(length(min = 1, max = 131072), example = &"hello")]
-    text: String,
-}
-
 async fn submit(
     State(s): State<AppState>,
     Path((ws, id)): Path<(String, String)>,
@@ -959,15 +805,6 @@ async fn cancel(
             "unexpected reply",
         )),
     }
-}
-
-/// The body of `POST .../interactions/{request}`.
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RespondBody {
-    /// The answer: one of the options the interaction offered (its shape depends on the
-    /// interaction's kind; a refused answer is 400 and leaves the interaction pending).
-    response: Value,
 }
 
 async fn respond(

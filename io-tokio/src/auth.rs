@@ -10,7 +10,11 @@
 //! that holds only whitespace is refused too (it was once meant to hold a token); a missing or
 //! zero-byte file gets a fresh random token. Surrounding whitespace (a trailing newline) is
 //! not part of the token.
+//!
+//! Also the other secrets' checks, in constant time ([`constant_time_eq`]): the cluster
+//! secret of daemons sharing one database ([`Cluster`]) and the web view's codes and cookie.
 
+use axum::http::HeaderMap;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -245,4 +249,43 @@ mod tests {
         // Read back as written.
         assert_eq!(load_or_create_token(&path).expect("again"), t);
     }
+}
+
+/// Compares two secrets without stopping at the first difference.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+// ---- between daemons on one database (see `crate::forward`) ----
+
+/// The header carrying the cluster secret on a forwarded request.
+pub const CLUSTER_SECRET: &str = "x-tutti-cluster-secret";
+/// The header marking a forwarded request (the forwarder's listen address): such a request is
+/// authenticated by [`CLUSTER_SECRET`] and never forwarded again.
+pub const FORWARDED_BY: &str = "x-tutti-forwarded-by";
+
+/// This daemon's place among the daemons sharing one database.
+#[derive(Debug)]
+pub struct Cluster {
+    pub(crate) secret: String,
+    pub(crate) address: String,
+}
+
+impl Cluster {
+    /// A daemon listening at `address` on a database whose cluster secret is `secret`.
+    pub fn new(secret: String, address: String) -> Cluster {
+        Cluster { secret, address }
+    }
+
+    /// Whether `headers` carry this database's cluster secret.
+    pub fn accepts(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get(CLUSTER_SECRET)
+            .is_some_and(|v| constant_time_eq(v.as_bytes(), self.secret.as_bytes()))
+    }
+}
+
+/// Whether a request was forwarded by another daemon (see [`FORWARDED_BY`]).
+pub fn is_forwarded(headers: &HeaderMap) -> bool {
+    headers.contains_key(FORWARDED_BY)
 }

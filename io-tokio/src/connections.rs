@@ -23,7 +23,7 @@
 //!   keeps its request in flight, as a follower that stops reading does; it holds one slot of
 //!   the cap, never more.)
 //! - **A body read timeout** ([`HttpLimits::body_timeout`]): a request's body is read in full
-//!   (at most [`crate::api::MAX_BODY`] bytes, else `413 too_large`) within it from the head,
+//!   (at most [`crate::http::MAX_BODY`] bytes, else `413 too_large`) within it from the head,
 //!   before the router sees the request, else `408 timeout` with the JSON envelope. Requests
 //!   without a body (event streams included) are not concerned.
 //! - **Malformed heads get the JSON envelope** (item 12). hyper answers a head it cannot parse
@@ -44,7 +44,7 @@
 //! after its response; event streams end on the same signal in [`crate::api`]), and [`serve`]
 //! returns once all are closed (the caller bounds that wait).
 
-use crate::api::{ApiError, MAX_BODY};
+use crate::http::{ApiError, MAX_BODY};
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use axum::response::IntoResponse;
@@ -566,7 +566,7 @@ fn replace_bare_error(buf: &[u8]) -> Option<Vec<u8>> {
         414 => ("uri_too_long", "request target too long"),
         431 => ("headers_too_large", "request head too large"),
         _ => (
-            crate::api::code_of(StatusCode::from_u16(status).ok()?),
+            crate::http::code_of(StatusCode::from_u16(status).ok()?),
             "malformed request head (request line, header name or value, or Content-Length)",
         ),
     };

@@ -10,8 +10,8 @@
 //! reloads its tree (crash-only), and the inputs whose steps did not land get an error.
 
 use crate::clock::now_ms;
-use crate::follow::{LiveBatch, LiveRow, LIVE_CAPACITY};
 use crate::metrics::{phase_name, Metrics, Stage, StateGauges};
+use crate::outbox::{LiveBatch, LiveRow, LIVE_CAPACITY};
 use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, FromRuntime, RuntimeHandle, ToDaemon, Transport};
@@ -348,7 +348,7 @@ pub struct Daemon {
     metrics: Arc<Metrics>,
     /// The daemons sharing this daemon's database (see [`crate::forward`]); `None` for a store
     /// only this daemon writes.
-    cluster: Option<Arc<crate::forward::Cluster>>,
+    cluster: Option<Arc<crate::auth::Cluster>>,
     /// Whether the store's server is reachable (issue 34; `None`: a local file, always).
     store_health: Option<Arc<tutti_postgres::Health>>,
 }
@@ -368,7 +368,7 @@ pub struct DaemonOptions {
     /// Resident trees and outbox retention (see [`crate::retention`]).
     pub retention: Retention,
     /// SQLite commit durability (only [`Daemon::start`] opens the file; other stores ignore it).
-    pub durability: crate::config::Durability,
+    pub durability: crate::durability::Durability,
     /// Issue 36: "A cap on live provider processes (config; default sized to the machine)":
     /// at most this many provider runtimes run at once (`None`: [`default_max_providers`]; 0
     /// is taken as 1). A submit that needs a provider started while the cap is reached first
@@ -632,7 +632,7 @@ impl Daemon {
 
     /// Issue 21: this daemon shares its database with other daemons; commands for trees they own
     /// are forwarded to them, authenticated by `cluster` (see [`crate::forward`]).
-    pub fn with_cluster(mut self, cluster: crate::forward::Cluster) -> Daemon {
+    pub fn with_cluster(mut self, cluster: crate::auth::Cluster) -> Daemon {
         self.cluster = Some(Arc::new(cluster));
         self
     }
@@ -650,7 +650,7 @@ impl Daemon {
     }
 
     /// The daemons sharing this daemon's database, if any (see [`Daemon::with_cluster`]).
-    pub fn cluster(&self) -> Option<&Arc<crate::forward::Cluster>> {
+    pub fn cluster(&self) -> Option<&Arc<crate::auth::Cluster>> {
         self.cluster.as_ref()
     }
 

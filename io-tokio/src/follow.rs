@@ -28,84 +28,10 @@
 
 use crate::daemon::{Daemon, DaemonError};
 use crate::metrics::Stage;
-use std::sync::{Arc, OnceLock};
+pub use crate::outbox::{BadPayload, LiveBatch, LiveRow, LIVE_CAPACITY};
+use std::sync::Arc;
 use tokio::sync::broadcast;
-use tutti_core::model::Id;
 use tutti_core::store::OutboxRow;
-
-/// One outbox row as a commit wrote it (the payload is the stored JSON text).
-///
-/// Every live follower gets the same `LiveRow` (one [`LiveBatch`] per commit, shared), so what
-/// an event stream sends for it is rendered once for all of them ([`LiveRow::stream_data`],
-/// issue 33: "serializing an outbox row once for all followers").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveRow {
-    /// Outbox sequence number.
-    pub seq: u64,
-    /// Entity kind.
-    pub kind: &'static str,
-    /// The tree.
-    pub root_agent_session_id: Id,
-    /// The workspace.
-    pub workspace_id: Id,
-    /// The entity's wire JSON, as stored.
-    pub payload: String,
-    /// The row's event-stream JSON, once a follower asked for it.
-    rendered: OnceLock<Result<Arc<str>, String>>,
-}
-
-impl LiveRow {
-    /// A row of a commit.
-    pub fn new(
-        seq: u64,
-        kind: &'static str,
-        root_agent_session_id: Id,
-        workspace_id: Id,
-        payload: String,
-    ) -> LiveRow {
-        LiveRow {
-            seq,
-            kind,
-            root_agent_session_id,
-            workspace_id,
-            payload,
-            rendered: OnceLock::new(),
-        }
-    }
-
-    /// The row as `GET /v1/events` sends it: the JSON of its [`OutboxRow`] (`seq`, `kind`,
-    /// `rootAgentSessionId`, `workspaceId`, `payload`), rendered on the first call and shared by
-    /// every later caller. The payload is the stored text, checked once to be one JSON value
-    /// (a row whose payload is not is an error for every follower, as it is when parsed).
-    ///
-    /// Choice: the payload's keys keep the order the store wrote them in; a row read back from
-    /// the file is re-serialized from its parsed value instead, so the two may order keys
-    /// differently (JSON objects are unordered; the values are equal).
-    pub fn stream_data(&self) -> Result<Arc<str>, DaemonError> {
-        self.rendered
-            .get_or_init(|| self.render())
-            .clone()
-            .map_err(DaemonError::Storage)
-    }
-
-    fn render(&self) -> Result<Arc<str>, String> {
-        serde_json::from_str::<serde::de::IgnoredAny>(&self.payload).map_err(|e| e.to_string())?;
-        let text = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
-        let mut out = String::with_capacity(self.payload.len() + 128);
-        out.push_str("{\"seq\":");
-        out.push_str(&self.seq.to_string());
-        out.push_str(",\"kind\":");
-        out.push_str(&text(self.kind)?);
-        out.push_str(",\"rootAgentSessionId\":");
-        out.push_str(&text(&self.root_agent_session_id)?);
-        out.push_str(",\"workspaceId\":");
-        out.push_str(&text(&self.workspace_id)?);
-        out.push_str(",\"payload\":");
-        out.push_str(self.payload.trim());
-        out.push('}');
-        Ok(out.into())
-    }
-}
 
 /// One row for an event stream: its sequence number, kind and JSON text (see
 /// [`LiveRow::stream_data`]).
@@ -143,12 +69,6 @@ enum Next {
         pruned_through: u64,
     },
 }
-
-/// The rows of one commit, in sequence order.
-pub type LiveBatch = Arc<Vec<LiveRow>>;
-
-/// How many commits the live channel holds for a slow follower before it falls back to the file.
-pub const LIVE_CAPACITY: usize = 1024;
 
 /// How many rows one read from the file returns at most.
 const PAGE: usize = 256;
@@ -298,7 +218,9 @@ impl Follower {
                         Ok(StreamRow {
                             seq: r.seq,
                             kind: r.kind.to_string(),
-                            data: r.stream_data()?,
+                            data: r
+                                .stream_data()
+                                .map_err(|e| DaemonError::Storage(e.to_string()))?,
                         })
                     })
                     .collect::<Result<_, DaemonError>>()?,
@@ -457,10 +379,7 @@ mod tests {
         for bad in ["", "{\"a\":", "1 2", "{} x"] {
             let r = row(bad);
             for _ in 0..2 {
-                assert!(
-                    matches!(r.stream_data(), Err(DaemonError::Storage(_))),
-                    "{bad:?}"
-                );
+                assert!(matches!(r.stream_data(), Err(BadPayload(_))), "{bad:?}");
             }
         }
     }

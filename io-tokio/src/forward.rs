@@ -28,22 +28,17 @@
 //! owned_elsewhere` itself, so there is no loop and at most one hop. A daemon on SQLite has no
 //! cluster: a request with [`FORWARDED_BY`] is refused there.
 
-use crate::api::{ApiError, MAX_BODY, REQUEST_ID};
+pub use crate::auth::{is_forwarded, Cluster, CLUSTER_SECRET, FORWARDED_BY};
 use crate::daemon::Daemon;
+use crate::http::{ApiError, OwnedElsewhere, RequestId, MAX_BODY, REQUEST_ID};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::io::Read;
 use std::time::Duration;
 use tracing::{debug, warn};
-
-/// The header carrying the cluster secret on a forwarded request.
-pub const CLUSTER_SECRET: &str = "x-tutti-cluster-secret";
-/// The header marking a forwarded request (the forwarder's listen address): such a request is
-/// authenticated by [`CLUSTER_SECRET`] and never forwarded again.
-pub const FORWARDED_BY: &str = "x-tutti-forwarded-by";
 
 /// How long a forwarder waits to connect to the owner.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -51,47 +46,6 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest owner answer passed back (a command's answer is a few hundred bytes).
 const MAX_ANSWER: u64 = 1 << 20;
-
-/// This daemon's place among the daemons sharing one database.
-#[derive(Debug)]
-pub struct Cluster {
-    secret: String,
-    address: String,
-}
-
-impl Cluster {
-    /// A daemon listening at `address` on a database whose cluster secret is `secret`.
-    pub fn new(secret: String, address: String) -> Cluster {
-        Cluster { secret, address }
-    }
-
-    /// Whether `headers` carry this database's cluster secret.
-    pub fn accepts(&self, headers: &HeaderMap) -> bool {
-        headers
-            .get(CLUSTER_SECRET)
-            .is_some_and(|v| crate::api::constant_time_eq(v.as_bytes(), self.secret.as_bytes()))
-    }
-}
-
-/// Whether a request was forwarded by another daemon (see [`FORWARDED_BY`]).
-pub fn is_forwarded(headers: &HeaderMap) -> bool {
-    headers.contains_key(FORWARDED_BY)
-}
-
-/// Set by the API on a `409 owned_elsewhere` response (a response extension, not sent): where
-/// the tree's owner is, for [`forward_commands`].
-#[derive(Debug, Clone)]
-pub struct OwnedElsewhere {
-    /// The owner's listen address.
-    pub owner_address: String,
-    /// When its lease expires (wall-clock milliseconds).
-    pub expires_at_ms: i64,
-}
-
-/// The request's id (a request extension set by the API's request span), sent on with a
-/// forwarded request.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub String);
 
 /// The layer on the command routes of existing trees: runs the route; when it answers
 /// [`OwnedElsewhere`] and the request was not itself forwarded, sends the request to the owner
@@ -267,6 +221,7 @@ impl IntoResponse for Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderMap;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

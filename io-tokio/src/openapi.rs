@@ -15,7 +15,7 @@
 //! [`ErrorEnvelope`] whose `code` is one of [`ErrorCode`].
 
 use schemars::{JsonSchema, SchemaGenerator};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tutti_core::model::{CancelOperation, Id, Interaction, Message, Session, ToolCall, Turn};
 use tutti_core::store::OutboxRow;
@@ -497,7 +497,7 @@ fn json_response(description: &str, schema: Value) -> Value {
 fn id_param(name: &str, description: &str) -> Value {
     json!({
         "name": name, "in": "path", "required": true, "description": description,
-        "schema": {"type": "string", "minLength": 1, "maxLength": crate::api::MAX_ID,
+        "schema": {"type": "string", "minLength": 1, "maxLength": crate::http::MAX_ID,
             "pattern": "^[^/\\\\\\x00-\\x1f\\x7f-\\x9f]+$"}
     })
 }
@@ -533,7 +533,7 @@ fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Va
     let mut body = None;
     let (summary, ok_status, ok) = match r.op {
         Op::CreateSession => {
-            body = Some(json_body(schema_ref(de, sub::<crate::api::CreateBody>)));
+            body = Some(json_body(schema_ref(de, sub::<CreateBody>)));
             (
                 "Create a root session.",
                 "201",
@@ -600,7 +600,7 @@ fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Va
             )
         }
         Op::Submit => {
-            body = Some(json_body(schema_ref(de, sub::<crate::api::SubmitBody>)));
+            body = Some(json_body(schema_ref(de, sub::<SubmitBody>)));
             (
                 "Send a message to a root session (starts a turn or guides the active one).",
                 "200",
@@ -616,7 +616,7 @@ fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Va
             ),
         ),
         Op::RespondInteraction => {
-            body = Some(json_body(schema_ref(de, sub::<crate::api::RespondBody>)));
+            body = Some(json_body(schema_ref(de, sub::<RespondBody>)));
             (
                 "Answer a pending interaction (approval, prompt) with one of the offered options.",
                 "200",
@@ -891,6 +891,42 @@ fn sse_event(kind: &str, data_schema: &str) -> Value {
             }
         }
     })
+}
+
+// ---- request bodies (the handlers in `crate::api` read them) ----
+
+/// The body of `POST /v1/workspaces/{ws}/agent-sessions`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct CreateBody {
+    /// A configured provider name (`GET /v1/providers`).
+    #[schemars(example = &"demo")]
+    pub(crate) provider: String,
+    /// Display title (at most 1000 bytes).
+    #[serde(default)]
+    #[schemars(length(max = 1000))]
+    pub(crate) title: Option<String>,
+    /// The provider's working directory: an existing directory.
+    #[serde(default)]
+    pub(crate) cwd: Option<String>,
+}
+
+/// The body of `POST .../submit`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubmitBody {
+    /// The message (1..=131072 bytes).
+    #[schemars(length(min = 1, max = 131072), example = &"hello")]
+    pub(crate) text: String,
+}
+
+/// The body of `POST .../interactions/{request}`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RespondBody {
+    /// The answer: one of the options the interaction offered (its shape depends on the
+    /// interaction's kind; a refused answer is 400 and leaves the interaction pending).
+    pub(crate) response: Value,
 }
 
 #[cfg(test)]

@@ -247,7 +247,7 @@ fn start_here(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, 
     let secret = writer
         .cluster_secret(&candidate)
         .map_err(StartError::store)?;
-    let cluster = crate::forward::Cluster::new(secret, leases.address.clone());
+    let cluster = crate::auth::Cluster::new(secret, leases.address.clone());
     let reader = PostgresStore::connect_with(url, health.clone()).map_err(StartError::store)?;
     let listener = OutboxListener::connect_with(url, health.clone()).map_err(StartError::store)?;
     let last = reader.last_outbox_seq().map_err(StartError::store)?;

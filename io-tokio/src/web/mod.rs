@@ -87,7 +87,7 @@ impl WebAuth {
         let mut codes = self.codes.lock().unwrap_or_else(PoisonError::into_inner);
         let found = codes
             .iter()
-            .position(|c| crate::api::constant_time_eq(c.as_bytes(), code.as_bytes()));
+            .position(|c| crate::auth::constant_time_eq(c.as_bytes(), code.as_bytes()));
         match found {
             Some(i) => {
                 codes.remove(i);
@@ -101,7 +101,7 @@ impl WebAuth {
     pub fn cookie_ok(&self, headers: &HeaderMap) -> bool {
         cookies(headers).any(|(name, value)| {
             name.starts_with(COOKIE_PREFIX)
-                && crate::api::constant_time_eq(value.as_bytes(), self.token.as_bytes())
+                && crate::auth::constant_time_eq(value.as_bytes(), self.token.as_bytes())
         })
     }
 }

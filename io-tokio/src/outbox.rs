@@ -1,0 +1,93 @@
+//! The outbox's live rows: what one commit wrote, as the engine thread hands it to every live
+//! follower at once (see [`crate::follow`], which combines them with the file). A leaf: the
+//! daemon's engine thread produces these and the followers consume them; neither needs the
+//! other to name them.
+
+use std::sync::{Arc, OnceLock};
+use tutti_core::model::Id;
+
+/// One outbox row as a commit wrote it (the payload is the stored JSON text).
+///
+/// Every live follower gets the same `LiveRow` (one [`LiveBatch`] per commit, shared), so what
+/// an event stream sends for it is rendered once for all of them ([`LiveRow::stream_data`],
+/// issue 33: "serializing an outbox row once for all followers").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveRow {
+    /// Outbox sequence number.
+    pub seq: u64,
+    /// Entity kind.
+    pub kind: &'static str,
+    /// The tree.
+    pub root_agent_session_id: Id,
+    /// The workspace.
+    pub workspace_id: Id,
+    /// The entity's wire JSON, as stored.
+    pub payload: String,
+    /// The row's event-stream JSON, once a follower asked for it.
+    rendered: OnceLock<Result<Arc<str>, String>>,
+}
+
+impl LiveRow {
+    /// A row of a commit.
+    pub fn new(
+        seq: u64,
+        kind: &'static str,
+        root_agent_session_id: Id,
+        workspace_id: Id,
+        payload: String,
+    ) -> LiveRow {
+        LiveRow {
+            seq,
+            kind,
+            root_agent_session_id,
+            workspace_id,
+            payload,
+            rendered: OnceLock::new(),
+        }
+    }
+
+    /// The row as `GET /v1/events` sends it: the JSON of its [`OutboxRow`] (`seq`, `kind`,
+    /// `rootAgentSessionId`, `workspaceId`, `payload`), rendered on the first call and shared by
+    /// every later caller. The payload is the stored text, checked once to be one JSON value
+    /// (a row whose payload is not is an error for every follower, as it is when parsed).
+    ///
+    /// Choice: the payload's keys keep the order the store wrote them in; a row read back from
+    /// the file is re-serialized from its parsed value instead, so the two may order keys
+    /// differently (JSON objects are unordered; the values are equal).
+    pub fn stream_data(&self) -> Result<Arc<str>, BadPayload> {
+        self.rendered
+            .get_or_init(|| self.render())
+            .clone()
+            .map_err(BadPayload)
+    }
+
+    fn render(&self) -> Result<Arc<str>, String> {
+        serde_json::from_str::<serde::de::IgnoredAny>(&self.payload).map_err(|e| e.to_string())?;
+        let text = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
+        let mut out = String::with_capacity(self.payload.len() + 128);
+        out.push_str("{\"seq\":");
+        out.push_str(&self.seq.to_string());
+        out.push_str(",\"kind\":");
+        out.push_str(&text(self.kind)?);
+        out.push_str(",\"rootAgentSessionId\":");
+        out.push_str(&text(&self.root_agent_session_id)?);
+        out.push_str(",\"workspaceId\":");
+        out.push_str(&text(&self.workspace_id)?);
+        out.push_str(",\"payload\":");
+        out.push_str(self.payload.trim());
+        out.push('}');
+        Ok(out.into())
+    }
+}
+
+/// A live row whose stored payload is not one JSON value (the text says why). Every follower
+/// gets the same error for it, as a follower parsing the row would.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("outbox row payload is not JSON: {0}")]
+pub struct BadPayload(pub String);
+
+/// The rows of one commit, in sequence order.
+pub type LiveBatch = Arc<Vec<LiveRow>>;
+
+/// How many commits the live channel holds for a slow follower before it falls back to the file.
+pub const LIVE_CAPACITY: usize = 1024;

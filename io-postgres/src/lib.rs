@@ -202,6 +202,23 @@ impl PostgresStore {
         batches: &[&PersistBatch],
         capture: bool,
     ) -> Result<Vec<Vec<Published>>, (Option<usize>, PgError)> {
+        self.group_decided(batches, &[], capture)
+    }
+
+    /// [`PostgresStore::group`] with the lease epoch each batch was decided under (issue 34,
+    /// per-batch fencing): batch `i` of a fenced tree commits only while the stored lease epoch
+    /// is `decided[i]`, not the epoch this handle holds at commit time, so a batch decided under
+    /// a lease that was lost since is refused ([`PgError::Fenced`]) even when this handle has
+    /// re-claimed the tree (a new epoch) meanwhile. A batch without an entry (`decided` shorter
+    /// than `batches`, or `None`) is fenced by the handle's current epoch of its tree, as
+    /// [`PostgresStore::group`] does. Choice: an epoch given for a tree this handle does not
+    /// fence is still checked (the caller says it decided under a lease).
+    pub fn group_decided(
+        &mut self,
+        batches: &[&PersistBatch],
+        decided: &[Option<u64>],
+        capture: bool,
+    ) -> Result<Vec<Vec<Published>>, (Option<usize>, PgError)> {
         if batches
             .iter()
             .all(|b| b.rows.is_empty() && b.guards.is_empty())
@@ -213,7 +230,15 @@ impl PostgresStore {
             tries += 1;
             let mark = self.commits + 1;
             let conn = self.conn.get_mut();
-            match transact(conn, &self.fences, &self.writer, mark, batches, capture) {
+            match transact(
+                conn,
+                &self.fences,
+                &self.writer,
+                mark,
+                batches,
+                decided,
+                capture,
+            ) {
                 Ok(out) => {
                     conn.saw_ok();
                     self.commits = mark;
@@ -314,6 +339,7 @@ fn transact(
     writer: &str,
     mark: u64,
     batches: &[&PersistBatch],
+    decided: &[Option<u64>],
     capture: bool,
 ) -> Result<Vec<Vec<Published>>, Attempt> {
     let (client, cache) = conn.parts().map_err(|e| Attempt::Failed(None, e))?;
@@ -324,10 +350,14 @@ fn transact(
     {
         let mut w = apply::Writer::new(&mut tx, cache, capture);
         for (index, b) in batches.iter().enumerate() {
-            let fence = b
-                .root_agent_session_id
-                .as_ref()
-                .and_then(|r| fences.get(r).map(|&e| (r, e)));
+            let fence = b.root_agent_session_id.as_ref().and_then(|r| {
+                decided
+                    .get(index)
+                    .copied()
+                    .flatten()
+                    .or_else(|| fences.get(r).copied())
+                    .map(|e| (r, e))
+            });
             if let Some((root, epoch)) = fence {
                 w.check_fence(root, epoch)
                     .map_err(|e| Attempt::Failed(Some(index), e))?;

@@ -141,6 +141,29 @@ pub trait Housekeeping<S>: Send {
     fn renew_every(&self) -> Option<std::time::Duration> {
         None
     }
+    /// Issue 34, per-batch fencing: the lease epoch this daemon holds `root` at now, read when
+    /// the engine thread takes a batch the driver decided (so a batch carries the epoch it was
+    /// decided under down to its commit, see [`Housekeeping::commit_group`]). The default (no
+    /// leases): `None`.
+    fn epoch(&self, _root: &Id) -> Option<u64> {
+        None
+    }
+    /// Commits a group of batches, `decided[i]` being the epoch batch `i` was decided under
+    /// ([`Housekeeping::epoch`]): a store with leases refuses a batch whose epoch is no longer
+    /// the tree's (fenced), even when this daemon holds the tree again at a newer epoch. The
+    /// default: [`HostStore::apply_group`] (the epochs are `None` anyway).
+    fn commit_group(
+        &mut self,
+        store: &mut S,
+        batches: &[&PersistBatch],
+        _decided: &[Option<u64>],
+        payloads: bool,
+    ) -> Result<Vec<Vec<tutti_core::store::Published>>, tutti_core::store::GroupError<S::Error>>
+    where
+        S: HostStore,
+    {
+        store.apply_group(batches, payloads)
+    }
 }
 
 /// What [`Housekeeping::claim`] found.
@@ -1172,7 +1195,20 @@ impl<S: HostStore + Send + 'static> Core<S> {
     fn settle(&mut self, now: i64) -> Vec<Id> {
         let mut touched = Vec::new();
         loop {
-            let ids: Vec<BatchId> = std::iter::from_fn(|| self.driver.poll_batch()).collect();
+            // Each batch with the lease epoch it was decided under (issue 34): read as the
+            // driver hands it over, before anything (a renewal, a re-claim) can change it.
+            let polled: Vec<BatchId> = std::iter::from_fn(|| self.driver.poll_batch()).collect();
+            let ids: Vec<(BatchId, Option<u64>)> = polled
+                .into_iter()
+                .map(|id| {
+                    let epoch = self
+                        .driver
+                        .batch(id)
+                        .and_then(|b| b.root_agent_session_id.as_ref())
+                        .and_then(|root| self.housekeeping.epoch(root));
+                    (id, epoch)
+                })
+                .collect();
             for chunk in ids.chunks(MAX_GROUP) {
                 self.commit(chunk, &mut touched);
             }
@@ -1194,8 +1230,12 @@ impl<S: HostStore + Send + 'static> Core<S> {
     }
 
     /// One group commit; on failure the batches one by one (see [`HostStore::apply_group`]).
-    fn commit(&mut self, ids: &[BatchId], touched: &mut Vec<Id>) {
-        let batches: Vec<_> = ids.iter().filter_map(|id| self.driver.batch(*id)).collect();
+    fn commit(&mut self, decided: &[(BatchId, Option<u64>)], touched: &mut Vec<Id>) {
+        let (batches, epochs): (Vec<_>, Vec<_>) = decided
+            .iter()
+            .filter_map(|(id, epoch)| self.driver.batch(*id).map(|b| (b, *epoch)))
+            .unzip();
+        let ids: Vec<BatchId> = decided.iter().map(|(id, _)| *id).collect();
         for b in &batches {
             if let Some(root) = &b.root_agent_session_id {
                 if !touched.contains(root) {
@@ -1204,7 +1244,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
         }
         let t = std::time::Instant::now();
-        let result = self.store.apply_group(&batches, true);
+        let result = self
+            .housekeeping
+            .commit_group(&mut self.store, &batches, &epochs, true);
         let took = t.elapsed();
         self.round_io += took;
         self.metrics.stage(Stage::Commit, took);
@@ -1224,12 +1266,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 } else {
                     warn!(error = %e, steps = ids.len(), "group commit failed; retrying one by one");
                 }
-                for id in ids {
+                for (id, epoch) in decided {
                     // Skipped when an earlier failed batch of its tree superseded it.
                     let Some(batch) = self.driver.batch(*id) else {
                         continue;
                     };
-                    match self.store.apply_group(&[batch], true) {
+                    match self
+                        .housekeeping
+                        .commit_group(&mut self.store, &[batch], &[*epoch], true)
+                    {
                         Ok(mut p) => {
                             self.metrics
                                 .committed(&[batch], t.elapsed(), self.line_round);

@@ -39,11 +39,12 @@ use tokio::sync::watch;
 use tracing::info;
 use tracing::{debug, warn};
 use tutti_core::model::Id;
-use tutti_core::store::HostStore;
+use tutti_core::step::PersistBatch;
+use tutti_core::store::{GroupError, HostStore, Published};
 use tutti_postgres::conn;
 use tutti_postgres::lease::Claim;
 use tutti_postgres::notify::{OutboxListener, Wake, OUTBOX_CHANNEL};
-use tutti_postgres::{Health, PostgresStore};
+use tutti_postgres::{Health, PgError, PostgresStore};
 
 /// How long the listener waits for a notification before it reads the counter row itself.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -112,6 +113,23 @@ impl Housekeeping<PostgresStore> for Leases {
     }
     fn after_round(&mut self, store: &mut PostgresStore) {
         self.checkpoint.after_round(store);
+    }
+    fn epoch(&self, root: &Id) -> Option<u64> {
+        self.held.get(root).copied()
+    }
+    fn commit_group(
+        &mut self,
+        store: &mut PostgresStore,
+        batches: &[&PersistBatch],
+        decided: &[Option<u64>],
+        payloads: bool,
+    ) -> Result<Vec<Vec<Published>>, GroupError<PgError>> {
+        store
+            .group_decided(batches, decided, payloads)
+            .map_err(|(index, e)| match index {
+                Some(index) => GroupError::Batch { index, source: e },
+                None => GroupError::Commit(e),
+            })
     }
     fn claim(&mut self, store: &mut PostgresStore, root: &Id, now_ms: i64) -> Ownership {
         let ttl = self.ttl_ms();

@@ -34,7 +34,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
     Ident(String),

@@ -396,6 +396,80 @@ fn a_stale_owner_is_fenced_after_a_takeover() {
     assert_eq!(b.cluster_secret("secret-of-b").expect("secret"), first);
 }
 
+/// Issue 34, per-batch lease-epoch fencing: "a batch is fenced by the lease epoch it was
+/// DECIDED under, not the one current at commit". A claims the tree at epoch 1 and decides a
+/// batch; its lease expires and B takes the tree (epoch 2); B's lease expires too and A claims
+/// the tree again (epoch 3, so A's handle fences the tree at 3). The batch A decided at epoch 1
+/// is refused with nothing written, although A owns the tree again; a batch decided at
+/// epoch 3 commits.
+#[test]
+fn a_batch_decided_under_a_lost_lease_is_refused_after_the_tree_is_reclaimed() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut a = PostgresStore::connect(&url).expect("a");
+    let mut b = PostgresStore::connect(&url).expect("b");
+    let ttl = 1_000;
+    let claim = |s: &mut PostgresStore, owner: &str, now: i64| match s
+        .claim_lease("R", owner, "127.0.0.1:1", now, ttl)
+        .expect("claim")
+    {
+        Claim::Owned(l) => l.epoch,
+        other => panic!("{owner} claims a free or expired lease: {other:?}"),
+    };
+    assert_eq!(claim(&mut a, "daemon-a", 0), 1);
+    let mut engine = Engine::new();
+    let mut now = 0;
+    for v in tree_inputs("R", 1) {
+        now += 1;
+        let batch = decide(&mut engine, now, v);
+        a.group_decided(&[&batch], &[Some(1)], false)
+            .expect("decided and committed under the live lease");
+    }
+    // Decided under epoch 1, not committed yet (A pauses here).
+    let old = decide(
+        &mut engine,
+        now + 1,
+        json!({"type": "messageAppended", "agentSessionId": "C-R", "turnId": "CT-R", "messageId": "decided-at-1", "role": "assistant", "text": "x"}),
+    );
+    assert_eq!(
+        claim(&mut b, "daemon-b", 2_000),
+        2,
+        "B takes the expired lease"
+    );
+    assert_eq!(claim(&mut a, "daemon-a", 4_000), 3, "A re-claims it later");
+    let before = b.outbox_after(0, usize::MAX).expect("outbox");
+    match a.group_decided(&[&old], &[Some(1)], true) {
+        Err((
+            Some(0),
+            PgError::Fenced {
+                epoch: 1,
+                current: Some(3),
+                ..
+            },
+        )) => {}
+        other => panic!("the batch decided under the lost lease is fenced: {other:?}"),
+    }
+    assert_eq!(
+        b.outbox_after(0, usize::MAX).expect("outbox"),
+        before,
+        "nothing written"
+    );
+    assert_eq!(b.messages("C-R", None, 100).expect("messages").len(), 1);
+    // A batch decided under the current epoch (from the reloaded tree) commits.
+    let mut fresh = Engine::new();
+    fresh
+        .restore(a.load_tree("R").expect("load").expect("tree"))
+        .expect("restore");
+    let new = decide(
+        &mut fresh,
+        4_001,
+        json!({"type": "messageAppended", "agentSessionId": "C-R", "turnId": "CT-R", "messageId": "decided-at-3", "role": "assistant", "text": "x"}),
+    );
+    a.group_decided(&[&new], &[Some(3)], true)
+        .expect("decided under the current lease");
+    assert_eq!(b.messages("C-R", None, 100).expect("messages").len(), 2);
+}
+
 /// "Schema migrations with a version table": a database of version 1 (with data) is migrated to
 /// the current version in place, several daemons connecting to a new database at once migrate it
 /// once, and a database of a newer version is refused with a typed error and left unchanged.

@@ -472,6 +472,11 @@ impl HostStore for MemoryStore {
         matches!(error, StoreError::GuardFailed(_))
     }
 
+    /// Memory is never unreachable.
+    fn is_unavailable(_error: &StoreError) -> bool {
+        false
+    }
+
     /// The memory store keeps every row (it lives as long as its process): nothing is pruned.
     fn prune_outbox(
         &mut self,

@@ -107,6 +107,26 @@ pub enum SqliteError {
 }
 
 impl SqliteError {
+    /// Whether this is the file being unavailable for now rather than the request being wrong
+    /// (issue 34: "a transient `SQLITE_BUSY`/I/O error gets the same typed treatment" as an
+    /// unreachable database server): busy past the busy timeout (another process holds the
+    /// write lock), a locked table, an I/O error or a full disk. The host answers 503
+    /// `unavailable` with `Retry-After`; nothing of the batch was written.
+    pub fn is_unavailable(&self) -> bool {
+        use rusqlite::ErrorCode;
+        match self {
+            SqliteError::BatchFailed { source, .. } => source.is_unavailable(),
+            SqliteError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                ErrorCode::DatabaseBusy
+                    | ErrorCode::DatabaseLocked
+                    | ErrorCode::SystemIoFailure
+                    | ErrorCode::DiskFull
+            ),
+            _ => false,
+        }
+    }
+
     /// Whether this is a guard failure (directly or inside a failed group): the batch was decided
     /// under a stale state, so the driver should evict the tree and reload it.
     pub fn is_guard_failure(&self) -> bool {

@@ -28,6 +28,10 @@ impl HostStore for SqliteStore {
         error.is_guard_failure()
     }
 
+    fn is_unavailable(error: &SqliteError) -> bool {
+        error.is_unavailable()
+    }
+
     fn root_of(&self, session: &str) -> Result<Option<Id>, SqliteError> {
         SqliteStore::root_of(self, session)
     }

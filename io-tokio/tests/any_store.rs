@@ -95,6 +95,9 @@ impl HostStore for Shared {
     fn is_guard_failure(error: &StoreError) -> bool {
         MemoryStore::is_guard_failure(error)
     }
+    fn is_unavailable(error: &StoreError) -> bool {
+        MemoryStore::is_unavailable(error)
+    }
     fn root_of(&self, session: &str) -> Result<Option<Id>, StoreError> {
         HostStore::root_of(&*self.get(), session)
     }

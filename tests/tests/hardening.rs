@@ -1082,3 +1082,59 @@ fn malformed_request_heads_get_the_json_envelope() {
     // A well-formed request still answers on a new connection.
     assert_eq!(p.call("GET", "/healthz", None).0, 200);
 }
+
+/// Issue 34 item 5: "SQLite: a transient `SQLITE_BUSY`/I/O error gets the same typed
+/// treatment" as an unreachable database server. Another process holding the file's write
+/// lock past the busy timeout makes a submit answer `503 unavailable` with `Retry-After` (not a
+/// `409 conflict`), with nothing of it written; once the lock is gone the same submit works.
+#[test]
+fn a_write_lock_held_by_another_process_is_503_unavailable_and_nothing_is_written() {
+    let d = TestDaemon::start(TUTTID, None, &[]);
+    let id = d.create(WS, "demo");
+    let outside = rusqlite::Connection::open(d.db()).expect("open the daemon's file");
+    outside
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let url = format!(
+        "http://{}/v1/workspaces/{WS}/agent-sessions/{id}/submit",
+        d.addr
+    );
+    let answer = ureq::post(&url)
+        .set("authorization", &format!("Bearer {}", d.token))
+        .timeout(Duration::from_secs(60))
+        .send_json(json!({"text": "while locked"}));
+    let (status, retry_after, body) = match answer {
+        Ok(r) => (
+            r.status(),
+            r.header("retry-after").map(str::to_string),
+            r.into_json::<Value>().ok(),
+        ),
+        Err(ureq::Error::Status(code, r)) => (
+            code,
+            r.header("retry-after").map(str::to_string),
+            r.into_json::<Value>().ok(),
+        ),
+        Err(e) => panic!("submit: {e}"),
+    };
+    assert_eq!(status, 503, "{body:?}");
+    assert_eq!(
+        body.as_ref().map(|b| b["error"]["code"].clone()),
+        Some(json!("unavailable")),
+        "{body:?}"
+    );
+    assert!(retry_after.is_some(), "Retry-After is set");
+    // Nothing half-done: no turn, no message.
+    let detail = d.detail(WS, &id);
+    assert_eq!(
+        detail["turns"].as_array().map(Vec::len),
+        Some(0),
+        "{detail}"
+    );
+    outside.execute_batch("ROLLBACK").expect("release the lock");
+    drop(outside);
+    let (reply, turn) = d.submit(WS, &id, "children=0");
+    assert_eq!(reply, "started");
+    d.wait_for(WS, &id, 30, "the turn settled", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"].is_string() && t["id"] == turn.as_str())
+    });
+}

@@ -131,10 +131,9 @@ pub trait HostStore: Store {
     /// Whether an error is the store being unreachable (a broken connection, a server shutting
     /// down or restarting, a lock or statement timeout), as opposed to a refused or malformed
     /// request: the host answers "unavailable, retry later" (issue 34) instead of a conflict.
-    /// Stores without a connection never are.
-    fn is_unavailable(_error: &Self::Error) -> bool {
-        false
-    }
+    /// No default: a store says which of its errors are transient (a file store's busy lock or
+    /// I/O error is; an in-memory store has none).
+    fn is_unavailable(error: &Self::Error) -> bool;
 
     /// The root session id of the tree a session belongs to (itself for a root; tombstones
     /// included), to load an evicted tree on demand.

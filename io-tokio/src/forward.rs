@@ -13,8 +13,9 @@
 //!   HTTP hop and returns the owner's answer (status, `Content-Type` and body) unchanged.
 //! - An expired (or released) lease is claimed by the receiving daemon, which handles the
 //!   command itself (see `Housekeeping::acquire`); nothing is forwarded.
-//! - Owner unreachable (connection refused or no answer: it died or is paused, and its lease
-//!   has not expired yet): `503` with code `owner_unreachable` and `Retry-After` = the lease's
+//! - Owner unreachable (connection refused, or no answer within its lease's remaining time
+//!   ([`answer_wait`]): it died or is paused, and its lease had not expired yet): `503` with
+//!   code `owner_unreachable` and `Retry-After` = the lease's
 //!   remaining time in whole seconds (at least 1); nothing changed here. After the lease
 //!   expires the same command is claimed and handled by the receiving daemon.
 //!
@@ -42,8 +43,21 @@ use tracing::{debug, warn};
 
 /// How long a forwarder waits to connect to the owner.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a forwarder waits for the owner's whole answer.
+/// The longest a forwarder waits for the owner's whole answer.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The shortest: a live owner renews its lease well before it expires, so a slow answer from a
+/// live owner is not cut off just before its renewal.
+pub const MIN_ANSWER_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a forwarder waits for the owner's answer (issue 34: "forwarding waits at most the
+/// lease's remaining time (then 503)"): the owner's lease time left as the receiver read it,
+/// within [`MIN_ANSWER_WAIT`]..=[`ANSWER_TIMEOUT`]. A paused or partitioned owner's lease
+/// expires by then, so the client's retry (after `Retry-After`) is claimed and handled here
+/// instead of waiting out a fixed timeout.
+pub fn answer_wait(expires_at_ms: i64, now_ms: i64) -> Duration {
+    let left = u64::try_from(expires_at_ms.saturating_sub(now_ms)).unwrap_or(0);
+    Duration::from_millis(left).clamp(MIN_ANSWER_WAIT, ANSWER_TIMEOUT)
+}
 /// The largest owner answer passed back (a command's answer is a few hundred bytes).
 const MAX_ANSWER: u64 = 1 << 20;
 
@@ -93,6 +107,7 @@ pub async fn forward_commands(State(d): State<Daemon>, req: Request, next: Next)
         content_type,
         request_id,
         body: body.to_vec(),
+        wait: answer_wait(owner.expires_at_ms, crate::clock::now_ms()),
     };
     let secret = cluster.secret.clone();
     let from = cluster.address.clone();
@@ -146,6 +161,8 @@ struct Forward {
     content_type: Option<String>,
     request_id: Option<String>,
     body: Vec<u8>,
+    /// How long to wait for the answer ([`answer_wait`]).
+    wait: Duration,
 }
 
 /// The owner's answer.
@@ -171,7 +188,7 @@ impl Forward {
     fn send(self, secret: &str, from: &str) -> Result<Answer, ForwardError> {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
-            .timeout(ANSWER_TIMEOUT)
+            .timeout(self.wait)
             .redirects(0)
             .build();
         let url = format!("http://{}{}", self.owner, self.target);
@@ -232,6 +249,21 @@ mod tests {
     }
 
     /// A forwarded request is accepted only with the database's cluster secret.
+    /// Issue 34: "a command forwarded to a stopped owner waits the 30 s answer timeout although
+    /// the lease expires within 3 s". The wait is the lease's remaining time, bounded.
+    #[test]
+    fn the_answer_wait_is_the_owners_remaining_lease_within_bounds() {
+        assert_eq!(answer_wait(10_000, 7_000), Duration::from_secs(3));
+        assert_eq!(answer_wait(10_000, 9_500), MIN_ANSWER_WAIT);
+        assert_eq!(
+            answer_wait(10_000, 20_000),
+            MIN_ANSWER_WAIT,
+            "already expired"
+        );
+        assert_eq!(answer_wait(i64::MAX, 0), ANSWER_TIMEOUT);
+        assert_eq!(answer_wait(i64::MIN, i64::MAX), MIN_ANSWER_WAIT);
+    }
+
     #[test]
     fn only_the_cluster_secret_authenticates_a_forwarded_request() {
         let c = Cluster::new("s3cret".into(), "127.0.0.1:1".into());

@@ -1080,3 +1080,59 @@ fn a_daemon_survives_its_database_restarting_with_503_meanwhile_and_nothing_lost
         "resumed by Last-Event-ID"
     );
 }
+
+/// Issue 34 item 3: "a command forwarded to a stopped owner waits the 30 s answer timeout
+/// although the lease expires within 3 s". With the owner paused (SIGSTOP: its socket accepts
+/// the connection, nothing answers), the receiver waits at most the owner's remaining lease
+/// time and answers `503 owner_unreachable` with `Retry-After` (the lease's remaining
+/// seconds), well before the old fixed wait.
+#[test]
+fn a_command_forwarded_to_a_paused_owner_is_answered_within_its_lease() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "0.3")];
+    let config = "lease_secs = 3\n";
+    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let id = a.create(WS, "demo");
+    let (_, turn) = a.submit(WS, &id, "children=1 hang=1 late=0");
+    a.wait_for(WS, &id, 60, "a child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    signal(&a, libc::SIGSTOP);
+    let cancel = format!(
+        "http://{}/v1/workspaces/{WS}/agent-sessions/{id}/turns/{turn}/cancel",
+        b.addr
+    );
+    // The client gives up well before the old fixed 30 s answer timeout.
+    let send = || match ureq::post(&cancel)
+        .set("authorization", &bearer(&b))
+        .timeout(Duration::from_secs(20))
+        .call()
+    {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => Ok((
+            r.status(),
+            r.header("retry-after").map(str::to_string),
+            r.into_json::<Value>().unwrap_or(Value::Null),
+        )),
+        Err(e) => Err(e.to_string()),
+    };
+    let first = send();
+    let Ok((status, retry, body)) = first else {
+        signal(&a, libc::SIGCONT);
+        panic!("no answer from B within 20 s: {first:?}");
+    };
+    if status != 503 {
+        signal(&a, libc::SIGCONT);
+    }
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "owner_unreachable", "{body}");
+    assert!(
+        retry
+            .as_deref()
+            .and_then(|r| r.parse::<u64>().ok())
+            .is_some_and(|secs| (1..=3).contains(&secs)),
+        "Retry-After is the lease's remaining seconds: {retry:?}"
+    );
+    signal(&a, libc::SIGCONT);
+}

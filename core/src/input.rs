@@ -197,6 +197,18 @@ pub enum NormalizedEvent {
 }
 
 impl NormalizedEvent {
+    /// A provider's token-use report for `session` as session metadata, or `None` when it
+    /// carries no field (nothing to record). The one constructor every adapter uses.
+    pub fn usage(session: Id, usage: crate::model::TokenUsage) -> Option<NormalizedEvent> {
+        (!usage.is_empty()).then_some(NormalizedEvent::SessionMetadataUpdated {
+            agent_session_id: session,
+            goal: None,
+            title: None,
+            provider_session_id: None,
+            usage: Some(usage),
+        })
+    }
+
     /// The session the event is about.
     pub fn agent_session_id(&self) -> &Id {
         use NormalizedEvent::*;

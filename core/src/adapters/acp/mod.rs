@@ -518,16 +518,8 @@ impl AcpAdapter {
             if accepting {
                 self.flush(out, &native);
             }
-            let usage = usage_of(update);
-            if !usage.is_empty() {
-                out.events.push(NormalizedEvent::SessionMetadataUpdated {
-                    agent_session_id: session,
-                    goal: None,
-                    title: None,
-                    provider_session_id: None,
-                    usage: Some(usage),
-                });
-            }
+            out.events
+                .extend(NormalizedEvent::usage(session, usage_of(update)));
             return Ok(());
         }
         if !accepting {

@@ -886,16 +886,7 @@ impl CodexAdapter {
 
     /// A thread's token use, as its session's usage (a report with no counts is dropped).
     fn usage(session: Id, usage: crate::model::TokenUsage, out: &mut AdapterOutput) {
-        if usage.is_empty() {
-            return;
-        }
-        out.events.push(NormalizedEvent::SessionMetadataUpdated {
-            agent_session_id: session,
-            goal: None,
-            title: None,
-            provider_session_id: None,
-            usage: Some(usage),
-        });
+        out.events.extend(NormalizedEvent::usage(session, usage));
     }
 
     fn child_turn_started(&mut self, thread: &str, turn: String, out: &mut AdapterOutput) {

@@ -11,7 +11,7 @@
 //!   runs once.
 //! - PostgreSQL refuses to run as root: when we are root, every server command runs as `nobody`
 //!   through `runuser`, and the data directory is owned by it.
-//! - The server listens on 127.0.0.1 only, on a port that was free a moment before, with its unix
+//! - The server listens on 127.0.0.1 only, on a free port below the kernel's ephemeral range, with its unix
 //!   socket in the temporary directory; authentication is `trust` for the one superuser `tutti`.
 //! - [`Server::fast`] turns `fsync` off (tests of semantics need no disk flushes); [`Server::start`]
 //!   keeps PostgreSQL's durable defaults (benchmarks).
@@ -90,12 +90,33 @@ pub fn binaries() -> Result<PathBuf, ServerError> {
     })
 }
 
+/// A port for a server, below the kernel's ephemeral range (32768 and up on Linux).
+///
+/// A port that `bind(0)` reported free is taken again by the next outgoing connection or
+/// `bind(0)` of a parallel test, most dangerously while a server is stopped for a restart.
+/// Ports in 20000..30000 are never handed out by the kernel, so only another server of this
+/// helper can collide with one; the choice is spread by process id, a counter and the clock,
+/// checked by a bind, and [`Server::launch`] tries again with another port if PostgreSQL still
+/// finds the address in use.
 fn free_port() -> Result<u16, ServerError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| ServerError(format!("no free port: {e}")))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| ServerError(format!("no free port: {e}")))
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let mut seed = std::process::id()
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(nanos)
+        .wrapping_add(NEXT.fetch_add(7919, std::sync::atomic::Ordering::Relaxed));
+    for _ in 0..200 {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let port = 20_000 + (seed >> 8) % 10_000;
+        let port = u16::try_from(port).unwrap_or(20_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(ServerError("no free port in 20000..30000".into()))
 }
 
 fn chown(path: &Path, user: &str) -> Result<(), ServerError> {
@@ -177,8 +198,22 @@ impl Server {
             opts.push_str(s);
         }
         server.opts = opts;
-        server.start_again()?;
-        Ok(server)
+        // Another server of a parallel test may have taken the port after our bind check.
+        let mut tries = 0;
+        loop {
+            match server.start_again() {
+                Ok(()) => return Ok(server),
+                Err(e) if tries < 8 && e.0.contains("Address already in use") => {
+                    tries += 1;
+                    let old = format!("-p {} ", server.port);
+                    server.port = free_port()?;
+                    server.opts = server
+                        .opts
+                        .replacen(&old, &format!("-p {} ", server.port), 1);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Starts the server again after [`Server::stop`] (same port, options and data).

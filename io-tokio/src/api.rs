@@ -103,6 +103,11 @@ impl From<DaemonError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "owned_elsewhere", e.to_string())
                     .with_owner(owner)
             }
+            e @ DaemonError::OutcomeUnknown => ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "outcome_unknown",
+                e.to_string(),
+            ),
             e @ DaemonError::Conflict => {
                 ApiError::new(StatusCode::CONFLICT, "commit_conflict", e.to_string())
             }
@@ -479,11 +484,31 @@ async fn read<T: Send + 'static>(
     f: impl FnOnce(&dyn crate::reads::Reads) -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     let d = d.clone();
-    tokio::task::spawn_blocking(move || d.read(f))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .map_err(ApiError::from)
+    // Issue 34: a read of a store that does not answer (a frozen connection) is answered 503
+    // at the deadline; the blocked read itself ends with the connection's own timeouts.
+    match tokio::time::timeout(
+        READ_DEADLINE,
+        tokio::task::spawn_blocking(move || d.read(f)),
+    )
+    .await
+    {
+        Ok(r) => r
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })?
+            .map_err(ApiError::from),
+        Err(_) => {
+            tracing::warn!("store read did not finish within its deadline");
+            Err(ApiError::store_unavailable(format!(
+                "the store did not answer within {} s",
+                READ_DEADLINE.as_secs()
+            )))
+        }
+    }
 }
+
+/// How long an API read of the store may take before it is answered `503 unavailable`.
+pub const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The session must exist and belong to the workspace.
 async fn session_in(

@@ -141,6 +141,21 @@ pub trait Housekeeping<S>: Send {
     fn renew_every(&self) -> Option<std::time::Duration> {
         None
     }
+    /// Issue 34, the lease rule on the daemon's own clock (see [`crate::lease_watch`]): until
+    /// when (wall-clock milliseconds) this daemon may act for `root`, its lease not renewed
+    /// meanwhile. `None`: no lease bounds it (the default: a store only this daemon writes).
+    fn good_until(&self, _root: &Id) -> Option<i64> {
+        None
+    }
+    /// Drops `root`'s lease from this daemon's books without releasing it in the store (its
+    /// provider was stopped because the lease was not renewed in time: the tree is settled by
+    /// whoever claims it next, this daemon included).
+    fn forget(&mut self, _root: &Id) {}
+    /// How often the lease watchdog looks ([`crate::lease_watch::LeaseWatch::spawn`]); `None`
+    /// (the default: no leases): no watchdog.
+    fn watch_period(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Issue 34, per-batch fencing: the lease epoch this daemon holds `root` at now, read when
     /// the engine thread takes a batch the driver decided (so a batch carries the epoch it was
     /// decided under down to its commit, see [`Housekeeping::commit_group`]). The default (no
@@ -273,6 +288,11 @@ pub enum DaemonError {
     /// unavailable` with `Retry-After`.
     #[error("the store is unavailable; retry later ({0})")]
     Unavailable(String),
+    /// Issue 34, bounded requests: the engine took the command but its commit did not finish
+    /// within [`COMMAND_DEADLINE`] (the store hangs); the command may still take effect.
+    /// Answered `504 outcome_unknown`.
+    #[error("the command was taken but its commit did not finish in time; read the session to see whether it took effect")]
+    OutcomeUnknown,
     /// Issue 21: a command (submit, cancel, answer, delete) for a tree whose lease another
     /// daemon holds, unexpired: that daemon runs the tree's provider and takes the command at
     /// `owner_address`. Nothing changed here; the API forwards the request there (see
@@ -335,7 +355,11 @@ impl From<DriverError> for DaemonError {
 
 #[allow(clippy::large_enum_variant)] // one message per input; boxing would add an allocation each
 enum Msg {
-    Input(Input, Option<oneshot::Sender<Result<Step, DaemonError>>>),
+    Input(
+        Input,
+        Option<oneshot::Sender<Result<Step, DaemonError>>>,
+        Option<Arc<Ticket>>,
+    ),
     /// What the runtime of a root (at a generation: an earlier runtime's messages are stale)
     /// reported.
     Runtime(Id, u64, FromRuntime),
@@ -576,6 +600,10 @@ impl Daemon {
                 }
             });
         }
+        let lease_watch = crate::lease_watch::LeaseWatch::new();
+        if let Some(period) = housekeeping.watch_period() {
+            lease_watch.spawn(period)?;
+        }
         if let Some(every) = housekeeping.renew_every() {
             let tx = tx.clone();
             rt.spawn(async move {
@@ -621,6 +649,8 @@ impl Daemon {
                 .max(1),
             reserved: std::collections::HashSet::new(),
             round_io: std::time::Duration::ZERO,
+            lease_watch: lease_watch.clone(),
+            lapsed: std::collections::BTreeSet::new(),
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -682,13 +712,37 @@ impl Daemon {
         self.commits.clone()
     }
 
-    /// Feeds one input and waits for its step (committed) or rejection.
+    /// Feeds one input and waits for its step (committed) or rejection, within bounds (issue
+    /// 34: "every client request has a bounded deadline"):
+    /// - an input the engine thread has not taken within [`QUEUE_DEADLINE`] (it is stuck on a
+    ///   store that does not answer) is given up: the engine drops it when it gets to it, so it
+    ///   is never carried out, and the caller gets [`DaemonError::Unavailable`] (503, retry);
+    /// - an input the engine took is waited for until [`COMMAND_DEADLINE`] in all; past that the
+    ///   caller gets [`DaemonError::OutcomeUnknown`] (504): its commit may still land.
     pub async fn call(&self, input: Input) -> Result<Step, DaemonError> {
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
+        let ticket = Arc::new(Ticket::default());
         self.tx
-            .send(Msg::Input(input, Some(tx)))
+            .send(Msg::Input(input, Some(tx), Some(ticket.clone())))
             .map_err(|_| DaemonError::Stopped)?;
-        rx.await.map_err(|_| DaemonError::Stopped)?
+        match tokio::time::timeout(QUEUE_DEADLINE, &mut rx).await {
+            Ok(r) => return r.map_err(|_| DaemonError::Stopped)?,
+            Err(_) if ticket.give_up() => {
+                warn!("command not taken by the engine within its deadline; given up");
+                return Err(DaemonError::Unavailable(format!(
+                    "the daemon did not take the command within {} s; nothing was done",
+                    QUEUE_DEADLINE.as_secs()
+                )));
+            }
+            Err(_) => {}
+        }
+        match tokio::time::timeout(COMMAND_DEADLINE.saturating_sub(QUEUE_DEADLINE), rx).await {
+            Ok(r) => r.map_err(|_| DaemonError::Stopped)?,
+            Err(_) => {
+                warn!("command taken but not committed within its deadline");
+                Err(DaemonError::OutcomeUnknown)
+            }
+        }
     }
 
     /// Records the working directory of a root session's provider in the database (call before
@@ -809,6 +863,38 @@ fn log_checkpoint(e: CheckpointEvent) {
 /// Where the reply of an input goes.
 type ReplyTo = oneshot::Sender<Result<Step, DaemonError>>;
 
+/// How long a command may wait for the engine thread to take it (see [`Daemon::call`]).
+pub const QUEUE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a command may take in all, commit included (see [`Daemon::call`]).
+pub const COMMAND_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Who decides a queued command's fate first: the engine thread taking it, or its caller giving
+/// up at [`QUEUE_DEADLINE`]. Exactly one of [`Ticket::take`] and [`Ticket::give_up`] succeeds.
+#[derive(Debug, Default)]
+pub struct Ticket(std::sync::atomic::AtomicU8);
+
+impl Ticket {
+    const TAKEN: u8 = 1;
+    const GIVEN_UP: u8 = 2;
+
+    fn settle(&self, to: u8) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .compare_exchange(0, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The engine takes the command; `false`: its caller gave up first (drop it).
+    pub fn take(&self) -> bool {
+        self.settle(Self::TAKEN)
+    }
+
+    /// The caller gives up; `false`: the engine took the command first (wait for it).
+    pub fn give_up(&self) -> bool {
+        self.settle(Self::GIVEN_UP)
+    }
+}
+
 struct Core<S> {
     /// What the store needs besides commits.
     housekeeping: Box<dyn Housekeeping<S>>,
@@ -854,6 +940,12 @@ struct Core<S> {
     /// Roots whose submit was let through this round for a provider start still to come: they
     /// count against the cap until launched (cleared after the round).
     reserved: std::collections::HashSet<Id>,
+    /// The runtimes whose lease bounds how long they may run (see [`crate::lease_watch`]).
+    lease_watch: Arc<crate::lease_watch::LeaseWatch>,
+    /// Trees whose provider was stopped because their lease was not renewed in time, still to
+    /// be settled: each is claimed again (and settled as after a failover) as soon as the store
+    /// answers, or left to the daemon that took it over.
+    lapsed: std::collections::BTreeSet<Id>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -903,6 +995,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             warn!(root = %root, "tree lease lost to another daemon");
                             self.stop_runtime(&root, "lease lost");
                         }
+                        self.lapse(now);
                         for root in self.housekeeping.orphaned(&mut self.store, now) {
                             self.take_over(now, root);
                         }
@@ -916,7 +1009,14 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         self.deadline = None;
                         self.driver.handle_timeout(now, &self.store);
                     }
-                    Msg::Input(input, reply) => {
+                    Msg::Input(input, reply, ticket) => {
+                        if ticket.is_some_and(|t| !t.take()) {
+                            debug!(
+                                kind = input.kind(),
+                                "command given up by its caller; dropped"
+                            );
+                            continue;
+                        }
                         if let Err(e) = self.acquire(now, &input) {
                             debug!(kind = input.kind(), "command not taken here");
                             if let Some(r) = reply {
@@ -1042,6 +1142,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
             Acquired::Held => Ok(()),
             Acquired::Claimed { orphaned } => {
                 debug!(root = %root, orphaned, "tree lease claimed for a command");
+                self.lapsed.remove(&root);
+                self.lease_watch
+                    .set_good_until(&root, self.housekeeping.good_until(&root));
                 if !create {
                     self.driver.reload(&root, &self.store);
                     if orphaned {
@@ -1088,6 +1191,56 @@ impl<S: HostStore + Send + 'static> Core<S> {
             if self.driver.evict(&root) {
                 self.quiescent.forget(&root);
                 debug!(root = %root, "quiescent tree dropped after a reconnect");
+            }
+        }
+        self.lapse(now);
+    }
+
+    /// Issue 34, the lease rule on the daemon's own clock (see [`crate::lease_watch`]): a
+    /// provider whose lease was not renewed in time was stopped by the watchdog (or is stopped
+    /// here, if the watchdog has not looked yet). Its tree leaves this daemon's books without
+    /// its lease being released, and is settled as after a failover (interrupted: its provider
+    /// is gone) by whoever claims it next: this daemon, as soon as the store answers (here, on
+    /// each renewal round), or the daemon that took it over meanwhile.
+    fn lapse(&mut self, now: i64) {
+        // The watchdog learns how long each runtime's lease is good for now (renewed or not).
+        for root in self.runtimes.keys() {
+            self.lease_watch
+                .set_good_until(root, self.housekeeping.good_until(root));
+        }
+        self.lease_watch.check(now);
+        for (root, generation) in self.lease_watch.take_stopped() {
+            if self.current.get(&root) != Some(&generation) {
+                continue;
+            }
+            self.metrics.process_exited(&self.provider_of(&root));
+            self.current.remove(&root);
+            self.runtimes.remove(&root);
+            self.idle.armed.remove(&root);
+            self.driver.detach(&root);
+            self.housekeeping.forget(&root);
+            self.lapsed.insert(root);
+        }
+        let lapsed: Vec<Id> = self.lapsed.iter().cloned().collect();
+        for root in lapsed {
+            match self.housekeeping.acquire(&mut self.store, &root, now) {
+                Acquired::Claimed { .. } => {
+                    self.lapsed.remove(&root);
+                    info!(root = %root, "settling a tree whose provider stopped with its lease");
+                    self.driver.reload(&root, &self.store);
+                    self.settle_orphan(now, &root);
+                    self.to_release.push(root);
+                }
+                // A command claimed it again meanwhile (and settled it then).
+                Acquired::Held => {
+                    self.lapsed.remove(&root);
+                }
+                Acquired::Elsewhere { .. } => {
+                    self.lapsed.remove(&root);
+                    info!(root = %root, "a tree whose provider stopped with its lease is owned elsewhere now");
+                    self.driver.reload(&root, &self.store);
+                }
+                Acquired::Unavailable(_) | Acquired::Unknown(_) => {}
             }
         }
     }
@@ -1183,6 +1336,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 self.metrics.process_exited(&self.provider_of(&root));
                 self.current.remove(&root);
                 self.runtimes.remove(&root);
+                self.lease_watch.untrack(&root);
                 self.idle.armed.remove(&root);
                 self.driver.handle_exit(now, &root, &why, &self.store);
                 self.to_release.push(root);
@@ -1412,6 +1566,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 // KB); a later `Start` launches a new one either way.
                 if self.runtimes.get(&root).is_some_and(|r| !r.is_alive()) {
                     self.runtimes.remove(&root);
+                    self.lease_watch.untrack(&root);
                 }
                 debug!(root = %root, "quiescent tree evicted");
             }
@@ -1460,6 +1615,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
             Some(r) if !r.is_alive() => {
                 self.runtimes.remove(root);
+                self.lease_watch.untrack(root);
                 self.idle.armed.remove(root);
                 return;
             }
@@ -1563,6 +1719,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
         self.idle.armed.remove(root);
         self.current.remove(root);
         self.driver.detach(root);
+        self.lease_watch.untrack(root);
         if let Some(r) = self.runtimes.remove(root) {
             info!(root = %root, reason = why, "stopping the provider runtime");
             r.stop(None);
@@ -1578,6 +1735,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
         let n = runtimes.len();
         for (root, r) in &runtimes {
             self.current.remove(root);
+            self.lease_watch.untrack(root);
             self.driver.detach(root);
             r.stop(Some(done_tx.clone()));
             self.housekeeping.release(&mut self.store, root);
@@ -1606,6 +1764,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
         // A runtime that ended without its exit being handled yet: it is replaced (its exit
         // is stale from now on).
         if let Some(old) = self.runtimes.remove(&root) {
+            self.lease_watch.untrack(&root);
             old.stop(None);
         }
         self.current.remove(&root);
@@ -1658,6 +1817,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 let restart = !self.ever_launched.insert(root.clone());
                 self.metrics.process_started(&spec.provider, restart);
                 let handle = start_runtime(root.clone(), generation, transport, to_daemon);
+                let good_until = self.housekeeping.good_until(&root);
+                self.lease_watch.track(&root, handle.clone(), good_until);
                 self.runtimes.insert(root.clone(), handle);
                 self.current.insert(root.clone(), generation);
                 self.driver.attach(now, root, adapter, &self.store);

@@ -55,6 +55,7 @@ pub mod durability;
 pub mod follow;
 pub mod forward;
 pub mod http;
+pub mod lease_watch;
 pub mod metrics;
 pub mod openapi;
 pub mod outbox;

@@ -241,11 +241,14 @@ pub enum ErrorCode {
     OwnerUnreachable,
     /// 503: every provider process the daemon may run (`max_providers`) is busy.
     ProviderLimit,
+    /// 504: the daemon took the command but could not finish its commit within the command
+    /// deadline (its store hangs); the command may still take effect: read the session.
+    OutcomeUnknown,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::Invalid,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -264,6 +267,7 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::OwnerUnreachable,
         ErrorCode::ProviderLimit,
+        ErrorCode::OutcomeUnknown,
     ];
 
     /// The wire string.
@@ -287,6 +291,7 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::OwnerUnreachable => "owner_unreachable",
             ErrorCode::ProviderLimit => "provider_limit",
+            ErrorCode::OutcomeUnknown => "outcome_unknown",
         }
     }
 }
@@ -738,6 +743,11 @@ fn operation(r: &Route, g: &mut SchemaGenerator, de: &mut SchemaGenerator) -> Va
         errors.push((
             "409",
             "Refused in this state (`conflict`, `owned_elsewhere`, `commit_conflict`).",
+        ));
+        errors.push((
+            "504",
+            "Taken, but its commit did not finish within the command deadline \
+             (`outcome_unknown`): read the session to see whether it took effect.",
         ));
     }
     if matches!(r.op, Op::Events | Op::ListMessages | Op::GetSession) {

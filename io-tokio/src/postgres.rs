@@ -62,11 +62,21 @@ pub struct Leases {
     pub address: String,
     /// How long a lease lasts unless renewed.
     pub ttl: Duration,
-    /// The epoch of each lease held.
-    held: BTreeMap<Id, u64>,
+    /// Each lease held.
+    held: BTreeMap<Id, Held>,
     checkpoint: StoreCheckpoint,
     /// The writer's reconnect count last seen (see [`Housekeeping::reconnected`]).
     reconnects: u64,
+}
+
+/// A lease this daemon holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    epoch: u64,
+    /// Until when this daemon acts for the tree by its own clock (see
+    /// [`crate::lease_watch`]): the start of the last successful claim or renewal plus the lease
+    /// time minus [`crate::lease_watch::safety_margin`].
+    good_until_ms: i64,
 }
 
 impl Leases {
@@ -105,6 +115,18 @@ impl Leases {
     fn ttl_ms(&self) -> i64 {
         i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
     }
+
+    /// A lease claimed or renewed by a statement started at `now_ms`.
+    fn held_from(&self, epoch: u64, now_ms: i64) -> Held {
+        let good_for = self
+            .ttl
+            .saturating_sub(crate::lease_watch::safety_margin(self.ttl));
+        let good_for = i64::try_from(good_for.as_millis()).unwrap_or(i64::MAX);
+        Held {
+            epoch,
+            good_until_ms: now_ms.saturating_add(good_for),
+        }
+    }
 }
 
 impl Housekeeping<PostgresStore> for Leases {
@@ -115,7 +137,7 @@ impl Housekeeping<PostgresStore> for Leases {
         self.checkpoint.after_round(store);
     }
     fn epoch(&self, root: &Id) -> Option<u64> {
-        self.held.get(root).copied()
+        self.held.get(root).map(|h| h.epoch)
     }
     fn commit_group(
         &mut self,
@@ -136,7 +158,8 @@ impl Housekeeping<PostgresStore> for Leases {
         match store.claim_lease(root, &self.owner, &self.address, now_ms, ttl) {
             Ok(Claim::Owned(l)) => {
                 debug!(root = %root, epoch = l.epoch, "tree lease claimed");
-                self.held.insert(root.clone(), l.epoch);
+                let held = self.held_from(l.epoch, now_ms);
+                self.held.insert(root.clone(), held);
                 Ownership::Owned
             }
             Ok(Claim::HeldBy(l)) => Ownership::Elsewhere(l.owner_address),
@@ -146,9 +169,10 @@ impl Housekeeping<PostgresStore> for Leases {
     fn renew(&mut self, store: &mut PostgresStore, now_ms: i64) -> Vec<Id> {
         let ttl = self.ttl_ms();
         let mut lost = Vec::new();
-        for (root, epoch) in &self.held {
-            match store.renew_lease(root, &self.owner, *epoch, now_ms, ttl) {
-                Ok(true) => {}
+        let mut renewed = Vec::new();
+        for (root, held) in &self.held {
+            match store.renew_lease(root, &self.owner, held.epoch, now_ms, ttl) {
+                Ok(true) => renewed.push((root.clone(), self.held_from(held.epoch, now_ms))),
                 Ok(false) => lost.push(root.clone()),
                 // The database is unreachable (logged once, see `start`): the others wait for
                 // the next tick.
@@ -162,6 +186,9 @@ impl Housekeeping<PostgresStore> for Leases {
         }
         for root in &lost {
             self.held.remove(root);
+        }
+        for (root, held) in renewed {
+            self.held.insert(root, held);
         }
         lost
     }
@@ -183,21 +210,30 @@ impl Housekeeping<PostgresStore> for Leases {
             .collect()
     }
     fn release(&mut self, store: &mut PostgresStore, root: &Id) {
-        if let Some(epoch) = self.held.remove(root) {
-            if let Err(e) = store.release_lease(root, &self.owner, epoch) {
+        if let Some(held) = self.held.remove(root) {
+            if let Err(e) = store.release_lease(root, &self.owner, held.epoch) {
                 warn!(root = %root, error = %e, "tree lease not released");
             }
         }
     }
     fn acquire(&mut self, store: &mut PostgresStore, root: &Id, now_ms: i64) -> Acquired {
-        if self.held.contains_key(root) {
-            return Acquired::Held;
+        match self.held.get(root) {
+            Some(h) if now_ms < h.good_until_ms => return Acquired::Held,
+            // Past its good-until instant (renewals failed): the lease no longer counts as
+            // held; the command claims it again (503 while the store is unreachable), and the
+            // claim of this daemon's own unreleased lease settles the tree first.
+            Some(_) => {
+                debug!(root = %root, "tree lease not renewed in time; claiming it again");
+                self.held.remove(root);
+            }
+            None => {}
         }
         let ttl = self.ttl_ms();
         match store.claim_lease_after(root, &self.owner, &self.address, now_ms, ttl) {
             Ok((Claim::Owned(l), previous)) => {
                 debug!(root = %root, epoch = l.epoch, "tree lease claimed");
-                self.held.insert(root.clone(), l.epoch);
+                let held = self.held_from(l.epoch, now_ms);
+                self.held.insert(root.clone(), held);
                 Acquired::Claimed {
                     orphaned: previous.is_some_and(|p| !p.is_released()),
                 }
@@ -218,6 +254,15 @@ impl Housekeeping<PostgresStore> for Leases {
     }
     fn renew_every(&self) -> Option<Duration> {
         Some((self.ttl / 3).max(Duration::from_millis(100)))
+    }
+    fn good_until(&self, root: &Id) -> Option<i64> {
+        self.held.get(root).map(|h| h.good_until_ms)
+    }
+    fn forget(&mut self, root: &Id) {
+        self.held.remove(root);
+    }
+    fn watch_period(&self) -> Option<Duration> {
+        Some(crate::lease_watch::watch_period(self.ttl))
     }
 }
 

@@ -1136,3 +1136,124 @@ fn a_command_forwarded_to_a_paused_owner_is_answered_within_its_lease() {
     );
     signal(&a, libc::SIGCONT);
 }
+
+/// The database server frozen: its postmaster and every backend `SIGSTOP`ped (connections stay
+/// open and nothing answers, as in a network partition); `SIGCONT` on drop.
+struct Frozen(Vec<u32>);
+
+impl Frozen {
+    fn new(server: &Server) -> Frozen {
+        let pm = server.postmaster_pid().expect("postmaster pid");
+        let mut pids = vec![pm];
+        pids.extend(tutti_tests::procs::children_of(pm));
+        for &p in &pids {
+            let pid = libc::pid_t::try_from(p).expect("pid");
+            // SAFETY: kill(2) of this test's own PostgreSQL server processes.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+        Frozen(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            if let Ok(pid) = libc::pid_t::try_from(p) {
+                // SAFETY: as in `Frozen::new`.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Issue 34: "A daemon that cannot renew stops acting before its lease can expire by its own
+/// clock (stop the tree's provider, refuse commands)" and "every client request has a bounded
+/// deadline". The database freezes under A (a partition: its connections stay open, nothing
+/// answers, so A's engine thread blocks on its next statement). A's lease watchdog stops the
+/// tree's provider before the lease (3 s, last renewed before the freeze) can have expired; a
+/// create and a read sent meanwhile are answered `503 unavailable` at their deadlines instead
+/// of hanging, and the create given up is never carried out. Once the database thaws, A claims
+/// the tree again and settles it interrupted (its provider is gone), and it takes a new prompt.
+#[test]
+fn a_daemon_cut_off_from_its_database_stops_its_providers_before_its_lease_expires() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "1")];
+    let lease_ms = 3000;
+    let a = TestDaemon::start_with_db(EXE, Some(&url), Some("lease_secs = 3\n"), &env);
+    let id = a.create(WS, "demo");
+    let (_, turn) = a.submit(WS, &id, "children=2 hang=1,2 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "children running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 2)
+    });
+    assert!(!providers_of(&a).is_empty(), "A runs the provider");
+
+    let frozen = Frozen::new(&server);
+    let t0 = now_ms();
+    // The last renewal started before the freeze, so the lease expires by t0 + lease at the
+    // latest: the provider must be gone by then.
+    let gone = tutti_tests::procs::poll(30, || providers_of(&a).is_empty().then(now_ms));
+    let Some(gone) = gone else {
+        drop(frozen);
+        panic!("A kept its provider through the freeze");
+    };
+    println!(
+        "provider stopped {} ms into the freeze (lease {lease_ms} ms)",
+        gone - t0
+    );
+    assert!(
+        gone - t0 <= lease_ms,
+        "the provider was stopped {} ms into the freeze, after the lease could expire",
+        gone - t0
+    );
+    // Commands and reads are answered within their deadlines, not hung.
+    let (st, v) = a.call(
+        "POST",
+        &format!("/v1/workspaces/{WS}/agent-sessions"),
+        Some(serde_json::json!({"provider": "demo", "title": "during the freeze"})),
+    );
+    assert_eq!(st, 503, "a create while the store hangs: {v}");
+    assert_eq!(v["error"]["code"], "unavailable", "{v}");
+    let (st, v) = a.call(
+        "GET",
+        &format!("/v1/workspaces/{WS}/agent-sessions/{id}"),
+        None,
+    );
+    assert_eq!(st, 503, "a read while the store hangs: {v}");
+    assert_eq!(v["error"]["code"], "unavailable", "{v}");
+    drop(frozen);
+
+    // Thawed: the tree is settled interrupted, by A, and takes a new prompt.
+    let settled = a.wait_for(WS, &id, 60, "tree settled after the thaw", |v| {
+        v["session"].get("activeTurnId").is_none()
+            && v["childSessions"]
+                .as_array()
+                .is_some_and(|c| c.iter().all(|c| c.get("activeTurnId").is_none()))
+    });
+    let t = turn_of(&settled, &id).expect("root turn");
+    assert_eq!(t["id"], turn.as_str(), "{settled}");
+    assert_eq!(t["outcome"], "interrupted", "{settled}");
+    let (st, v) = a.call("GET", &format!("/v1/workspaces/{WS}/agent-sessions"), None);
+    assert_eq!(st, 200, "{v}");
+    let titles: Vec<&str> = v["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter_map(|s| s["title"].as_str())
+        .collect();
+    assert!(
+        !titles.contains(&"during the freeze"),
+        "the create given up at its deadline was not carried out: {titles:?}"
+    );
+    let (reply, _) = a.submit(WS, &id, "children=1 permission=0 fail=0 late=0");
+    assert_eq!(reply, "started");
+    a.wait_for(WS, &id, 60, "the new prompt completed", |v| {
+        turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed")
+    });
+}

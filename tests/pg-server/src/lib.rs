@@ -315,6 +315,18 @@ impl Server {
         }
     }
 
+    /// The process id of the running server's postmaster (the first line of its
+    /// `postmaster.pid`), for tests that freeze the server (`SIGSTOP` to it and its backends).
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// The server's TCP port.
     pub fn port(&self) -> u16 {
         self.port

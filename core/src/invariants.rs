@@ -2,7 +2,7 @@
 //! tests, the simulation and the fuzz targets after every step.
 
 use crate::hash::{FxMap, FxSet};
-use crate::model::{CancelState, Id, InteractionStatus, Phase, ProviderPhase, Session};
+use crate::model::{CancelState, Id, InteractionStatus, ProviderTurnState, Session, TurnState};
 use crate::snapshot::TreeSnapshot;
 use crate::Engine;
 
@@ -81,20 +81,9 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
         if turn.is_active() && s.active_turn_id.as_ref() != Some(&turn.id) {
             bad("an active turn is its session's activeTurnId", &turn.id);
         }
-        match (turn.phase, turn.outcome) {
-            (Phase::Settled, None) => bad("settled turn has an outcome", &turn.id),
-            (p, Some(_)) if p != Phase::Settled => {
-                bad("only settled turns have an outcome", &turn.id)
-            }
-            _ => {}
-        }
-        if turn.error.is_some() && !turn.outcome.is_some_and(|o| o.allows_error()) {
-            bad(
-                "canceled turns carry no error (errors only on failed/interrupted)",
-                &turn.id,
-            );
-        }
-        if turn.phase == Phase::Settling && !inflight.contains(&turn.id) {
+        // "Settled turn has an outcome", "only settled turns have an outcome" and "canceled
+        // turns carry no error" hold by construction ([`crate::model::TurnState`]).
+        if turn.state == TurnState::Settling && !inflight.contains(&turn.id) {
             bad("settling only while a cancel is in flight", &turn.id);
         }
         if let Some(rt) = s.root_turn_id().filter(|_| turn.is_active()) {
@@ -104,18 +93,17 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
             }
         }
     }
-    for turn in t.turns.iter().filter(|x| x.root_provider_turn.is_some()) {
+    for turn in t.turns.iter().filter(|x| !x.is_child()) {
         let children = active_children.get(&turn.id).copied().unwrap_or(0);
         let created = child_sessions.get(&turn.id).copied().unwrap_or(0);
-        if created != turn.child_session_count {
+        if created != turn.child_session_count() {
             bad("root turn counts its child sessions", &turn.id);
         }
-        let Some(r) = &turn.root_provider_turn else {
+        let Some(r) = turn.root_provider_turn() else {
             continue;
         };
         if turn.is_active()
-            && r.phase == ProviderPhase::Completed
-            && !r.reserved
+            && matches!(r.state, ProviderTurnState::Completed(_))
             && children == 0
             && !inflight.contains(&turn.id)
         {
@@ -128,17 +116,17 @@ pub fn check_tree(t: &TreeSnapshot) -> Vec<Violation> {
     for o in &t.cancel_operations {
         if o.includes_root {
             if let Some(rt) = turns.get(&o.turn_id) {
-                if rt.child_session_count != o.child_sessions_at_prepare {
+                if rt.child_session_count() != o.child_sessions_at_prepare {
                     bad(
                         "no child is revealed after its root's cancel was prepared",
                         &o.id,
                     );
                 }
-                if !rt.child_creation_closed {
+                if !rt.child_creation_closed() {
                     bad("a root cancel closes child creation", &o.id);
                 }
                 if o.state != CancelState::Prepared
-                    && rt.outcome != Some(crate::model::Outcome::Canceled)
+                    && rt.outcome() != Some(crate::model::Outcome::Canceled)
                 {
                     bad("a canceled root stays canceled", &o.id);
                 }

@@ -74,6 +74,7 @@ pub mod snapshot;
 pub mod step;
 pub mod store;
 mod stored;
+mod turn_wire;
 
 pub use driver::Driver;
 pub use engine::{Engine, EngineConfig, UNCONFIRMED};

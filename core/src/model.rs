@@ -6,9 +6,14 @@
 //! child-agent status field".
 
 mod relation;
+mod turn;
 pub use relation::{ChildOf, Relation, RootOnly};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+pub use turn::{
+    ChildTrigger, ChildTurn, ProviderTurnState, RootProviderTurn, RootTurn, Settlement, Turn,
+    TurnRole, TurnState,
+};
 
 /// An identifier chosen by the host (session, turn, request, operation ids). Cheap to clone.
 pub type Id = Arc<str>;
@@ -355,116 +360,6 @@ pub enum ProviderPhase {
     Running,
     /// The root provider turn reached a terminal; its outcome is retained.
     Completed,
-}
-
-/// The root provider turn's lifecycle fields on a root turn.
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RootProviderTurn {
-    /// Phase.
-    pub phase: ProviderPhase,
-    /// The provider's own turn id (transport metadata; never a canonical turn id).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider_turn_id: Option<String>,
-    /// Outcome of the last root provider terminal, retained until the gate applies it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retained_outcome: Option<Outcome>,
-    /// Error of the retained outcome (failed/interrupted only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retained_error: Option<String>,
-    /// Guidance asked the provider to start a root provider turn while only children ran; the
-    /// lifecycle is reserved (phase running) until that provider turn starts or the guide fails.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub reserved: bool,
-    /// Provider turn ids this root turn recorded before `providerTurnId` (a guidance or
-    /// continuation provider turn replaced them), oldest first. Kept so that "a provider turn id
-    /// already recorded on a root turn always resolves to that turn" also after the tree is
-    /// loaded from storage (transport metadata, like `providerTurnId`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub earlier_provider_turn_ids: Vec<String>,
-}
-
-impl RootProviderTurn {
-    /// Every provider turn id this root turn recorded: the earlier ones, then the current one.
-    pub fn provider_turn_ids(&self) -> impl Iterator<Item = &str> + '_ {
-        self.earlier_provider_turn_ids
-            .iter()
-            .map(String::as_str)
-            .chain(self.provider_turn_id.as_deref())
-    }
-
-    /// Whether this root turn recorded `provider_turn_id` (now or earlier).
-    pub fn records(&self, provider_turn_id: &str) -> bool {
-        self.provider_turn_ids().any(|p| p == provider_turn_id)
-    }
-}
-
-impl Default for RootProviderTurn {
-    fn default() -> Self {
-        RootProviderTurn {
-            phase: ProviderPhase::Idle,
-            provider_turn_id: None,
-            retained_outcome: None,
-            retained_error: None,
-            reserved: false,
-            earlier_provider_turn_ids: Vec::new(),
-        }
-    }
-}
-
-/// `WorkspaceAgentTurn`: one turn of one session, root or child.
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[cfg_attr(feature = "schema", schemars(rename = "WorkspaceAgentTurn"))]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Turn {
-    /// Canonical turn id.
-    pub id: Id,
-    /// Owning session.
-    pub agent_session_id: Id,
-    /// What initiated it.
-    pub trigger: Trigger,
-    /// Phase.
-    pub phase: Phase,
-    /// Outcome once settled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<Outcome>,
-    /// Error (failed or interrupted only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Root turns only: the root provider turn's lifecycle.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub root_provider_turn: Option<RootProviderTurn>,
-    /// Child turns only: the provider's native turn id (an alias, not a canonical id).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider_turn_id: Option<String>,
-    /// Root turns only: a root cancel operation was prepared; no child may be created any more.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub child_creation_closed: bool,
-    /// Root turns only: child sessions created under this root turn (any depth).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub child_session_count: u32,
-    /// The cancel operation that targeted this turn (a closed cancellation target).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cancel_operation_id: Option<Id>,
-    /// Creation time.
-    pub created_at: Millis,
-    /// Last change.
-    pub updated_at: Millis,
-    /// Row version.
-    pub version: u64,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-impl Turn {
-    /// Whether the turn is not settled.
-    pub fn is_active(&self) -> bool {
-        self.phase.is_active()
-    }
 }
 
 /// Status of an interaction (approval, prompt).

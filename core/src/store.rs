@@ -199,7 +199,7 @@ impl MemoryStore {
                     || self
                         .turns
                         .get(root_turn_id)
-                        .is_some_and(|t| !t.child_creation_closed)
+                        .is_some_and(|t| !t.child_creation_closed())
             }
         };
         if ok {

@@ -155,9 +155,9 @@ impl Rig {
     fn root_turn(&self, turn: &str) -> (Phase, Option<Outcome>, RootProviderTurn) {
         let t = self.d.engine().turn("R", turn).expect("root turn exists");
         (
-            t.phase,
-            t.outcome,
-            t.root_provider_turn.clone().unwrap_or_default(),
+            t.phase(),
+            t.outcome(),
+            t.root_provider_turn().cloned().unwrap_or_default(),
         )
     }
 }
@@ -222,18 +222,18 @@ fn prompt_answering_cancelled_after_the_next_submit_settles_only_its_own_turn() 
         "T1 unchanged"
     );
     assert_eq!(
-        rpt.phase,
+        rpt.phase(),
         ProviderPhase::Completed,
         "no stale running phase"
     );
-    assert_eq!(rpt.retained_outcome, Some(Outcome::Interrupted));
+    assert_eq!(rpt.retained_outcome(), Some(Outcome::Interrupted));
 
     // Only now is T2's prompt sent; T2 runs its own provider turn.
     let p2 = r.last_request("session/prompt");
     assert_ne!(p2, p1);
     let (phase, outcome, rpt) = r.root_turn("T2");
     assert_eq!((phase, outcome), (Phase::Running, None));
-    assert_eq!(rpt.phase, ProviderPhase::Running);
+    assert_eq!(rpt.phase(), ProviderPhase::Running);
     assert_eq!(rpt.provider_turn_id, Some(format!("prompt-{p2}")));
 
     // Every root provider event named its canonical turn and its provider turn.

@@ -38,7 +38,13 @@ fn outcomes(out: &ReplayOutput) -> Vec<(String, String, Option<Outcome>)> {
     out.snapshot
         .turns
         .iter()
-        .map(|t| (t.id.to_string(), t.agent_session_id.to_string(), t.outcome))
+        .map(|t| {
+            (
+                t.id.to_string(),
+                t.agent_session_id.to_string(),
+                t.outcome(),
+            )
+        })
         .collect()
 }
 
@@ -55,7 +61,7 @@ fn root_outcome(out: &ReplayOutput) -> Option<Outcome> {
         .turns
         .iter()
         .find(|t| &*t.id == "turn-1")
-        .and_then(|t| t.outcome)
+        .and_then(|t| t.outcome())
 }
 
 /// The child ids inside the transcript's `subagent_update`s, in first-seen order.
@@ -946,7 +952,7 @@ fn state_for_a_deleted_child_changes_nothing() {
     }
     let (child, first) = child_ids(&root, "acp", "c1", 1);
     assert_eq!(
-        d.engine().turn("root", "T1").and_then(|t| t.outcome),
+        d.engine().turn("root", "T1").and_then(|t| t.outcome()),
         Some(Outcome::Completed)
     );
     input(
@@ -980,7 +986,7 @@ fn state_for_a_deleted_child_changes_nothing() {
         json!({"jsonrpc": "2.0", "id": 3, "result": {"stopReason": "end_turn"}}),
     );
     assert_eq!(
-        d.engine().turn("root", "T2").and_then(|t| t.outcome),
+        d.engine().turn("root", "T2").and_then(|t| t.outcome()),
         Some(Outcome::Completed)
     );
     assert!(d.engine().check_invariants().is_empty());

@@ -366,7 +366,7 @@ impl Rig {
         self.background_child("tu-1", "task-1");
         self.text(None, "launched");
         self.result();
-        assert_eq!(self.root().phase, Phase::Waiting);
+        assert_eq!(self.root().phase(), Phase::Waiting);
         child("tu-1")
     }
 }
@@ -463,10 +463,10 @@ fn agent_tool_use_creates_child_and_submitted_turn_before_task_started_or_root_r
         s.provider_aliases.parent_tool_use_id.as_deref(),
         Some("tu-1")
     );
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Submitted);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Submitted);
     // The root result may come before task_started: the child already gates the root.
     rig.result();
-    assert_eq!(rig.root().phase, Phase::Waiting);
+    assert_eq!(rig.root().phase(), Phase::Waiting);
     rig.assert_clean();
 }
 
@@ -503,7 +503,7 @@ fn earliest_partial_tool_event_creates_child_and_later_events_merge_title_and_id
         s.provider_aliases.parent_tool_use_id.as_deref(),
         Some("tu-1")
     );
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Running);
     assert_eq!(count(&rig.events, "childSessionCreated"), 1);
     rig.assert_clean();
 }
@@ -603,10 +603,10 @@ fn nested_task_creates_a_grandchild_whose_direct_parent_is_the_launching_child()
     rig.msg(json!({"type":"system","subtype":"task_started","task_id":"task-2","tool_use_id":"tu-2",
         "parent_task_id":"task-1","description":"job tu-2","is_backgrounded":false,"task_type":"local_agent"}));
     rig.text(Some("tu-2"), "deep");
-    assert_eq!(rig.turn(&gs, &gt).phase, Phase::Running);
+    assert_eq!(rig.turn(&gs, &gt).phase(), Phase::Running);
     rig.tool_result(Some("tu-1"), "tu-2", false, json!({"status":"completed"}));
-    assert_eq!(rig.turn(&gs, &gt).outcome, Some(Outcome::Completed));
-    assert!(rig.turn(&cs, &ct).phase.is_active());
+    assert_eq!(rig.turn(&gs, &gt).outcome(), Some(Outcome::Completed));
+    assert!(rig.turn(&cs, &ct).phase().is_active());
     rig.assert_clean();
 }
 
@@ -689,8 +689,8 @@ fn permission_with_agent_id_becomes_an_interaction_on_that_child_keeping_the_pro
         Some("claude-1"),
         "the SDK callback's provider turn"
     );
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Waiting);
-    assert!(rig.root().phase.is_active());
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Waiting);
+    assert!(rig.root().phase().is_active());
     // The user answers the canonical tuple; the sidecar gets its own request id back.
     let step = rig.cmd(
         json!({"type":"respondInteraction","agentSessionId":cs,"turnId":ct,"requestId":"req-9",
@@ -706,7 +706,7 @@ fn permission_with_agent_id_becomes_an_interaction_on_that_child_keeping_the_pro
     rig.ack("permission", true);
     let snap = rig.engine().snapshot(R).unwrap();
     assert_eq!(snap.interactions[0].status, InteractionStatus::Resolved);
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Running);
     rig.assert_clean();
 }
 
@@ -725,7 +725,7 @@ fn a_root_permission_the_engine_did_not_take_is_denied_so_the_sdk_never_waits() 
     let out = rig.notification("task-1", "tu-1", "completed");
     let timer = out.timers[0].clone();
     rig.timer(&timer.id, timer.at);
-    assert!(!rig.root().phase.is_active(), "the root settled");
+    assert!(!rig.root().phase().is_active(), "the root settled");
     // The late continuation runs a tool that needs permission.
     rig.tool_use(None, "w-late", "Write", json!({"file_path":"/late"}));
     let before = rig.native.len();
@@ -748,8 +748,8 @@ fn a_root_permission_the_engine_did_not_take_is_denied_so_the_sdk_never_waits() 
     let out = rig.ack("permission", true);
     assert!(out.events.is_empty(), "{:?}", out.events);
     rig.tool_result(None, "w-late", true, json!("denied"));
-    assert!(!rig.root().phase.is_active(), "nothing reopens the root");
-    assert_eq!(rig.root().outcome, Some(Outcome::Interrupted));
+    assert!(!rig.root().phase().is_active(), "nothing reopens the root");
+    assert_eq!(rig.root().outcome(), Some(Outcome::Interrupted));
     // The same drop again (or the SDK repeating the request) answers nothing twice.
     let again = rig.dropped[0].clone();
     let out = rig.unit(|a, now| a.on_dropped(now, &again));
@@ -777,7 +777,7 @@ fn on_dropped_denies_only_a_held_callback_of_that_exact_owner() {
         .cloned()
         .expect("an interaction on the child");
     assert!(rig.dropped.is_empty(), "the engine took it");
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Waiting);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Waiting);
     let now = rig.now;
     // Another event kind, another owner (the root turn), an unknown request: nothing.
     let other_kind = NormalizedEvent::TurnWaiting {
@@ -834,7 +834,7 @@ fn on_dropped_denies_only_a_held_callback_of_that_exact_owner() {
         "{:?}",
         out.events
     );
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Running);
     // A callback answered through the engine is no longer held: a late drop denies nothing.
     rig.tool_use(Some("tu-1"), "w-2", "Write", json!({"file_path":"/y"}));
     let out = rig.line(json!({"kind":"canUseTool","requestId":"req-2","toolName":"Write","input":{"file_path":"/y"},
@@ -909,7 +909,7 @@ fn foreground_task_settles_from_its_parent_tool_result() {
     let (cs, ct) = child("tu-1");
     rig.text(Some("tu-1"), "working");
     assert!(
-        rig.turn(&cs, &ct).phase.is_active(),
+        rig.turn(&cs, &ct).phase().is_active(),
         "assistant output is progress, not completion"
     );
     let out = rig.tool_result(
@@ -919,12 +919,12 @@ fn foreground_task_settles_from_its_parent_tool_result() {
         json!({"status":"completed","agentId":"task-1"}),
     );
     assert_eq!(count(&out.events, "turnTerminal"), 1);
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Completed));
     // A late notification for the settled foreground task is a no-op.
     let out = rig.notification("task-1", "tu-1", "completed");
     assert_eq!(count(&out.events, "turnTerminal"), 0);
     rig.result();
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -933,7 +933,7 @@ fn background_task_does_not_settle_from_launch_result_and_waits_for_its_task_ter
     let mut rig = Rig::new();
     let (cs, ct) = rig.waiting_on_background_child();
     assert!(
-        rig.turn(&cs, &ct).phase.is_active(),
+        rig.turn(&cs, &ct).phase().is_active(),
         "the async launch result settles nothing"
     );
     assert_eq!(
@@ -942,9 +942,9 @@ fn background_task_does_not_settle_from_launch_result_and_waits_for_its_task_ter
         "delegation accepted"
     );
     rig.text(Some("tu-1"), "still going");
-    assert!(rig.turn(&cs, &ct).phase.is_active());
+    assert!(rig.turn(&cs, &ct).phase().is_active());
     rig.notification("task-1", "tu-1", "completed");
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -970,7 +970,7 @@ fn background_bash_is_not_a_child_never_gates_the_root_and_stays_stoppable() {
     assert_eq!(rig.adapter().active_child_count(), 0);
     rig.result();
     assert_eq!(
-        rig.root().outcome,
+        rig.root().outcome(),
         Some(Outcome::Completed),
         "the shell never gates the root"
     );
@@ -1027,7 +1027,7 @@ fn successful_root_result_completes_the_background_launch_when_task_started_is_d
         &*rig.engine().tool_call(R, "bash-1").unwrap().status,
         "completed"
     );
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     // The delayed task_started now only records the task for stop routing.
     let out = rig.msg(
         json!({"type":"system","subtype":"task_started","task_id":"shell-1","tool_use_id":"bash-1",
@@ -1063,7 +1063,7 @@ fn root_result_maps_to_root_provider_turn_completed_never_a_root_terminal() {
         other => panic!("{other:?}"),
     }
     assert_eq!(count(&rig.events, "turnTerminal"), 0);
-    assert_eq!(rig.root().outcome, Some(Outcome::Failed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Failed));
     rig.assert_clean();
 }
 
@@ -1084,12 +1084,12 @@ fn final_async_child_terminal_opens_synthetic_provider_turn_before_the_child_ter
     );
     assert_eq!(out.timers.len(), 1);
     assert_eq!(out.timers[0].at, at + 30_000);
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Completed));
     // The gate observes a running provider turn: the canonical root stays active.
     let root = rig.root();
-    assert_eq!(root.phase, Phase::Running);
+    assert_eq!(root.phase(), Phase::Running);
     assert_eq!(
-        root.root_provider_turn
+        root.root_provider_turn()
             .as_ref()
             .unwrap()
             .provider_turn_id
@@ -1099,10 +1099,10 @@ fn final_async_child_terminal_opens_synthetic_provider_turn_before_the_child_ter
     // The SDK continuation belongs to the same canonical root turn; the root settles after it.
     rig.msg(init());
     rig.text(None, "the child reported back");
-    assert!(rig.root().phase.is_active());
+    assert!(rig.root().phase().is_active());
     rig.result_with_origin();
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Completed));
+    assert_eq!(root.outcome(), Some(Outcome::Completed));
     assert_eq!(
         rig.engine().session(R).unwrap().last_turn_id.as_deref(),
         Some(T1)
@@ -1143,12 +1143,12 @@ fn first_root_stream_or_assistant_event_disarms_the_continuation_timer() {
         "disarmed: {out:?}"
     );
     assert!(
-        rig.root().phase.is_active(),
+        rig.root().phase().is_active(),
         "the continuation follows its normal lifecycle"
     );
     rig.text(None, "reply");
     rig.result_with_origin();
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -1181,11 +1181,11 @@ fn continuation_timeout_completes_the_reserved_turn_with_timeout_and_interrupts_
     assert_eq!(out.native[0]["op"], "interrupt");
     let root = rig.root();
     assert!(
-        !root.phase.is_active(),
+        !root.phase().is_active(),
         "the ordinary gate settles the root"
     );
     assert_eq!(
-        root.root_provider_turn.as_ref().unwrap().phase,
+        root.root_provider_turn().unwrap().phase(),
         ProviderPhase::Completed
     );
     // Later output from the timed-out continuation is stale and dropped.
@@ -1207,7 +1207,7 @@ fn stale_continuation_output_never_lands_on_a_later_canonical_turn() {
     let out = rig.notification("task-1", "tu-1", "completed");
     let timer = out.timers[0].clone();
     rig.timer(&timer.id, timer.at);
-    assert!(!rig.root().phase.is_active());
+    assert!(!rig.root().phase().is_active());
     // A later user submission starts a new canonical root turn (streamed with `input`).
     rig.submit("turn-2");
     assert_eq!(rig.last_native("input")["text"], "do it");
@@ -1215,14 +1215,14 @@ fn stale_continuation_output_never_lands_on_a_later_canonical_turn() {
     let late = rig.text(None, "late continuation");
     assert!(late.events.is_empty());
     rig.result_with_origin();
-    assert!(rig.turn(R, "turn-2").phase.is_active());
+    assert!(rig.turn(R, "turn-2").phase().is_active());
     // Then turn-2's own output lands on turn-2.
     let out = rig.text(None, "answer to turn 2");
     assert!(
         matches!(&out.events[0], NormalizedEvent::MessageAppended { turn_id, .. } if turn_id.as_ref() == "turn-2")
     );
     rig.result();
-    assert_eq!(rig.turn(R, "turn-2").outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(R, "turn-2").outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -1241,7 +1241,7 @@ fn timed_out_continuation_that_never_ran_does_not_swallow_the_next_turn() {
     rig.text(None, "answer to turn 2");
     rig.result();
     let t2 = rig.turn(R, "turn-2");
-    assert_eq!(t2.outcome, Some(Outcome::Completed));
+    assert_eq!(t2.outcome(), Some(Outcome::Completed));
     assert!(
         rig.events.iter().any(
             |e| matches!(e, NormalizedEvent::MessageAppended { turn_id, text, .. }
@@ -1259,9 +1259,9 @@ fn stopped_task_terminal_needs_no_continuation() {
     let out = rig.notification("task-1", "tu-1", "stopped");
     assert_eq!(count(&out.events, "rootProviderTurnStarted"), 0);
     assert!(out.timers.is_empty());
-    assert!(!rig.turn(&cs, &ct).phase.is_active());
+    assert!(!rig.turn(&cs, &ct).phase().is_active());
     assert_eq!(
-        rig.root().outcome,
+        rig.root().outcome(),
         Some(Outcome::Completed),
         "the gate resolves from ordinary state"
     );
@@ -1319,9 +1319,9 @@ fn guidance_while_only_children_run_opens_a_synthetic_provider_turn() {
         if p.starts_with("synthetic-") && t.as_ref() == T1)
     );
     let root = rig.root();
-    assert_eq!(root.phase, Phase::Running);
+    assert_eq!(root.phase(), Phase::Running);
     assert!(
-        !root.root_provider_turn.as_ref().unwrap().reserved,
+        !root.root_provider_turn().unwrap().reserved(),
         "the reservation is adopted"
     );
     assert!(
@@ -1333,17 +1333,17 @@ fn guidance_while_only_children_run_opens_a_synthetic_provider_turn() {
     let out = rig.notification("task-1", "tu-1", "completed");
     assert_eq!(count(&out.events, "rootProviderTurnStarted"), 0);
     assert!(out.timers.is_empty());
-    assert!(!rig.turn(&cs, &ct).phase.is_active());
+    assert!(!rig.turn(&cs, &ct).phase().is_active());
     rig.text(None, "about your guidance");
     // The guidance turn's result answers no notification: the SDK still owes the follow-up
     // (captured: `bg_two_during_guidance`), so the provider lifecycle stays reserved.
     rig.result();
-    assert!(rig.root().phase.is_active());
+    assert!(rig.root().phase().is_active());
     assert_eq!(rig.adapter().outstanding_notifications(), 1);
     rig.msg(init());
     rig.text(None, "the child reported back");
     rig.result_with_origin();
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -1362,13 +1362,17 @@ fn refused_guidance_input_completes_its_synthetic_turn_and_answers_guide_failed(
         [RuntimeAnswer::GuideFailed { .. }]
     ));
     let root = rig.root();
-    assert_eq!(root.phase, Phase::Waiting, "the child still gates the root");
     assert_eq!(
-        root.root_provider_turn.as_ref().unwrap().phase,
+        root.phase(),
+        Phase::Waiting,
+        "the child still gates the root"
+    );
+    assert_eq!(
+        root.root_provider_turn().unwrap().phase(),
         ProviderPhase::Completed
     );
     rig.notification("task-1", "tu-1", "completed");
-    assert!(!rig.turn(&cs, &ct).phase.is_active());
+    assert!(!rig.turn(&cs, &ct).phase().is_active());
     rig.assert_clean();
 }
 
@@ -1384,7 +1388,7 @@ fn later_root_turns_stream_into_the_running_query_with_input() {
     assert_eq!(rig.native.iter().filter(|c| c["op"] == "start").count(), 1);
     let t2 = rig.turn(R, "turn-2");
     assert_eq!(
-        t2.root_provider_turn
+        t2.root_provider_turn()
             .as_ref()
             .unwrap()
             .provider_turn_id
@@ -1393,7 +1397,7 @@ fn later_root_turns_stream_into_the_running_query_with_input() {
     );
     rig.text(None, "second");
     rig.result();
-    assert_eq!(rig.turn(R, "turn-2").outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(R, "turn-2").outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -1459,7 +1463,7 @@ fn failed_start_completes_the_root_provider_turn_failed_and_restarts_next_time()
     rig.submit(T1);
     rig.ack("start", false);
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Failed));
+    assert_eq!(root.outcome(), Some(Outcome::Failed));
     rig.submit("turn-2");
     assert_eq!(rig.native.iter().filter(|c| c["op"] == "start").count(), 2);
     rig.assert_clean();
@@ -1477,7 +1481,7 @@ fn goal_completion_is_session_metadata_only() {
         "complete"
     );
     assert_eq!(
-        rig.root().phase,
+        rig.root().phase(),
         Phase::Waiting,
         "goal complete never settles the root"
     );
@@ -1545,8 +1549,8 @@ fn root_cancel_records_closed_boundary_then_interrupts_and_acks_root_and_task_ex
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Canceled));
     for out in [
         rig.notification("task-1", "tu-1", "stopped"),
         rig.text(Some("tu-1"), "[Request interrupted by user]"),
@@ -1568,9 +1572,9 @@ fn root_cancel_during_the_notification_wait_cancels_the_reserved_turn() {
         matches!(&out.events[0], NormalizedEvent::RootProviderTurnCompleted { outcome: Outcome::Canceled, provider_turn_id: Some(p), .. } if p == "synthetic-1")
     );
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Canceled));
+    assert_eq!(root.outcome(), Some(Outcome::Canceled));
     assert_eq!(
-        root.root_provider_turn.as_ref().unwrap().phase,
+        root.root_provider_turn().unwrap().phase(),
         ProviderPhase::Completed
     );
     // The disarmed timer and any late continuation change nothing.
@@ -1582,7 +1586,7 @@ fn root_cancel_during_the_notification_wait_cancels_the_reserved_turn() {
         "a server-initiated turn is interrupted, not adopted"
     );
     assert!(rig.result().events.is_empty());
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
     rig.assert_clean();
 }
 
@@ -1603,7 +1607,7 @@ fn root_cancel_while_the_root_provider_turn_runs_normalizes_its_terminal_as_canc
     assert_eq!(out.native[0]["op"], "stopTask");
     assert_eq!(out.native[0]["taskId"], "task-late");
     rig.ack("interrupt", true);
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
     let out = rig.msg(
         json!({"type":"result","subtype":"error_during_execution","is_error":true,"errors":[]}),
     );
@@ -1615,10 +1619,10 @@ fn root_cancel_while_the_root_provider_turn_runs_normalizes_its_terminal_as_canc
         }]
     ));
     assert_eq!(
-        rig.root().root_provider_turn.as_ref().unwrap().phase,
+        rig.root().root_provider_turn().unwrap().phase(),
         ProviderPhase::Completed
     );
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
     // A later explicit canonical turn clears the boundary.
     rig.submit("turn-2");
     let out = rig.text(None, "fresh");
@@ -1646,9 +1650,9 @@ fn child_only_cancel_stops_each_child_and_leaves_root_and_siblings_running() {
     assert!(
         matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.len() == 1 && acked[0].turn_id.as_ref() == at)
     );
-    assert_eq!(rig.turn(&a, &at).outcome, Some(Outcome::Canceled));
-    assert!(rig.turn(&b, &bt).phase.is_active());
-    assert!(rig.root().phase.is_active());
+    assert_eq!(rig.turn(&a, &at).outcome(), Some(Outcome::Canceled));
+    assert!(rig.turn(&b, &bt).phase().is_active());
+    assert!(rig.root().phase().is_active());
     rig.assert_clean();
 }
 
@@ -1716,7 +1720,7 @@ fn child_only_cancel_before_task_started_stops_as_soon_as_the_task_is_known() {
     assert_eq!(out.native[0]["op"], "stopTask");
     assert_eq!(out.native[0]["taskId"], "task-1");
     rig.ack("stopTask", true);
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Canceled));
     rig.assert_clean();
 }
 
@@ -1729,7 +1733,7 @@ fn closed_child_fallout_emits_nothing() {
     let (cs, ct) = child("tu-1");
     rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":cs,"turnId":ct}));
     rig.ack("stopTask", true);
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Canceled));
     let fallout = [
         json!({"kind":"message","message":{"type":"system","subtype":"task_updated","task_id":"task-1","patch":{"status":"killed"}}}),
         json!({"kind":"message","message":{"type":"system","subtype":"task_notification","task_id":"task-1","tool_use_id":"tu-1","status":"stopped"}}),
@@ -1745,11 +1749,11 @@ fn closed_child_fallout_emits_nothing() {
         assert!(out.events.is_empty(), "{line}: {:?}", out.events);
     }
     assert_eq!(
-        rig.turn(&cs, &ct).outcome,
+        rig.turn(&cs, &ct).outcome(),
         Some(Outcome::Canceled),
         "never relabeled failed"
     );
-    assert!(rig.root().phase.is_active(), "the root keeps running");
+    assert!(rig.root().phase().is_active(), "the root keeps running");
     rig.assert_clean();
 }
 
@@ -1761,8 +1765,8 @@ fn sending_cancel_is_not_a_terminal_fact() {
     rig.cmd(json!({"type":"cancelTurn","operationId":"op-1","agentSessionId":R,"turnId":T1}));
     assert_eq!(rig.events.len(), before, "no event on send");
     assert!(rig.answers.is_empty());
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Settling);
-    assert_eq!(rig.root().phase, Phase::Settling);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Settling);
+    assert_eq!(rig.root().phase(), Phase::Settling);
     rig.assert_clean();
 }
 
@@ -1777,11 +1781,11 @@ fn refused_cancel_ack_is_not_confirmation() {
         matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.is_empty())
     );
     assert_eq!(
-        rig.root().outcome,
+        rig.root().outcome(),
         Some(Outcome::Canceled),
         "the user's intent"
     );
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Interrupted));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Interrupted));
     rig.assert_clean();
 
     // stopTask refused: the child is not confirmed.
@@ -1792,9 +1796,9 @@ fn refused_cancel_ack_is_not_confirmation() {
     assert!(
         matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.is_empty())
     );
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Interrupted));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Interrupted));
     assert_eq!(
-        rig.root().outcome,
+        rig.root().outcome(),
         Some(Outcome::Completed),
         "retained outcome applies"
     );
@@ -1821,7 +1825,7 @@ fn unanswered_cancel_times_out_with_the_acknowledged_subset() {
     assert!(
         matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.is_empty())
     );
-    assert_eq!(rig.turn(&a, &at).outcome, Some(Outcome::Interrupted));
+    assert_eq!(rig.turn(&a, &at).outcome(), Some(Outcome::Interrupted));
     // A late ack changes nothing.
     assert!(rig.ack("stopTask", true).answers.is_empty());
     rig.assert_clean();
@@ -1837,8 +1841,8 @@ fn query_exit_closes_open_root_provider_turns_and_children() {
     let term = position(&out.events, |e| e.kind() == "turnTerminal");
     let done = position(&out.events, |e| e.kind() == "rootProviderTurnCompleted");
     assert!(term < done);
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Interrupted));
-    assert_eq!(rig.root().outcome, Some(Outcome::Failed));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Interrupted));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Failed));
     assert!(
         out.timers.is_empty(),
         "no continuation after the query ended"
@@ -1929,11 +1933,11 @@ fn assert_foreground_tree(rig: &Rig, tool_use: &str, task: &str) {
     assert_eq!(s.parent_tool_call_id().map(|x| &**x), Some(tool_use));
     assert_eq!(s.provider_aliases.task_id.as_deref(), Some(task));
     assert_eq!(s.provider_aliases.agent_id.as_deref(), Some(task));
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Completed));
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Completed));
+    assert_eq!(root.outcome(), Some(Outcome::Completed));
     assert_eq!(
-        root.root_provider_turn
+        root.root_provider_turn()
             .as_ref()
             .unwrap()
             .provider_turn_id
@@ -1972,7 +1976,7 @@ fn golden_fg_fwd_foreground_child_settles_before_root_completes() {
     // The child exists from the parent tool use (line 1), before task_started (line 3).
     feed(&mut rig, &lines, 0..2);
     let (cs, ct) = child(&tu);
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Submitted);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Submitted);
     feed(&mut rig, &lines, 2..lines.len());
     assert_foreground_tree(&rig, &tu, &task);
 }
@@ -1985,7 +1989,7 @@ fn golden_fg_partial_partial_stream_creates_child_then_title_merges() {
     // Line 3: the partial content_block_start of the Agent tool use.
     feed(&mut rig, &lines, 0..4);
     let (cs, ct) = child(&tu);
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Submitted);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Submitted);
     assert_eq!(
         rig.engine().session(&cs).unwrap().title.as_deref(),
         Some("Agent")
@@ -2022,14 +2026,14 @@ fn golden_fg_childtool_child_permission_is_answered_through_the_engine() {
     );
     assert_eq!(pending[0].request_id.as_ref(), request);
     assert_eq!(pending[0].provider_turn_id.as_deref(), Some("claude-1"));
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Waiting);
-    assert!(rig.root().phase.is_active());
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Waiting);
+    assert!(rig.root().phase().is_active());
     rig.cmd(json!({"type":"respondInteraction","agentSessionId":cs,"turnId":ct,"requestId":request,"response":"allow"}));
     let cmd = rig.last_native("permission");
     assert_eq!(cmd["requestId"], request.as_str());
     assert_eq!(cmd["behavior"], "allow");
     rig.ack("permission", true);
-    assert_eq!(rig.turn(&cs, &ct).phase, Phase::Running);
+    assert_eq!(rig.turn(&cs, &ct).phase(), Phase::Running);
     feed(&mut rig, &lines, ask + 1..lines.len());
     assert_foreground_tree(&rig, &tu, &task);
     let snap = rig.engine().snapshot(R).unwrap();
@@ -2065,15 +2069,15 @@ fn golden_bg_oneshot_background_child_outlives_root_result_and_root_waits() {
     let (cs, ct) = child(&tu);
     let root = rig.root();
     assert_eq!(
-        root.phase,
+        root.phase(),
         Phase::Waiting,
         "root provider done, child still running"
     );
     assert_eq!(
-        root.root_provider_turn.as_ref().unwrap().phase,
+        root.root_provider_turn().unwrap().phase(),
         ProviderPhase::Completed
     );
-    assert!(rig.turn(&cs, &ct).phase.is_active());
+    assert!(rig.turn(&cs, &ct).phase().is_active());
     feed(&mut rig, &lines, results[0] + 1..updated);
     let before = rig.events.len();
     feed(&mut rig, &lines, updated..updated + 1);
@@ -2085,14 +2089,14 @@ fn golden_bg_oneshot_background_child_outlives_root_result_and_root_waits() {
         "the synthetic turn opens before the child terminal"
     );
     assert_eq!(
-        rig.root().phase,
+        rig.root().phase(),
         Phase::Running,
         "the gate keeps the root open"
     );
     let timer = rig.timers.last().cloned().expect("continuation timer");
     feed(&mut rig, &lines, updated + 1..results[1]);
     assert!(
-        rig.root().phase.is_active(),
+        rig.root().phase().is_active(),
         "the automatic follow-up stays on the same root turn"
     );
     assert!(
@@ -2101,16 +2105,16 @@ fn golden_bg_oneshot_background_child_outlives_root_result_and_root_waits() {
     );
     feed(&mut rig, &lines, results[1]..lines.len());
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Completed));
+    assert_eq!(root.outcome(), Some(Outcome::Completed));
     assert_eq!(
-        root.root_provider_turn
+        root.root_provider_turn()
             .as_ref()
             .unwrap()
             .provider_turn_id
             .as_deref(),
         Some("synthetic-1")
     );
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Completed));
     let snap = rig.engine().snapshot(R).unwrap();
     assert_eq!(
         snap.turns
@@ -2133,7 +2137,7 @@ fn golden_bg_stream_stop_child_only_cancel_uses_stop_task() {
     let mut rig = golden_start();
     feed(&mut rig, &lines, 0..first_result + 1);
     let (cs, ct) = child(&tu);
-    assert_eq!(rig.root().phase, Phase::Waiting);
+    assert_eq!(rig.root().phase(), Phase::Waiting);
     let before = rig.events.len();
     rig.cmd(json!({"type":"cancelTurn","operationId":"op-stop","agentSessionId":cs,"turnId":ct}));
     assert_eq!(
@@ -2150,9 +2154,9 @@ fn golden_bg_stream_stop_child_only_cancel_uses_stop_task() {
     // task_updated(killed), then the stopTask ack, then the rest of the fallout.
     feed(&mut rig, &lines, first_result + 1..first_result + 2);
     rig.ack("stopTask", true);
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Canceled));
     assert_eq!(
-        rig.root().outcome,
+        rig.root().outcome(),
         Some(Outcome::Completed),
         "settles from the retained outcome"
     );
@@ -2168,8 +2172,8 @@ fn golden_bg_stream_stop_child_only_cancel_uses_stop_task() {
         &rig.events[mark..]
     );
     assert_eq!(count(&rig.events[mark..], "turnTerminal"), 0);
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Canceled));
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -2199,8 +2203,8 @@ fn golden_bg_stream_interrupt_root_cancel_uses_interrupt() {
         "no fallout: {:?}",
         &rig.events[mark..]
     );
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Canceled));
     let op = rig.engine().cancel_operation("op-int").unwrap().clone();
     assert_eq!(
         op.acked.len(),
@@ -2240,9 +2244,9 @@ fn replay_transcript_replays_every_captured_log_without_rejections() {
             .iter()
             .find(|t| t.id.as_ref() == "turn-1")
             .expect("root turn");
-        assert_eq!(root.outcome, Some(Outcome::Completed), "{name}");
+        assert_eq!(root.outcome(), Some(Outcome::Completed), "{name}");
         assert_eq!(
-            root.root_provider_turn
+            root.root_provider_turn()
                 .as_ref()
                 .unwrap()
                 .provider_turn_id
@@ -2257,7 +2261,7 @@ fn replay_transcript_replays_every_captured_log_without_rejections() {
             .iter()
             .find(|t| t.agent_session_id == children[0].id)
             .expect("child turn");
-        assert_eq!(ct.outcome, Some(child_outcome), "{name}");
+        assert_eq!(ct.outcome(), Some(child_outcome), "{name}");
         assert_eq!(count(&out.events, "childSessionCreated"), 1, "{name}");
         assert_eq!(out.native[0]["op"], "start");
         // Serializable for the CLI.
@@ -2278,7 +2282,7 @@ fn replay_transcript_reports_non_json_lines_and_records_refused_rows() {
         .iter()
         .find(|t| t.id.as_ref() == "turn-1")
         .unwrap();
-    assert!(root.phase.is_active());
+    assert!(root.phase().is_active());
 }
 
 #[test]
@@ -2308,12 +2312,12 @@ fn root_cancel_interrupt_also_covers_a_child_whose_own_cancel_is_still_in_flight
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(rig.turn(&a, &at).outcome, Some(Outcome::Canceled));
-    assert_eq!(rig.turn(&b, &bt).outcome, Some(Outcome::Canceled));
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.turn(&a, &at).outcome(), Some(Outcome::Canceled));
+    assert_eq!(rig.turn(&b, &bt).outcome(), Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
     // The earlier stopTask's late ack is harmless.
     rig.line(json!({"kind":"ack","op":"stopTask","ok":true,"id":stop["id"]}));
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
     rig.assert_clean();
 }
 
@@ -2328,21 +2332,21 @@ fn child_completion_also_comes_from_a_child_result_or_a_tool_failed_hook() {
     let mut m = json!({"type":"result","subtype":"success","is_error":false,"uuid":"cr"});
     ptu(&mut m, Some("tu-1"));
     rig.msg(m);
-    assert_eq!(rig.turn(&c1, &t1).outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&c1, &t1).outcome(), Some(Outcome::Completed));
     rig.line(
         json!({"kind":"hook","event":"PostToolUseFailure","toolUseID":"tu-2",
         "input":{"tool_name":"Agent","tool_use_id":"tu-2","error":"agent crashed"}}),
     );
     let t = rig.turn(&c2, &t2);
-    assert_eq!(t.outcome, Some(Outcome::Failed));
-    assert_eq!(t.error.as_deref(), Some("agent crashed"));
+    assert_eq!(t.outcome(), Some(Outcome::Failed));
+    assert_eq!(t.error(), Some("agent crashed"));
     assert_eq!(
         &*rig.engine().tool_call(R, "tu-2").unwrap().status,
         "failed"
     );
     // "A failed child turn does not automatically fail the root turn."
     rig.result();
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -2420,8 +2424,8 @@ fn claude_follow_up_after_a_stop_overlapping_the_next_submit_never_settles_the_n
     rig.cmd(json!({"type":"cancelTurn","operationId":"op-c","agentSessionId":c,"turnId":ct}));
     rig.ack("stopTask", true);
     rig.notification("task-1", "tu-1", "stopped");
-    assert_eq!(rig.turn(&c, &ct).outcome, Some(Outcome::Canceled));
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(&c, &ct).outcome(), Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     // The SDK's own follow-up turn begins: a provider turn of turn-1.
     let out = rig.text(None, "the task was stopped");
     let started: Vec<_> = out
@@ -2444,8 +2448,8 @@ fn claude_follow_up_after_a_stop_overlapping_the_next_submit_never_settles_the_n
     // The user's next submit overlaps it.
     rig.submit("turn-2");
     let t2 = rig.turn(R, "turn-2");
-    assert_eq!(t2.phase, Phase::Running);
-    let rpt = t2.root_provider_turn.clone().unwrap_or_default();
+    assert_eq!(t2.phase(), Phase::Running);
+    let rpt = t2.root_provider_turn().cloned().unwrap_or_default();
     assert_eq!(rpt.provider_turn_id.as_deref(), Some("claude-3"));
     // The follow-up's terminal completes the follow-up, on turn-1, not turn-2.
     let out = rig.result();
@@ -2462,17 +2466,17 @@ fn claude_follow_up_after_a_stop_overlapping_the_next_submit_never_settles_the_n
         out.events
     );
     let t2 = rig.turn(R, "turn-2");
-    assert_eq!(t2.phase, Phase::Running, "turn-2 keeps running");
-    assert_eq!(t2.outcome, None);
+    assert_eq!(t2.phase(), Phase::Running, "turn-2 keeps running");
+    assert_eq!(t2.outcome(), None);
     assert_eq!(
-        t2.root_provider_turn.as_ref().map(|r| r.phase),
+        t2.root_provider_turn().map(|r| r.phase()),
         Some(ProviderPhase::Running)
     );
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     // turn-2's own provider turn settles it.
     rig.text(None, "second");
     rig.result();
-    assert_eq!(rig.turn(R, "turn-2").outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(R, "turn-2").outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -2559,16 +2563,16 @@ fn assert_together(name: &str) -> Rig {
         feed_together(&mut rig, name, &lines, i..i + 1);
         if i < last {
             assert!(
-                rig.root().phase.is_active(),
+                rig.root().phase().is_active(),
                 "{name}: the root settled at line {i}, before the last follow-up's result\n{:#?}",
                 rig.diagnostics
             );
         }
     }
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Completed), "{name}");
+    assert_eq!(root.outcome(), Some(Outcome::Completed), "{name}");
     assert_eq!(
-        root.root_provider_turn.as_ref().unwrap().phase,
+        root.root_provider_turn().unwrap().phase(),
         ProviderPhase::Completed
     );
     // One canonical root turn; guidance never became another.
@@ -2610,7 +2614,7 @@ fn assert_together(name: &str) -> Rig {
             .iter()
             .find(|t| t.agent_session_id == k.id)
             .unwrap();
-        assert_eq!(t.outcome, Some(Outcome::Completed), "{name}");
+        assert_eq!(t.outcome(), Some(Outcome::Completed), "{name}");
     }
     assert_eq!(rig.adapter().outstanding_notifications(), 0, "{name}");
     assert!(rig.adapter().live_provider_turn().is_none(), "{name}");
@@ -2678,7 +2682,7 @@ fn notifications_delivered_during_a_guidance_turn_hold_the_root_until_their_foll
         "both notifications were delivered while the guidance turn ran"
     );
     assert!(
-        rig.root().phase.is_active(),
+        rig.root().phase().is_active(),
         "held after the guidance result"
     );
     assert_together(name);
@@ -2691,7 +2695,7 @@ fn a_follow_up_that_never_comes_ends_the_reservation_naming_the_outstanding_coun
     let first = lines.iter().position(is_follow_up).unwrap();
     let mut rig = golden_start();
     feed_together(&mut rig, name, &lines, 0..first + 1);
-    assert!(rig.root().phase.is_active());
+    assert!(rig.root().phase().is_active());
     assert_eq!(rig.adapter().outstanding_notifications(), 1);
     // The hold armed the 30 s bound again (the first follow-up had disarmed the first one).
     let timer = rig.timers.last().cloned().expect("the bound is armed");
@@ -2716,8 +2720,8 @@ fn a_follow_up_that_never_comes_ends_the_reservation_naming_the_outstanding_coun
         .iter()
         .any(|d| d.contains("1 task notification(s) outstanding")));
     assert_eq!(out.native[0]["op"], "interrupt");
-    assert!(!rig.root().phase.is_active(), "the gate settles the root");
-    let outcome = rig.root().outcome;
+    assert!(!rig.root().phase().is_active(), "the gate settles the root");
+    let outcome = rig.root().outcome();
     // The late follow-up is stale: dropped, but logged with ids and counts.
     let before = rig.diagnostics.len();
     feed_together(&mut rig, name, &lines, first + 1..lines.len());
@@ -2726,7 +2730,7 @@ fn a_follow_up_that_never_comes_ends_the_reservation_naming_the_outstanding_coun
         .find(|d| d.contains("timed-out continuation") && d.contains("ended"))
         .unwrap_or_else(|| panic!("{:?}", &rig.diagnostics[before..]));
     assert!(logged.contains(T1) && logged.contains("run "), "{logged}");
-    assert_eq!(rig.root().outcome, outcome, "nothing reopens the root");
+    assert_eq!(rig.root().outcome(), outcome, "nothing reopens the root");
     rig.assert_clean();
 }
 
@@ -2740,7 +2744,7 @@ fn a_follow_up_after_the_root_settled_is_logged_with_ids_and_counts() {
     let out = rig.notification("task-1", "tu-1", "completed");
     let timer = out.timers[0].clone();
     rig.timer(&timer.id, timer.at);
-    assert!(!rig.root().phase.is_active());
+    assert!(!rig.root().phase().is_active());
     assert_eq!(rig.adapter().outstanding_notifications(), 0, "forgotten");
     // The stale continuation ends, then one more follow-up nothing reserved.
     rig.result_with_origin();
@@ -2756,7 +2760,7 @@ fn a_follow_up_after_the_root_settled_is_logged_with_ids_and_counts() {
         logged.contains(T1) && logged.contains("1 root message(s)"),
         "{logged}"
     );
-    assert!(!rig.root().phase.is_active(), "never reopened");
+    assert!(!rig.root().phase().is_active(), "never reopened");
     rig.assert_clean();
 }
 
@@ -2794,23 +2798,23 @@ fn root_cancel_while_held_closes_the_held_provider_turn_as_canceled_at_once() {
     rig.timer(&deadline.id, deadline.at);
     rig.ack("interrupt", true);
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Canceled));
+    assert_eq!(root.outcome(), Some(Outcome::Canceled));
     assert_eq!(
-        root.root_provider_turn.as_ref().unwrap().phase,
+        root.root_provider_turn().unwrap().phase(),
         ProviderPhase::Completed
     );
     // The second follow-up is output of the canceled root execution: nothing lands.
     let before = rig.events.len();
     feed_together(&mut rig, name, &lines, first + 1..lines.len());
     assert_eq!(count(&rig.events[before..], "messageAppended"), 0);
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
     // A new canonical turn gets its own output; no held turn sits in front of it.
     rig.submit("turn-2");
     rig.msg(init());
     rig.text(None, "answer to turn 2");
     rig.result();
     let t2 = rig.turn(R, "turn-2");
-    assert_eq!(t2.outcome, Some(Outcome::Completed));
+    assert_eq!(t2.outcome(), Some(Outcome::Completed));
     assert!(rig.events.iter().any(|e| matches!(e,
         NormalizedEvent::MessageAppended { turn_id, text, .. }
         if turn_id.as_ref() == "turn-2" && &**text == "answer to turn 2")));
@@ -2833,13 +2837,13 @@ fn notifications_folded_into_a_tool_round_of_the_running_turn_are_answered_by_it
     for i in 0..lines.len() {
         feed_together(&mut rig, name, &lines, i..i + 1);
         if i < last {
-            assert!(rig.root().phase.is_active(), "line {i}");
+            assert!(rig.root().phase().is_active(), "line {i}");
         }
     }
     assert_eq!(rig.adapter().outstanding_notifications(), 0);
     assert!(rig.adapter().live_provider_turn().is_none(), "nothing held");
     let root = rig.root();
-    assert_eq!(root.outcome, Some(Outcome::Completed));
+    assert_eq!(root.outcome(), Some(Outcome::Completed));
     assert!(
         rig.diagnostics
             .iter()
@@ -2865,7 +2869,7 @@ fn a_late_start_ack_after_the_query_exited_does_not_revive_it() {
     rig.submit(T1);
     let start = rig.last_native("start");
     rig.line(json!({"kind":"exited"}));
-    assert_eq!(rig.root().outcome, Some(Outcome::Interrupted));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Interrupted));
     rig.line(json!({"kind":"ack","op":"start","ok":true,"id":start["id"]}));
     rig.submit("turn-2");
     let ops: Vec<&Value> = rig.native.iter().map(|c| &c["op"]).collect();
@@ -2903,8 +2907,8 @@ fn child_only_cancel_of_a_child_that_ends_before_its_task_is_known_is_answered_a
         rig.native.iter().filter(|c| c["op"] == "stopTask").count(),
         0
     );
-    assert_eq!(rig.turn(&cs, &ct).outcome, Some(Outcome::Interrupted));
-    assert!(rig.root().phase.is_active(), "the root keeps running");
+    assert_eq!(rig.turn(&cs, &ct).outcome(), Some(Outcome::Interrupted));
+    assert!(rig.root().phase().is_active(), "the root keeps running");
     rig.assert_clean();
 }
 
@@ -2937,7 +2941,7 @@ fn a_refused_root_interrupt_closes_no_provider_turn() {
         matches!(&out.answers[..], [RuntimeAnswer::CancelResult { acked, .. }] if acked.is_empty())
     );
     assert_eq!(
-        rig.root().outcome,
+        rig.root().outcome(),
         Some(Outcome::Canceled),
         "the user's intent"
     );
@@ -2983,7 +2987,7 @@ fn root_cancel_disarms_the_continuation_timer_before_the_interrupt_is_acknowledg
         "{:?}",
         out.events
     );
-    assert_eq!(rig.root().outcome, Some(Outcome::Canceled));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Canceled));
     rig.assert_clean();
 }
 
@@ -2998,7 +3002,7 @@ fn a_reserved_follow_up_is_not_logged_as_unreserved() {
     rig.msg(init());
     rig.text(None, "the child reported back");
     rig.result_with_origin();
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     assert!(
         !rig.diagnostics
             .iter()
@@ -3035,7 +3039,7 @@ fn a_follow_up_result_on_a_user_turn_is_not_logged_as_unreserved() {
         "{:?}",
         out.diagnostics
     );
-    assert_eq!(rig.root().outcome, Some(Outcome::Completed));
+    assert_eq!(rig.root().outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -3054,7 +3058,7 @@ fn stale_output_with_nothing_queued_behind_is_dropped_unbuffered() {
     let out = rig.notification("task-1", "tu-1", "completed");
     let timer = out.timers[0].clone();
     rig.timer(&timer.id, timer.at);
-    let outcome = rig.root().outcome;
+    let outcome = rig.root().outcome();
     assert!(outcome.is_some(), "the gate settled the root");
     let before = (rig.events.len(), rig.diagnostics.len());
     rig.msg(init());
@@ -3079,7 +3083,7 @@ fn stale_output_with_nothing_queued_behind_is_dropped_unbuffered() {
         !diags.iter().any(|d| d.contains("re-attributed")),
         "{diags:?}"
     );
-    assert_eq!(rig.root().outcome, outcome, "nothing reopens the root");
+    assert_eq!(rig.root().outcome(), outcome, "nothing reopens the root");
     rig.assert_clean();
 }
 
@@ -3124,7 +3128,7 @@ fn the_stale_buffer_keeps_exactly_512_lines_for_the_next_turn() {
     assert_eq!(texts.len(), 512);
     assert_eq!(texts.first().copied(), Some("line 0"));
     assert_eq!(texts.last().copied(), Some("line 511"));
-    assert_eq!(rig.turn(R, "turn-2").outcome, Some(Outcome::Completed));
+    assert_eq!(rig.turn(R, "turn-2").outcome(), Some(Outcome::Completed));
     rig.assert_clean();
 }
 
@@ -3142,7 +3146,7 @@ fn child_only_cancel_with_no_running_query_sends_no_stop_task_and_is_answered_at
     let (cs, ct) = child("tu-1");
     rig.ack("start", false);
     assert!(
-        rig.turn(&cs, &ct).phase.is_active(),
+        rig.turn(&cs, &ct).phase().is_active(),
         "{:?}",
         rig.turn(&cs, &ct)
     );
@@ -3161,7 +3165,7 @@ fn child_only_cancel_with_no_running_query_sends_no_stop_task_and_is_answered_at
         "{:?}",
         rig.answers
     );
-    assert!(!rig.turn(&cs, &ct).phase.is_active());
+    assert!(!rig.turn(&cs, &ct).phase().is_active());
     rig.assert_clean();
 }
 

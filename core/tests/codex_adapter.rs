@@ -328,20 +328,20 @@ impl Rig {
         self.engine()
             .turn(session, turn)
             .expect("turn exists")
-            .phase
+            .phase()
     }
 
     fn outcome(&self, session: &str, turn: &str) -> Option<Outcome> {
         self.engine()
             .turn(session, turn)
             .expect("turn exists")
-            .outcome
+            .outcome()
     }
 
     fn root_provider(&self) -> (ProviderPhase, Option<String>) {
         let t = self.engine().turn(ROOT, T1).expect("root turn");
-        let r = t.root_provider_turn.clone().unwrap_or_default();
-        (r.phase, r.provider_turn_id)
+        let r = t.root_provider_turn().cloned().unwrap_or_default();
+        (r.phase(), r.provider_turn_id)
     }
 }
 
@@ -644,8 +644,8 @@ fn early_child_events_before_registration_never_touch_the_root_and_reconcile_int
         .iter()
         .any(|d| d.contains("c1") && d.contains("4 early events")));
     let t = r.engine().turn(&child("c1"), &child_turn("c1", 1)).unwrap();
-    assert_eq!(t.phase, Phase::Running);
-    assert_eq!(t.provider_turn_id.as_deref(), Some("ct1"));
+    assert_eq!(t.phase(), Phase::Running);
+    assert_eq!(t.provider_turn_id(), Some("ct1"));
     assert_eq!(r.adapter().early_event_count("c1"), 0);
     // An early terminal is replayed too, so the child never gates the root forever.
     r.feed(turn_started("c2", "ct2"));
@@ -774,8 +774,8 @@ fn child_turn_events_map_to_the_exact_child_turn_with_the_native_id_as_alias() {
     );
     r.feed(turn_completed("c1", "ct2", "interrupted", Some("stopped")));
     let t2 = r.engine().turn(&child("c1"), &child_turn("c1", 2)).unwrap();
-    assert_eq!(t2.outcome, Some(Outcome::Interrupted));
-    assert_eq!(t2.error.as_deref(), Some("stopped"));
+    assert_eq!(t2.outcome(), Some(Outcome::Interrupted));
+    assert_eq!(t2.error(), Some("stopped"));
     assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Completed));
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
@@ -823,8 +823,8 @@ fn status_values_completed_interrupted_failed_map_to_outcomes_with_error_for_fai
             other => panic!("{other:?}"),
         }
         let t = r.engine().turn(ROOT, T1).unwrap();
-        assert_eq!(t.outcome, Some(outcome));
-        assert_eq!(t.error.as_deref(), expect_error);
+        assert_eq!(t.outcome(), Some(outcome));
+        assert_eq!(t.error(), expect_error);
     }
     // inProgress is not a terminal status: garbage.
     let mut r = Rig::running();
@@ -1080,8 +1080,8 @@ fn refused_root_turn_start_is_a_failed_root_provider_turn() {
     r.command(json!({"type":"submit","agentSessionId":ROOT,"turnId":T1,"text":"hello"}));
     r.answer("turn/start", Err("model unavailable"));
     let t = r.engine().turn(ROOT, T1).unwrap();
-    assert_eq!(t.outcome, Some(Outcome::Failed));
-    assert_eq!(t.error.as_deref(), Some("model unavailable"));
+    assert_eq!(t.outcome(), Some(Outcome::Failed));
+    assert_eq!(t.error(), Some("model unavailable"));
 }
 
 // ---- rule: cancel --------------------------------------------------------------------------
@@ -1312,9 +1312,9 @@ fn cancellation_boundary_interrupts_a_later_root_turn_at_once_and_does_not_adopt
     ));
     assert!(out.events.is_empty());
     let t = r.engine().turn(ROOT, T1).unwrap();
-    assert_eq!(t.outcome, Some(Outcome::Canceled));
+    assert_eq!(t.outcome(), Some(Outcome::Canceled));
     assert_eq!(
-        t.root_provider_turn
+        t.root_provider_turn()
             .as_ref()
             .and_then(|p| p.provider_turn_id.as_deref()),
         Some(N1)
@@ -1381,7 +1381,7 @@ fn cancellation_boundary_drops_canceled_root_output_but_normalizes_its_matching_
     r.respond("turn/interrupt", json!({}));
     r.respond("turn/interrupt", json!({}));
     assert_eq!(r.outcome(ROOT, T1), Some(Outcome::Canceled));
-    assert_eq!(r.engine().turn(ROOT, T1).unwrap().error, None);
+    assert_eq!(r.engine().turn(ROOT, T1).unwrap().error(), None);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
 }
 
@@ -1860,10 +1860,14 @@ fn step_through(name: &str, mirror: bool) -> (CodexReplay, Trace, String) {
         r.line(line);
         let v = r.engine().check_invariants();
         assert!(v.is_empty(), "{name}: invariants after {line}: {v:?}");
-        let root = r.engine().turn("root", "turn-1").expect("root turn").phase;
+        let root = r
+            .engine()
+            .turn("root", "turn-1")
+            .expect("root turn")
+            .phase();
         let child = first_child
             .as_ref()
-            .and_then(|(s, t)| r.engine().turn(s, t).map(|t| t.phase));
+            .and_then(|(s, t)| r.engine().turn(s, t).map(|t| t.phase()));
         trace.push((line.chars().take(120).collect(), root, child));
     }
     assert!(
@@ -1900,11 +1904,11 @@ fn golden_spawn1_v1_child_has_parent_and_root_relation_and_root_settles_after_pr
     assert_eq!(s.root_agent_session_id().map(|x| &**x), Some("root"));
     assert_eq!(s.root_turn_id().map(|x| &**x), Some("turn-1"));
     let child_turn = e.turn(&c, &ct).unwrap();
-    assert_eq!(child_turn.outcome, Some(Outcome::Completed));
-    assert!(child_turn.provider_turn_id.is_some());
+    assert_eq!(child_turn.outcome(), Some(Outcome::Completed));
+    assert!(child_turn.provider_turn_id().is_some());
     assert_eq!(&*e.tool_call("root", "call-1").unwrap().status, "completed");
     assert_eq!(
-        e.turn("root", "turn-1").unwrap().outcome,
+        e.turn("root", "turn-1").unwrap().outcome(),
         Some(Outcome::Completed)
     );
     // Order: the child settles first while the root stays active; the root settles only on the
@@ -1942,9 +1946,9 @@ fn golden_v2spawn_sub_agent_activity_creates_the_child_and_the_root_settles_comp
     let call = e.tool_call("root", "call-1").unwrap();
     assert_eq!(&*call.status, "completed");
     assert_eq!(call.name.as_deref(), Some("spawnAgent"));
-    assert_eq!(e.turn(&c, &ct).unwrap().outcome, Some(Outcome::Completed));
+    assert_eq!(e.turn(&c, &ct).unwrap().outcome(), Some(Outcome::Completed));
     assert_eq!(
-        e.turn("root", "turn-1").unwrap().outcome,
+        e.turn("root", "turn-1").unwrap().outcome(),
         Some(Outcome::Completed)
     );
     let out = r.finish();
@@ -1981,14 +1985,19 @@ fn golden_childexec_child_approval_is_owned_by_the_child_and_answered_with_the_o
             assert_eq!(*i.agent_session_id, *c, "owned by the child session");
             assert_eq!(*i.turn_id, *ct, "owned by the child turn");
             assert_eq!(&*i.request_id, "0");
-            let native_turn = r.engine().turn(&c, &ct).unwrap().provider_turn_id.clone();
+            let native_turn = r
+                .engine()
+                .turn(&c, &ct)
+                .unwrap()
+                .provider_turn_id()
+                .map(str::to_string);
             assert_eq!(
                 i.provider_turn_id, native_turn,
                 "the native turn id is kept"
             );
             assert_eq!(i.kind, json!("item/commandExecution/requestApproval"));
             assert_eq!(
-                r.engine().turn("root", "turn-1").unwrap().phase,
+                r.engine().turn("root", "turn-1").unwrap().phase(),
                 Phase::Running
             );
         }
@@ -2029,7 +2038,7 @@ fn golden_childexec_child_approval_is_owned_by_the_child_and_answered_with_the_o
         .iter()
         .find(|t| &*t.id == "turn-1")
         .unwrap();
-    assert_eq!(root.outcome, Some(Outcome::Completed));
+    assert_eq!(root.outcome(), Some(Outcome::Completed));
 }
 
 #[test]
@@ -2037,10 +2046,10 @@ fn golden_interrupt_cancel_settles_the_root_canceled() {
     let (r, _, _) = step_through("interrupt", true);
     let e = r.engine();
     let t = e.turn("root", "turn-1").unwrap();
-    assert_eq!(t.outcome, Some(Outcome::Canceled));
-    assert_eq!(t.error, None);
+    assert_eq!(t.outcome(), Some(Outcome::Canceled));
+    assert_eq!(t.error(), None);
     assert_eq!(
-        t.root_provider_turn.as_ref().map(|p| p.phase),
+        t.root_provider_turn().map(|p| p.phase()),
         Some(ProviderPhase::Completed),
         "the provider lifecycle closed"
     );
@@ -2067,18 +2076,15 @@ fn golden_interrupt_cancel_settles_the_root_canceled() {
         .iter()
         .find(|t| &*t.id == "turn-1")
         .unwrap();
-    assert_eq!(t.outcome, Some(Outcome::Interrupted));
+    assert_eq!(t.outcome(), Some(Outcome::Interrupted));
 }
 
 #[test]
 fn golden_fail_root_failed_with_the_provider_error() {
     let (r, _, _) = step_through("fail", false);
     let t = r.engine().turn("root", "turn-1").unwrap();
-    assert_eq!(t.outcome, Some(Outcome::Failed));
-    assert!(t
-        .error
-        .as_deref()
-        .is_some_and(|e| e.contains("mock bad request")));
+    assert_eq!(t.outcome(), Some(Outcome::Failed));
+    assert!(t.error().is_some_and(|e| e.contains("mock bad request")));
 }
 
 #[test]
@@ -2116,7 +2122,7 @@ fn golden_every_captured_transcript_replays_without_violations_or_rejections() {
                 .iter()
                 .find(|t| &*t.id == "turn-1")
                 .unwrap();
-            assert_eq!(root.phase, Phase::Settled, "{name}");
+            assert_eq!(root.phase(), Phase::Settled, "{name}");
             // The CLI prints this as JSON.
             let json = serde_json::to_value(&out).unwrap();
             assert!(json["events"].is_array() && json["snapshot"]["sessions"].is_array());
@@ -2180,8 +2186,8 @@ fn interrupted_turn_completed_after_the_next_turn_start_settles_only_its_own_tur
         }
         assert_eq!(r.phase(ROOT, "T2"), Phase::Running, "T2 is untouched");
         let t2 = r.engine().turn(ROOT, "T2").expect("T2").clone();
-        let rpt = t2.root_provider_turn.unwrap_or_default();
-        assert_eq!(rpt.phase, ProviderPhase::Running);
+        let rpt = t2.root_provider_turn().cloned().unwrap_or_default();
+        assert_eq!(rpt.phase(), ProviderPhase::Running);
         assert_eq!(rpt.provider_turn_id.as_deref(), Some("native-2"));
         assert_eq!(
             r.root_provider(),
@@ -2230,7 +2236,10 @@ fn late_start_of_a_canceled_turns_native_turn_is_not_adopted_by_the_next_turn() 
     );
     let t2 = r.engine().turn(ROOT, "T2").expect("T2").clone();
     assert_eq!(
-        t2.root_provider_turn.unwrap_or_default().provider_turn_id,
+        t2.root_provider_turn()
+            .cloned()
+            .unwrap_or_default()
+            .provider_turn_id,
         None,
         "T2 did not adopt it"
     );

@@ -242,12 +242,12 @@ fn meaning(h: &H) -> BTreeMap<String, Value> {
         m.insert(
             format!("turn {}", t.id),
             json!([
-                t.phase,
-                t.outcome,
-                t.error,
-                t.root_provider_turn
+                t.phase(),
+                t.outcome(),
+                t.error(),
+                t.root_provider_turn()
                     .as_ref()
-                    .map(|r| (r.phase, r.retained_outcome))
+                    .map(|r| (r.phase(), r.retained_outcome()))
             ]),
         );
     }
@@ -334,17 +334,17 @@ proptest! {
         // root settled with the root provider's outcome (a failed child never fails the root),
         // every unanswered interaction superseded.
         let t = a.store.turn("T").unwrap().unwrap();
-        prop_assert_eq!(outcome_name(t.outcome), Some(s.root_outcome.to_string()));
+        prop_assert_eq!(outcome_name(t.outcome()), Some(s.root_outcome.to_string()));
         prop_assert_eq!(a.engine.active_child_turns("R", "T"), 0);
         for i in 0..s.parents.len() {
             let ct = a.store.turn(&format!("CT{}", i + 1)).unwrap().unwrap();
-            prop_assert_eq!(outcome_name(ct.outcome), Some(s.outcomes[i].to_string()));
+            prop_assert_eq!(outcome_name(ct.outcome()), Some(s.outcomes[i].to_string()));
             let c = a.session(&format!("C{}", i + 1)).unwrap();
             let last = if s.guided[i] { format!("CT{}g", i + 1) } else { format!("CT{}", i + 1) };
             prop_assert_eq!(&c["lastTurnId"], &json!(last));
             if s.guided[i] {
                 let g = a.store.turn(&last).unwrap().unwrap();
-                prop_assert_eq!(outcome_name(g.outcome), Some("completed".to_string()));
+                prop_assert_eq!(outcome_name(g.outcome()), Some("completed".to_string()));
             }
             if s.waits[i] {
                 let q = a.store.interaction(&format!("CT{}", i + 1), &format!("q{}", i + 1)).unwrap().unwrap();
@@ -403,7 +403,7 @@ proptest! {
             let op = h.store.cancel_operation("op").unwrap().unwrap();
             // The targets stay settling until the provider answers, whatever arrived meanwhile.
             for t in &op.targets {
-                prop_assert_eq!(h.store.turn(&t.turn_id).unwrap().unwrap().phase, tutti_core::model::Phase::Settling);
+                prop_assert_eq!(h.store.turn(&t.turn_id).unwrap().unwrap().phase(), tutti_core::model::Phase::Settling);
             }
             let acked: Vec<_> = op.targets.iter().enumerate()
                 .filter(|(i, _)| acks >> (i % 64) & 1 == 1)
@@ -411,12 +411,12 @@ proptest! {
                 .collect();
             h.feed(json!({"type":"cancelResult","operationId":"op","acked":acked}));
             let t = h.store.turn("T").unwrap().unwrap();
-            prop_assert_eq!(t.outcome, Some(Outcome::Canceled));
+            prop_assert_eq!(t.outcome(), Some(Outcome::Canceled));
             // Each child target: canceled if the provider confirmed it, interrupted otherwise.
             for target in op.targets.iter().filter(|t| &*t.turn_id != "T") {
                 let ct = h.store.turn(&target.turn_id).unwrap().unwrap();
                 let want = if acked.contains(target) { Outcome::Canceled } else { Outcome::Interrupted };
-                prop_assert_eq!(ct.outcome, Some(want), "seed {}: target {}", seed, target.turn_id);
+                prop_assert_eq!(ct.outcome(), Some(want), "seed {}: target {}", seed, target.turn_id);
             }
             // Nothing resurrects: no session, turn or interaction appeared after the cancel was
             // prepared, and every turn that had settled before it kept its outcome.
@@ -432,12 +432,12 @@ proptest! {
             prop_assert_eq!(h.store.session_detail("R").unwrap().unwrap().child_sessions.len() + 1,
                 now.keys().filter(|k| k.starts_with("session ")).count());
         } else {
-            prop_assert!(h.store.turn("T").unwrap().unwrap().outcome.is_some());
+            prop_assert!(h.store.turn("T").unwrap().unwrap().outcome().is_some());
         }
         prop_assert_eq!(h.engine.active_child_turns("R", "T"), 0);
         let snap = h.store.load_tree("R").unwrap().unwrap();
         for t in &snap.turns {
-            prop_assert!(t.outcome.is_some(), "seed {}: turn {} still active", seed, t.id);
+            prop_assert!(t.outcome().is_some(), "seed {}: turn {} still active", seed, t.id);
         }
         h.check();
     }

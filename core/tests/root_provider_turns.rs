@@ -131,7 +131,7 @@ impl Case {
             let k = f.owner.unwrap_or_default();
             let known = self
                 .root_turn(k)
-                .and_then(|t| t.root_provider_turn)
+                .and_then(|t| t.root_provider_turn().cloned())
                 .is_some_and(|r| r.records(&provider_turn(k)));
             if known && self.rng.chance(50) {
                 if let Some(o) = f.input.as_object_mut() {
@@ -175,9 +175,9 @@ impl Case {
             if f.input["type"] == "rootProviderTurnCompleted" {
                 let recorded = self
                     .root_turn(k)
-                    .and_then(|t| t.root_provider_turn)
+                    .and_then(|t| t.root_provider_turn().cloned())
                     .is_some_and(|r| {
-                        r.phase == ProviderPhase::Completed
+                        r.phase() == ProviderPhase::Completed
                             && r.provider_turn_id.as_deref() == Some(&provider_turn(k))
                     });
                 if recorded {
@@ -192,7 +192,10 @@ impl Case {
     /// No root turn ever records another turn's provider turn id.
     fn check_ids(&self) -> Result<(), String> {
         for k in 0..3 {
-            if let Some(r) = self.root_turn(k).and_then(|t| t.root_provider_turn) {
+            if let Some(r) = self
+                .root_turn(k)
+                .and_then(|t| t.root_provider_turn().cloned())
+            {
                 let ids: Vec<String> = r
                     .earlier_provider_turn_ids
                     .iter()
@@ -224,7 +227,8 @@ impl Case {
     }
 
     fn settled(&self, k: usize) -> bool {
-        self.root_turn(k).is_some_and(|t| t.phase == Phase::Settled)
+        self.root_turn(k)
+            .is_some_and(|t| t.phase() == Phase::Settled)
     }
 
     fn run(&mut self) -> Result<(), String> {
@@ -333,14 +337,14 @@ impl Case {
             let t = self
                 .root_turn(k)
                 .ok_or_else(|| self.fail(format!("T{k} missing")))?;
-            if t.phase != Phase::Settled {
-                return Err(self.fail(format!("T{k} is {:?} at the end", t.phase)));
+            if t.phase() != Phase::Settled {
+                return Err(self.fail(format!("T{k} is {:?} at the end", t.phase())));
             }
-            let r = t.root_provider_turn.unwrap_or_default();
-            if self.terminal_seen.contains_key(&k) && r.phase != ProviderPhase::Completed {
-                return Err(self.fail(format!("T{k} keeps provider phase {:?}", r.phase)));
+            let r = t.root_provider_turn().cloned().unwrap_or_default();
+            if self.terminal_seen.contains_key(&k) && r.phase() != ProviderPhase::Completed {
+                return Err(self.fail(format!("T{k} keeps provider phase {:?}", r.phase())));
             }
-            if r.phase == ProviderPhase::Running && !r.reserved {
+            if r.phase() == ProviderPhase::Running && !r.reserved() {
                 // Every provider fact was delivered, so its terminal was too.
                 return Err(self.fail(format!("T{k} keeps a stale running provider turn")));
             }

@@ -23,7 +23,7 @@ fn rule_1_child_relation_is_immutable_and_creation_is_atomic_and_idempotent() {
         .iter()
         .any(|r| matches!(r, tutti_core::step::Row::Turn(t) if &*t.id == "CT1"));
     let root_turn_row = rows.iter().any(|r| {
-        matches!(r, tutti_core::step::Row::Turn(t) if &*t.id == "T" && t.child_session_count == 1)
+        matches!(r, tutti_core::step::Row::Turn(t) if &*t.id == "T" && t.child_session_count() == 1)
     });
     assert!(
         session_row && child_turn_row && root_turn_row,
@@ -547,18 +547,27 @@ fn assert_restore_refused(bad: tutti_core::TreeSnapshot) {
 
 #[test]
 fn restore_refuses_a_turn_whose_trigger_contradicts_its_session_kind() {
-    use tutti_core::model::Trigger;
+    use tutti_core::model::{ChildTrigger, ChildTurn, RootTurn, TurnRole};
     let h = tree_with_children(1);
     let good = h.store.load_tree("R").unwrap().unwrap();
     // A child turn claiming a user submission, and a root turn claiming delegation: the engine
-    // tells root from child turns by their trigger, so either would mislead it.
-    for (turn, trigger) in [("CT1", Trigger::User), ("T", Trigger::Delegation)] {
+    // tells root from child turns by their trigger (their role), so either would mislead it.
+    let child = TurnRole::Child(ChildTurn {
+        trigger: ChildTrigger::Delegation,
+        provider_turn_id: None,
+    });
+    for (turn, role) in [("CT1", TurnRole::Root(RootTurn::default())), ("T", child)] {
         let mut bad = good.clone();
-        bad.turns
-            .iter_mut()
-            .find(|t| &*t.id == turn)
-            .expect("turn")
-            .trigger = trigger;
+        let t = bad.turns.iter_mut().find(|t| &*t.id == turn).expect("turn");
+        let mut swapped = tutti_core::model::Turn::new(
+            t.id.clone(),
+            t.agent_session_id.clone(),
+            role,
+            t.state.clone(),
+            t.created_at,
+        );
+        swapped.version = t.version;
+        *t = swapped;
         assert_restore_refused(bad);
     }
     let mut fresh = tutti_core::Engine::new();

@@ -153,7 +153,7 @@ fn raw_run(url: &str, batches: &[PersistBatch], group: usize) -> f64 {
                             &[
                                 &&*t.id,
                                 &&*t.agent_session_id,
-                                &t.child_creation_closed,
+                                &t.child_creation_closed(),
                                 &t.created_at,
                                 &(t.version as i64),
                                 &j,

@@ -376,7 +376,7 @@ impl<'a, 't> Writer<'a, 't> {
                         &[
                             &&*t.id,
                             &&*t.agent_session_id,
-                            &t.child_creation_closed,
+                            &t.child_creation_closed(),
                             &t.created_at,
                             &v,
                             &json,
@@ -386,7 +386,7 @@ impl<'a, 't> Writer<'a, 't> {
                         let old = to_i64("version", old)?;
                         self.exec(
                             UPDATE_TURN_AT,
-                            &[&&*t.id, &t.child_creation_closed, &v, &json, &old],
+                            &[&&*t.id, &t.child_creation_closed(), &v, &json, &old],
                         )?
                     }
                 };

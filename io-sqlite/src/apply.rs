@@ -465,7 +465,7 @@ impl<'c> Writer<'c> {
                     params![
                         &*t.id,
                         &*t.agent_session_id,
-                        t.child_creation_closed,
+                        t.child_creation_closed(),
                         t.created_at,
                         version,
                         Text(&arena[json]),

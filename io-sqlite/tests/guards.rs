@@ -185,7 +185,7 @@ fn child_first_then_the_stale_cancel_is_rejected_and_redecided_with_the_child() 
         "nothing of it was written"
     );
     let root_turn = b.turn("t-r").expect("read").expect("root turn");
-    assert!(!root_turn.child_creation_closed);
+    assert!(!root_turn.child_creation_closed());
 
     let mut e = Engine::new();
     e.restore(b.load_tree("r").expect("load").expect("tree"))

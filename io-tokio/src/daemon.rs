@@ -1296,15 +1296,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
             else {
                 continue;
             };
-            if !turn.phase.is_active() {
+            if !turn.phase().is_active() {
                 continue;
             }
             *g.root_turns_by_phase
-                .entry(phase_name(turn.phase))
+                .entry(phase_name(turn.phase()))
                 .or_default() += 1;
             let children = engine.active_child_turns(&root, &turn.id) as u64;
             g.active_child_turns += children;
-            if turn.phase == tutti_core::model::Phase::Waiting && children > 0 {
+            if turn.phase() == tutti_core::model::Phase::Waiting && children > 0 {
                 g.roots_waiting_on_children += 1;
             }
         }

@@ -517,10 +517,10 @@ impl Metrics {
     }
 
     fn turn_row(&self, p: &mut Pending, t: &Turn) {
-        if t.root_provider_turn.is_none() {
+        if t.root_provider_turn().is_none() {
             return;
         }
-        if t.phase == Phase::Waiting {
+        if t.phase() == Phase::Waiting {
             p.waiting.entry(t.id.clone()).or_insert_with(Instant::now);
         } else if let Some(since) = p.waiting.remove(&t.id) {
             self.waiting_on_children

@@ -134,7 +134,7 @@ pub fn render_with(
 fn line(out: &mut String, depth: usize, s: &Session, id: &str, t: Option<&Turn>) {
     let indent = "    ".repeat(depth);
     let state = match t {
-        Some(t) => match (&t.outcome, &t.error) {
+        Some(t) => match (&t.outcome(), &t.error()) {
             (Some(o), Some(e)) => {
                 let mut shown: String = e.chars().take(ERROR_CHARS).collect();
                 if e.chars().count() > ERROR_CHARS {
@@ -147,7 +147,7 @@ fn line(out: &mut String, depth: usize, s: &Session, id: &str, t: Option<&Turn>)
                 )
             }
             (Some(o), None) => format!("settled {}", format!("{o:?}").to_lowercase()),
-            (None, _) => format!("{:?}", t.phase).to_lowercase(),
+            (None, _) => format!("{:?}", t.phase()).to_lowercase(),
         },
         None => "idle".into(),
     };
@@ -157,11 +157,11 @@ fn line(out: &mut String, depth: usize, s: &Session, id: &str, t: Option<&Turn>)
         .map(|c| format!(" <- tool call {}", escape(c)))
         .unwrap_or_default();
     let provider = t
-        .and_then(|t| t.root_provider_turn.as_ref())
+        .and_then(|t| t.root_provider_turn())
         .map(|r| {
             format!(
                 " [root provider {}]",
-                format!("{:?}", r.phase).to_lowercase()
+                format!("{:?}", r.phase()).to_lowercase()
             )
         })
         .unwrap_or_default();

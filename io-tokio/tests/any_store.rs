@@ -211,7 +211,7 @@ async fn the_daemon_runs_a_real_provider_turn_on_the_memory_store() {
                 .iter()
                 .all(|c| c.active_turn_id.is_none());
         let root_turn = store.get().turn("t1").expect("turn");
-        if settled && root_turn.is_some_and(|t| t.outcome.is_some()) {
+        if settled && root_turn.is_some_and(|t| t.outcome().is_some()) {
             break detail;
         }
         assert!(

@@ -890,7 +890,7 @@ fn racing_commands_on_an_idle_tree_through_two_daemons_leave_one_consistent_tree
             .turn(t)
             .expect("turn read")
             .expect("announced turn stored");
-        assert!(!turn.phase.is_active(), "settled: {turn:?}");
+        assert!(!turn.phase().is_active(), "settled: {turn:?}");
     }
     let on_a = tree(a.detail(WS, &id));
     assert_eq!(on_a, tree(b.detail(WS, &id)), "both daemons read one tree");

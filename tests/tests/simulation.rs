@@ -245,8 +245,8 @@ fn regression_acp_guidance_folded_into_the_next_prompt_still_settles_the_root() 
     assert!(
         !turn.is_active(),
         "root turn stuck {:?}: {:?}",
-        turn.phase,
-        turn.root_provider_turn
+        turn.phase(),
+        turn.root_provider_turn()
     );
 }
 
@@ -277,8 +277,8 @@ fn regression_duplicate_root_provider_start_after_its_completion_changes_nothing
     assert!(
         !t.is_active(),
         "root turn stuck {:?}: {:?}",
-        t.phase,
-        t.root_provider_turn
+        t.phase(),
+        t.root_provider_turn()
     );
 }
 
@@ -449,8 +449,8 @@ fn regression_claude_guidance_during_the_notification_continuation_joins_it() {
     assert!(
         !t.is_active(),
         "root turn stuck {:?}: {:?}",
-        t.phase,
-        t.root_provider_turn
+        t.phase(),
+        t.root_provider_turn()
     );
 }
 
@@ -476,8 +476,8 @@ fn regression_acp_new_turn_while_the_canceled_prompt_still_runs_gets_its_own_pro
     assert!(
         t2.is_active(),
         "turn-2 settled {:?} from the canceled prompt of turn-1: {:?}",
-        t2.outcome,
-        t2.error
+        t2.outcome(),
+        t2.error()
     );
     let prompted = d.native.iter().any(|m| {
         m.get("method") == Some(&serde_json::json!("session/prompt"))

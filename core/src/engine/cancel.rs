@@ -6,7 +6,7 @@ use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::input::TimerId;
 use crate::keyed::Hint;
-use crate::model::{CancelOperation, CancelState, Id, Outcome, Phase, Target};
+use crate::model::{CancelOperation, CancelState, Id, Outcome, Target, TurnState};
 use crate::step::{Ignored, ProviderRequest, Reply, TimerRequest};
 use std::sync::Arc;
 
@@ -79,7 +79,9 @@ pub(crate) fn cancel_turn(
     let mut tx = Tx::new(now);
     if includes_root {
         if let Some(rt) = tree.turns.get_mut(turn).map(Arc::make_mut) {
-            rt.child_creation_closed = true;
+            if let Some(r) = rt.root_turn_mut() {
+                r.child_creation_closed = true;
+            }
         }
     }
     for target in &targets {
@@ -87,7 +89,7 @@ pub(crate) fn cancel_turn(
             .insert(target.turn_id.clone(), operation_id.clone());
         if let Some(t) = tree.turns.get_mut(&target.turn_id).map(Arc::make_mut) {
             t.cancel_operation_id = Some(operation_id.clone());
-            t.phase = Phase::Settling;
+            t.state = TurnState::Settling;
         }
         tx.turn(&target.turn_id, Hint::NONE, true);
     }
@@ -95,7 +97,7 @@ pub(crate) fn cancel_turn(
     let child_sessions_at_prepare = tree
         .turns
         .get(&root_turn)
-        .map_or(0, |t| t.child_session_count);
+        .map_or(0, |t| t.child_session_count());
     tree.ops.insert(
         operation_id.clone(),
         Arc::new(CancelOperation {

@@ -6,7 +6,7 @@ use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::Hint;
 use crate::model::{
-    ChildOf, Id, Outcome, Phase, ProviderAliases, Relation, Session, Trigger, Turn,
+    ChildOf, ChildTrigger, Id, Outcome, ProviderAliases, Relation, Session, Turn, TurnState,
 };
 use crate::step::{Guard, Ignored};
 use std::sync::Arc;
@@ -97,7 +97,7 @@ pub(crate) fn create(
     if !root_turn.is_active() {
         return Err(Rejected::RootTurnSettled(c.root_turn_id.clone()));
     }
-    if root_turn.child_creation_closed {
+    if root_turn.child_creation_closed() {
         return Err(Rejected::ChildCreationClosed(c.root_turn_id.clone()));
     }
     let workspace_id = parent.workspace_id.clone();
@@ -118,7 +118,13 @@ pub(crate) fn create(
     session.title = c.title.cloned();
     session.active_turn_id = Some(c.turn_id.clone());
     session.last_turn_id = Some(c.turn_id.clone());
-    let turn = new_turn(c.turn_id, &id, Trigger::Delegation, Phase::Submitted, now);
+    let turn = Turn::child(
+        c.turn_id.clone(),
+        id.clone(),
+        ChildTrigger::Delegation,
+        TurnState::Submitted,
+        now,
+    );
     let pos = tree.sessions.insert(id.clone(), Arc::new(session));
     let turn_pos = tree.insert_turn((&id, Hint::at(pos)), turn);
     tree.children
@@ -128,7 +134,9 @@ pub(crate) fn create(
         .get_or_insert_with(c.root_turn_id, Default::default)
         .insert(c.turn_id.clone(), id.clone());
     if let Some((_, rt)) = tree.turns.get_mut_hinted(root.0, root.1) {
-        Arc::make_mut(rt).child_session_count += 1;
+        if let Some(r) = Arc::make_mut(rt).root_turn_mut() {
+            r.child_session_count += 1;
+        }
     }
     tx.guard(Guard::ChildCreationOpen {
         root_turn_id: c.root_turn_id.clone(),
@@ -139,25 +147,6 @@ pub(crate) fn create(
     tx.turn(root.0, root.1, false);
     evaluate_root(tree, &mut tx, root);
     Ok((tx, Some(pos)))
-}
-
-pub(crate) fn new_turn(id: &Id, session: &Id, trigger: Trigger, phase: Phase, now: i64) -> Turn {
-    Turn {
-        id: id.clone(),
-        agent_session_id: session.clone(),
-        trigger,
-        phase,
-        outcome: None,
-        error: None,
-        root_provider_turn: None,
-        provider_turn_id: None,
-        child_creation_closed: false,
-        child_session_count: 0,
-        cancel_operation_id: None,
-        created_at: now,
-        updated_at: now,
-        version: 0,
-    }
 }
 
 /// A live child session and its links to its parent and root.
@@ -270,8 +259,9 @@ pub(crate) fn turn_started(
             if tree.inflight.contains_key(turn) {
                 return Ok(Tx::ignore(now, Ignored::CancelInFlight));
             }
-            if t.phase == Phase::Running
-                && (provider_turn_id.is_none() || t.provider_turn_id.as_ref() == provider_turn_id)
+            if t.state == TurnState::Running
+                && (provider_turn_id.is_none()
+                    || t.provider_turn_id() == provider_turn_id.map(String::as_str))
             {
                 return Ok(Tx::ignore(now, Ignored::Duplicate));
             }
@@ -279,9 +269,9 @@ pub(crate) fn turn_started(
                 return Err(Rejected::TurnNotActive(turn.clone()));
             };
             let t = Arc::make_mut(t);
-            t.phase = Phase::Running;
-            if let Some(p) = provider_turn_id {
-                t.provider_turn_id = Some(p.clone());
+            t.state = TurnState::Running;
+            if let (Some(p), Some(c)) = (provider_turn_id, t.child_turn_mut()) {
+                c.provider_turn_id = Some(p.clone());
             }
             tx.turn(turn, Hint::at(p), true);
         }
@@ -300,11 +290,19 @@ pub(crate) fn turn_started(
             if !rt.is_active() {
                 return Err(Rejected::RootTurnSettled(root_turn));
             }
-            if rt.child_creation_closed {
+            if rt.child_creation_closed() {
                 return Err(Rejected::ChildCreationClosed(root_turn));
             }
-            let mut t = new_turn(turn, session, Trigger::Guidance, Phase::Running, now);
-            t.provider_turn_id = provider_turn_id.cloned();
+            let mut t = Turn::child(
+                turn.clone(),
+                session.clone(),
+                ChildTrigger::Guidance,
+                TurnState::Running,
+                now,
+            );
+            if let Some(c) = t.child_turn_mut() {
+                c.provider_turn_id = provider_turn_id.cloned();
+            }
             let p = tree.insert_turn(at, t);
             if let Some((_, s)) = tree.sessions.get_mut_hinted(session, at.1) {
                 let s = Arc::make_mut(s);
@@ -337,12 +335,12 @@ pub(crate) fn turn_waiting(
     if tree.inflight.contains_key(turn) {
         return Ok(Tx::ignore(now, Ignored::CancelInFlight));
     }
-    if t.phase == Phase::Waiting {
+    if t.state == TurnState::Waiting {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
     }
     let mut tx = Tx::new(now);
     if let Some((_, t)) = tree.turns.get_mut_hinted(turn, Hint::at(p)) {
-        Arc::make_mut(t).phase = Phase::Waiting;
+        Arc::make_mut(t).state = TurnState::Waiting;
     }
     tx.turn(turn, Hint::at(p), true);
     Ok(tx)

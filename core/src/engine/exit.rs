@@ -3,11 +3,11 @@
 //! cancel was in flight still settles canceled (the user's intent), and the operation fails.
 
 use super::cancel::{resolve, Resolution};
-use super::gate::{settle_turn, ProviderState, ProviderTransition};
+use super::gate::{settle_turn, ProviderTransition};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::Hint;
-use crate::model::{CancelState, Id, Outcome};
+use crate::model::{CancelState, Id, Outcome, ProviderTurnState};
 use crate::step::Ignored;
 use std::sync::Arc;
 
@@ -58,8 +58,8 @@ pub(crate) fn provider_exited(tree: &mut Tree, now: i64, error: &str) -> Result<
         );
     }
     if let Some(t) = tree.turns.get_mut(&root_turn).map(Arc::make_mut) {
-        if let Some(r) = t.root_provider_turn.as_mut() {
-            if ProviderState::of(r) != ProviderState::Completed {
+        if let Some(r) = t.root_provider_turn_mut() {
+            if !matches!(r.state, ProviderTurnState::Completed(_)) {
                 let interrupted = Some(message.clone());
                 ProviderTransition::Complete(Outcome::Interrupted, interrupted).apply(r);
             }

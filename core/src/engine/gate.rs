@@ -5,7 +5,10 @@ use super::provider_turns::ProviderTurns;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::{hash_id, same, Hint};
-use crate::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, RootProviderTurn, Turn};
+use crate::model::{
+    Id, InteractionStatus, Outcome, ProviderTurnState, RootProviderTurn, Settlement, Turn,
+    TurnState,
+};
 use crate::step::Ignored;
 use std::sync::Arc;
 
@@ -28,9 +31,7 @@ pub(crate) fn settle_turn(
         return;
     }
     let turn = Arc::make_mut(turn);
-    turn.phase = Phase::Settled;
-    turn.outcome = Some(outcome);
-    turn.error = if outcome.allows_error() { error } else { None };
+    turn.state = TurnState::Settled(Settlement::new(outcome, error));
     let session_id = turn.agent_session_id.clone();
     tx.turn(turn_id, Hint::at(pos), true);
     tree.inflight.remove(turn_id);
@@ -92,24 +93,22 @@ pub(crate) fn refresh_root_phase(tree: &mut Tree, tx: &mut Tx, (root_turn, hint)
     if !turn.is_active() {
         return;
     }
-    let provider = turn
-        .root_provider_turn
-        .as_ref()
-        .map_or(ProviderPhase::Idle, |r| r.phase);
-    let phase = if inflight {
-        Phase::Settling
+    let provider = turn.root_provider_turn().map(|r| &r.state);
+    let state = if inflight {
+        TurnState::Settling
     } else {
         match provider {
-            ProviderPhase::Running => Phase::Running,
+            // A guidance reservation counts as running.
+            Some(ProviderTurnState::Running | ProviderTurnState::Reserved(_)) => TurnState::Running,
             // With or without active children: the retained outcome waits for the gate (no
             // separate arm per case, which would only differ in a guard that changes nothing).
-            ProviderPhase::Completed => Phase::Waiting,
-            ProviderPhase::Idle if children > 0 => Phase::Running,
-            ProviderPhase::Idle => Phase::Submitted,
+            Some(ProviderTurnState::Completed(_)) => TurnState::Waiting,
+            Some(ProviderTurnState::Idle) | None if children > 0 => TurnState::Running,
+            Some(ProviderTurnState::Idle) | None => TurnState::Submitted,
         }
     };
-    if turn.phase != phase {
-        Arc::make_mut(turn).phase = phase;
+    if turn.state != state {
+        Arc::make_mut(turn).state = state;
         tx.turn(root_turn, Hint::at(pos), true);
     }
 }
@@ -126,23 +125,15 @@ pub(crate) fn evaluate_root(tree: &mut Tree, tx: &mut Tx, (root_turn, hint): (&I
     if !turn.is_active() {
         return;
     }
-    let ready = turn
-        .root_provider_turn
-        .as_ref()
-        .is_some_and(|r| r.phase == ProviderPhase::Completed && !r.reserved)
+    let retained = match turn.root_provider_turn().map(|r| &r.state) {
+        Some(ProviderTurnState::Completed(s)) => Some(s),
+        _ => None,
+    };
+    let ready = retained.is_some()
         && tree.active_child_count_hashed(hash, root_turn) == 0
         && !tree.inflight.contains_key_hashed(hash, root_turn);
-    if ready {
-        let (outcome, error) = turn
-            .root_provider_turn
-            .as_ref()
-            .map(|r| {
-                (
-                    r.retained_outcome.unwrap_or(Outcome::Completed),
-                    r.retained_error.clone(),
-                )
-            })
-            .unwrap_or((Outcome::Completed, None));
+    if let Some(s) = retained.filter(|_| ready) {
+        let (outcome, error) = (s.outcome(), s.error().map(str::to_string));
         settle_turn(tree, tx, (root_turn, Hint::at(pos)), outcome, error);
     } else {
         refresh_root_phase(tree, tx, (root_turn, Hint::at(pos)));
@@ -249,36 +240,6 @@ fn is_earlier(rpt: &RootProviderTurn, provider_turn_id: Option<&str>) -> bool {
     provider_turn_id.is_some_and(|p| rpt.earlier_provider_turn_ids.iter().any(|e| e == p))
 }
 
-/// The root provider turn's state, read as one value: of the lifecycle's flags (`phase`,
-/// `reserved`) only four combinations are reachable, and every decision below is a match over
-/// them. The persisted shape stays the flags ([`RootProviderTurn`]'s wire form is unchanged).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ProviderState {
-    /// No provider turn started yet.
-    Idle,
-    /// A provider turn is running.
-    Running,
-    /// Guidance asked the provider for a new provider turn while only children ran; the
-    /// lifecycle counts as running until it starts or the guide fails (the provider turn id
-    /// recorded is still the one that completed before).
-    Reserved,
-    /// The provider turn reached a terminal; its outcome is retained.
-    Completed,
-}
-
-impl ProviderState {
-    /// The state of `rpt`. Guidance sets `reserved` only together with phase running, so a
-    /// reserved lifecycle is [`ProviderState::Reserved`] whatever its phase says.
-    pub(super) fn of(rpt: &RootProviderTurn) -> ProviderState {
-        match (rpt.reserved, rpt.phase) {
-            (true, _) => ProviderState::Reserved,
-            (false, ProviderPhase::Idle) => ProviderState::Idle,
-            (false, ProviderPhase::Running) => ProviderState::Running,
-            (false, ProviderPhase::Completed) => ProviderState::Completed,
-        }
-    }
-}
-
 /// A transition of the root provider turn's lifecycle: the one place its flags are written.
 #[derive(Debug, Clone)]
 pub(super) enum ProviderTransition {
@@ -294,30 +255,24 @@ pub(super) enum ProviderTransition {
 }
 
 impl ProviderTransition {
-    /// Writes this transition into `r`.
+    /// Writes this transition into `r`. A reservation is taken only from completed (guidance
+    /// reserves only after the provider turn completed) and released only from reserved; in any
+    /// other state those two change nothing.
     pub(super) fn apply(self, r: &mut RootProviderTurn) {
-        match self {
-            ProviderTransition::Start => {
-                r.phase = ProviderPhase::Running;
-                r.reserved = false;
-                r.retained_outcome = None;
-                r.retained_error = None;
+        let state = std::mem::replace(&mut r.state, ProviderTurnState::Idle);
+        r.state = match (self, state) {
+            (ProviderTransition::Start, _) => ProviderTurnState::Running,
+            (ProviderTransition::Complete(outcome, error), _) => {
+                ProviderTurnState::Completed(Settlement::new(outcome, error))
             }
-            ProviderTransition::Complete(outcome, error) => {
-                r.phase = ProviderPhase::Completed;
-                r.reserved = false;
-                r.retained_outcome = Some(outcome);
-                r.retained_error = error;
+            (ProviderTransition::Reserve, ProviderTurnState::Completed(s)) => {
+                ProviderTurnState::Reserved(s)
             }
-            ProviderTransition::Reserve => {
-                r.phase = ProviderPhase::Running;
-                r.reserved = true;
+            (ProviderTransition::Release, ProviderTurnState::Reserved(s)) => {
+                ProviderTurnState::Completed(s)
             }
-            ProviderTransition::Release => {
-                r.phase = ProviderPhase::Completed;
-                r.reserved = false;
-            }
-        }
+            (ProviderTransition::Reserve | ProviderTransition::Release, unchanged) => unchanged,
+        };
     }
 }
 
@@ -333,7 +288,9 @@ fn transition(
         return false;
     };
     let created_at = t.created_at;
-    let r = t.root_provider_turn.get_or_insert_with(Default::default);
+    let Some(r) = t.root_provider_turn_mut() else {
+        return false;
+    };
     transition.apply(r);
     record_provider_turn_id(
         &mut tree.provider_turns,
@@ -360,7 +317,7 @@ pub(crate) fn provider_started(
     else {
         return Ok(Tx::ignore(now, Ignored::UnownedProviderTurn));
     };
-    let rpt = t.root_provider_turn.clone().unwrap_or_default();
+    let rpt = t.root_provider_turn().cloned().unwrap_or_default();
     let recorded = provider_turn_id.as_deref().is_some_and(|p| rpt.records(p));
     if !t.is_active() || tree.inflight.contains_key(&root_turn) {
         let why = if recorded {
@@ -376,13 +333,13 @@ pub(crate) fn provider_started(
     }
     // The provider turn recorded now (named, and the same).
     let current = provider_turn_id.is_some() && provider_turn_id == rpt.provider_turn_id;
-    let repeat = match ProviderState::of(&rpt) {
-        ProviderState::Idle => false,
+    let repeat = match rpt.state {
+        ProviderTurnState::Idle => false,
         // A repeated start of the running provider turn (or an unnamed one).
-        ProviderState::Running => provider_turn_id.is_none() || current,
+        ProviderTurnState::Running => provider_turn_id.is_none() || current,
         // A repeat of the start of the provider turn that completed (before the guidance
         // reservation, or for good).
-        ProviderState::Reserved | ProviderState::Completed => current,
+        ProviderTurnState::Reserved(_) | ProviderTurnState::Completed(_) => current,
     };
     if repeat {
         return Ok(Tx::ignore(now, Ignored::Duplicate));
@@ -426,7 +383,7 @@ pub(crate) fn provider_completed(
     else {
         return Ok(Tx::ignore(now, Ignored::UnownedProviderTurn));
     };
-    let rpt = t.root_provider_turn.clone().unwrap_or_default();
+    let rpt = t.root_provider_turn().cloned().unwrap_or_default();
     let recorded = provider_turn_id.as_deref().is_some_and(|p| rpt.records(p));
     // Not a different provider turn than the one recorded (either may be unnamed).
     let same_id = match (&rpt.provider_turn_id, &provider_turn_id) {
@@ -441,23 +398,22 @@ pub(crate) fn provider_completed(
         return Ok(Tx::ignore(now, Ignored::StaleProviderTurn));
     }
     let root_active = t.is_active();
-    let ignored = match (ProviderState::of(&rpt), root_active) {
+    use ProviderTurnState::{Completed, Idle, Reserved, Running};
+    let ignored = match (&rpt.state, root_active) {
         // The settled root: only the provider turn still open on it may complete (its current
         // one, or under a guidance reservation the new one the reservation waited for).
-        (ProviderState::Completed, false) if recorded => Some(Ignored::Duplicate),
-        (ProviderState::Completed, false) => Some(Ignored::LateAfterSettled),
-        (ProviderState::Reserved, false) if recorded => Some(Ignored::LateAfterSettled),
-        (ProviderState::Idle | ProviderState::Running, false) if !same_id => {
-            Some(Ignored::LateAfterSettled)
-        }
+        (Completed(_), false) if recorded => Some(Ignored::Duplicate),
+        (Completed(_), false) => Some(Ignored::LateAfterSettled),
+        (Reserved(_), false) if recorded => Some(Ignored::LateAfterSettled),
+        (Idle | Running, false) if !same_id => Some(Ignored::LateAfterSettled),
         (_, false) => None,
         // A repeat of the completion that preceded the guidance reservation: it must not
         // release the reservation ("only when no ... reserved ... provider turn remains active").
-        (ProviderState::Reserved, true) if current => Some(Ignored::Duplicate),
-        (ProviderState::Completed, true) if same_id => Some(Ignored::Duplicate),
-        (ProviderState::Completed, true) => Some(Ignored::StaleProviderTurn),
-        (ProviderState::Running, true) if !same_id => Some(Ignored::StaleProviderTurn),
-        (ProviderState::Idle | ProviderState::Running | ProviderState::Reserved, true) => None,
+        (Reserved(_), true) if current => Some(Ignored::Duplicate),
+        (Completed(_), true) if same_id => Some(Ignored::Duplicate),
+        (Completed(_), true) => Some(Ignored::StaleProviderTurn),
+        (Running, true) if !same_id => Some(Ignored::StaleProviderTurn),
+        (Idle | Running | Reserved(_), true) => None,
     };
     if let Some(why) = ignored {
         return Ok(Tx::ignore(now, why));
@@ -478,64 +434,51 @@ pub(crate) fn provider_completed(
 
 #[cfg(test)]
 mod tests {
-    use super::{ProviderState, ProviderTransition};
-    use crate::model::{Outcome, ProviderPhase, RootProviderTurn};
+    use super::ProviderTransition;
+    use crate::model::{Outcome, ProviderTurnState, RootProviderTurn, Settlement};
 
     #[test]
-    fn provider_state_is_one_of_four_and_a_reservation_reads_as_reserved() {
+    fn transitions_move_the_lifecycle_and_a_reservation_keeps_the_retained_outcome() {
+        let failed = || Settlement::new(Outcome::Failed, Some("e".into()));
         let mut r = RootProviderTurn::default();
-        assert_eq!(ProviderState::of(&r), ProviderState::Idle);
-        ProviderTransition::Start.apply(&mut r);
-        assert_eq!(ProviderState::of(&r), ProviderState::Running);
-        ProviderTransition::Complete(Outcome::Failed, Some("e".into())).apply(&mut r);
-        assert_eq!(ProviderState::of(&r), ProviderState::Completed);
+        assert_eq!(r.state, ProviderTurnState::Idle);
+        // Nothing to reserve or release before a provider turn completed.
         ProviderTransition::Reserve.apply(&mut r);
-        assert_eq!(ProviderState::of(&r), ProviderState::Reserved);
-        // The phase alone would say running: the reservation decides.
-        assert_eq!(r.phase, ProviderPhase::Running);
         ProviderTransition::Release.apply(&mut r);
-        assert_eq!(ProviderState::of(&r), ProviderState::Completed);
+        assert_eq!(r.state, ProviderTurnState::Idle);
+        ProviderTransition::Start.apply(&mut r);
+        assert_eq!(r.state, ProviderTurnState::Running);
+        ProviderTransition::Complete(Outcome::Failed, Some("e".into())).apply(&mut r);
+        assert_eq!(r.state, ProviderTurnState::Completed(failed()));
+        ProviderTransition::Reserve.apply(&mut r);
+        assert_eq!(r.state, ProviderTurnState::Reserved(failed()));
+        // A reservation reads as running on the wire.
+        assert_eq!(r.phase(), crate::model::ProviderPhase::Running);
+        ProviderTransition::Release.apply(&mut r);
+        assert_eq!(r.state, ProviderTurnState::Completed(failed()));
+        // A start clears what was retained.
+        ProviderTransition::Start.apply(&mut r);
+        assert_eq!(r.state, ProviderTurnState::Running);
+        // "A canonical canceled turn must not retain a transport error."
+        ProviderTransition::Complete(Outcome::Canceled, Some("e".into())).apply(&mut r);
+        assert_eq!(r.retained_error(), None);
     }
 
     #[test]
     fn provider_transitions_write_the_persisted_flags_as_before() {
         let mut r = RootProviderTurn::default();
         ProviderTransition::Complete(Outcome::Failed, Some("e".into())).apply(&mut r);
+        let json = |r: &RootProviderTurn| serde_json::to_value(r).unwrap_or_default();
         assert_eq!(
-            (
-                r.phase,
-                r.reserved,
-                r.retained_outcome,
-                r.retained_error.as_deref()
-            ),
-            (
-                ProviderPhase::Completed,
-                false,
-                Some(Outcome::Failed),
-                Some("e")
-            )
+            json(&r),
+            serde_json::json!({"phase": "completed", "retainedOutcome": "failed", "retainedError": "e"})
         );
-        // A reservation and its release keep the outcome retained before it.
         ProviderTransition::Reserve.apply(&mut r);
-        assert_eq!((r.phase, r.reserved), (ProviderPhase::Running, true));
-        ProviderTransition::Release.apply(&mut r);
         assert_eq!(
-            (r.phase, r.reserved, r.retained_outcome),
-            (ProviderPhase::Completed, false, Some(Outcome::Failed))
+            json(&r),
+            serde_json::json!({"phase": "running", "retainedOutcome": "failed", "retainedError": "e", "reserved": true})
         );
-        // A start clears what was retained.
         ProviderTransition::Start.apply(&mut r);
-        assert_eq!(
-            (
-                r.phase,
-                r.reserved,
-                r.retained_outcome,
-                r.retained_error.as_deref()
-            ),
-            (ProviderPhase::Running, false, None, None)
-        );
-        // The wire form of the flags is unchanged.
-        let json = serde_json::to_value(&r).unwrap_or_default();
-        assert_eq!(json, serde_json::json!({"phase": "running"}));
+        assert_eq!(json(&r), serde_json::json!({"phase": "running"}));
     }
 }

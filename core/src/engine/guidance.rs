@@ -2,13 +2,12 @@
 //! turn is active is appended to the same in-flight work instead of creating a separate visible
 //! turn".
 
-use super::child::new_turn;
-use super::gate::{evaluate_root, ProviderState, ProviderTransition};
+use super::gate::{evaluate_root, ProviderTransition};
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::Hint;
 use crate::model::{
-    Capabilities, Id, Message, Phase, ProviderPhase, Relation, RootProviderTurn, Session, Trigger,
+    Capabilities, Id, Message, ProviderPhase, Relation, RootProviderTurn, Session, Turn, TurnState,
 };
 use crate::step::{GuideMode, Ignored, ProviderRequest, Reply};
 use std::sync::Arc;
@@ -98,8 +97,7 @@ pub(crate) fn submit(
         if tree.turns.contains_key(turn_id) {
             return Err(Rejected::TurnExists(turn_id.clone()));
         }
-        let mut turn = new_turn(turn_id, session, Trigger::User, Phase::Submitted, now);
-        turn.root_provider_turn = Some(RootProviderTurn::default());
+        let turn = Turn::root(turn_id.clone(), session.clone(), TurnState::Submitted, now);
         tree.insert_turn((session, Hint::NONE), turn);
         if let Some(s) = tree.sessions.get_mut(session).map(Arc::make_mut) {
             s.active_turn_id = Some(turn_id.clone());
@@ -131,10 +129,10 @@ pub(crate) fn submit(
             what: "a session's activeTurnId names no turn of its tree",
             id: active.clone(),
         })?
-        .root_provider_turn
-        .clone()
+        .root_provider_turn()
+        .cloned()
         .unwrap_or_default();
-    let mode = match rpt.phase {
+    let mode = match rpt.phase() {
         ProviderPhase::Idle | ProviderPhase::Running => GuideMode::Steer,
         ProviderPhase::Completed if can_guide_children_only => GuideMode::StartOnRoot,
         ProviderPhase::Completed => {
@@ -145,8 +143,9 @@ pub(crate) fn submit(
     };
     if mode == GuideMode::StartOnRoot {
         if let Some(t) = tree.turns.get_mut(&active).map(Arc::make_mut) {
-            let r = t.root_provider_turn.get_or_insert_with(Default::default);
-            ProviderTransition::Reserve.apply(r);
+            if let Some(r) = t.root_provider_turn_mut() {
+                ProviderTransition::Reserve.apply(r);
+            }
         }
         tx.turn(&active, Hint::NONE, true);
         evaluate_root(tree, &mut tx, (&active, Hint::NONE));
@@ -176,15 +175,14 @@ pub(crate) fn guide_failed(
 ) -> Result<Tx, Rejected> {
     let (_, t) = super::child::turn_of(tree, (session, Hint::NONE), turn)?;
     let reserved = t
-        .root_provider_turn
-        .as_ref()
-        .is_some_and(|r| ProviderState::of(r) == ProviderState::Reserved);
+        .root_provider_turn()
+        .is_some_and(RootProviderTurn::reserved);
     if !t.is_active() || !reserved {
         return Ok(Tx::ignore(now, Ignored::Stale));
     }
     let mut tx = Tx::new(now);
     if let Some(t) = tree.turns.get_mut(turn).map(Arc::make_mut) {
-        if let Some(r) = t.root_provider_turn.as_mut() {
+        if let Some(r) = t.root_provider_turn_mut() {
             ProviderTransition::Release.apply(r);
         }
     }

@@ -47,7 +47,7 @@ impl ProviderTurns {
 
     /// Records every provider turn id on a root turn (its current and earlier ones).
     pub fn record_turn(&mut self, turn: &Turn) {
-        if let Some(r) = &turn.root_provider_turn {
+        if let Some(r) = turn.root_provider_turn() {
             for p in r.provider_turn_ids() {
                 self.record(p, &turn.id, turn.created_at);
             }
@@ -85,30 +85,25 @@ impl ProviderTurns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Phase, ProviderPhase, RootProviderTurn, Trigger};
+    use crate::model::{Outcome, ProviderTurnState, RootProviderTurn, Settlement, TurnState};
 
     fn root_turn(id: &str, created_at: Millis, current: &str, earlier: &[&str]) -> Turn {
-        Turn {
-            id: Id::from(id),
-            agent_session_id: Id::from("root"),
-            trigger: Trigger::User,
-            phase: Phase::Settled,
-            outcome: None,
-            error: None,
-            root_provider_turn: Some(RootProviderTurn {
-                phase: ProviderPhase::Completed,
+        let completed = || Settlement::new(Outcome::Completed, None);
+        let mut t = Turn::root(
+            Id::from(id),
+            Id::from("root"),
+            TurnState::Settled(completed()),
+            created_at,
+        );
+        if let Some(r) = t.root_provider_turn_mut() {
+            *r = RootProviderTurn {
+                state: ProviderTurnState::Completed(completed()),
                 provider_turn_id: Some(current.to_string()),
                 earlier_provider_turn_ids: earlier.iter().map(|s| s.to_string()).collect(),
-                ..RootProviderTurn::default()
-            }),
-            provider_turn_id: None,
-            child_creation_closed: false,
-            child_session_count: 0,
-            cancel_operation_id: None,
-            created_at,
-            updated_at: created_at,
-            version: 1,
+            };
         }
+        t.version = 1;
+        t
     }
 
     /// "A provider turn id already recorded on a root turn always resolves to that turn": the

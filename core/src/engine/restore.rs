@@ -4,7 +4,7 @@
 use super::Tree;
 use crate::error::RestoreError;
 use crate::keyed::Hint;
-use crate::model::{CancelState, ChildOf, InteractionStatus, Session, Trigger};
+use crate::model::{CancelState, ChildOf, InteractionStatus, Session};
 use crate::snapshot::TreeSnapshot;
 use std::sync::Arc;
 
@@ -58,7 +58,7 @@ impl TreeSnapshot {
                 .ok_or(RestoreError::Inconsistent("turn of an unknown session"))?;
             // Only root turns come from a user submission; the engine relies on it to tell a
             // child turn from a root turn without looking up the session.
-            if session.is_child() == (t.trigger == Trigger::User) {
+            if session.is_child() != t.is_child() {
                 return Err(RestoreError::Inconsistent(
                     "turn trigger does not match its session kind",
                 ));

@@ -8,7 +8,7 @@ use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::{same, Hint};
-use crate::model::{Id, Message, Text, ToolCall, Trigger, Turn};
+use crate::model::{Id, Message, Text, ToolCall, Turn};
 use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
 use smallvec::SmallVec;
@@ -49,7 +49,7 @@ fn drop_reason(t: &Turn) -> Option<Ignored> {
         return Some(Ignored::ClosedCancelTarget);
     }
     // Only root turns are triggered by the user (checked on restore): no session lookup.
-    let is_child = t.trigger != Trigger::User;
+    let is_child = t.is_child();
     if !t.is_active() && !is_child {
         return Some(Ignored::LateAfterSettled);
     }

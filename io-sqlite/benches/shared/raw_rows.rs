@@ -107,7 +107,7 @@ pub fn raw_ops(batch: &PersistBatch, seq: &mut i64) -> Vec<RawOp> {
             Row::Turn(t) => RawOp::Turn {
                 id: t.id.to_string(),
                 session: t.agent_session_id.to_string(),
-                closed: t.child_creation_closed,
+                closed: t.child_creation_closed(),
                 created: t.created_at,
                 version: t.version as i64,
                 json,

@@ -32,7 +32,7 @@ impl History {
     /// Checks one tree's state against what was seen before, then remembers it.
     pub fn observe_tree(&mut self, t: &TreeSnapshot) -> Result<(), String> {
         for turn in &t.turns {
-            match (self.settled.get(&turn.id), turn.phase, turn.outcome) {
+            match (self.settled.get(&turn.id), turn.phase(), turn.outcome()) {
                 (Some(o), Phase::Settled, Some(now)) if *o != now => {
                     return Err(format!(
                         "turn {} settled {o:?} and later shows outcome {now:?}",
@@ -170,7 +170,7 @@ pub fn unsettled(snap: &TreeSnapshot) -> Vec<String> {
         .turns
         .iter()
         .filter(|t| t.is_active())
-        .map(|t| format!("turn {} is {:?}", t.id, t.phase))
+        .map(|t| format!("turn {} is {:?}", t.id, t.phase()))
         .collect();
     v.extend(
         snap.cancel_operations

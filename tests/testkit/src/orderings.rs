@@ -328,16 +328,16 @@ pub fn meaning(snap: &TreeSnapshot) -> BTreeMap<String, Value> {
             format!("turn {}", t.id),
             json!([
                 t.agent_session_id,
-                t.phase,
-                t.outcome,
-                t.error,
-                t.child_session_count,
-                t.child_creation_closed,
-                t.root_provider_turn.as_ref().map(|r| json!([
-                    r.phase,
-                    r.retained_outcome,
-                    r.retained_error,
-                    r.reserved
+                t.phase(),
+                t.outcome(),
+                t.error(),
+                t.child_session_count(),
+                t.child_creation_closed(),
+                t.root_provider_turn().map(|r| json!([
+                    r.phase(),
+                    r.retained_outcome(),
+                    r.retained_error(),
+                    r.reserved()
                 ]))
             ]),
         );
@@ -378,7 +378,7 @@ fn run_facts(shape: &Shape, f: &Facts, order: &[usize]) -> Result<BTreeMap<Strin
         .find(|t| &*t.id == ROOT_TURN)
         .ok_or("no root turn")?;
     let want = Some(shape.root_outcome);
-    let got = root.outcome.map(|o| format!("{o:?}").to_lowercase());
+    let got = root.outcome().map(|o| format!("{o:?}").to_lowercase());
     if got.as_deref() != want {
         return Err(format!(
             "every fact delivered, the root turn ended {got:?}, the root provider said {want:?}"
@@ -387,7 +387,8 @@ fn run_facts(shape: &Shape, f: &Facts, order: &[usize]) -> Result<BTreeMap<Strin
     if let Some(active) = snap.turns.iter().find(|t| t.is_active()) {
         return Err(format!(
             "every fact delivered, turn {} is still {:?}",
-            active.id, active.phase
+            active.id,
+            active.phase()
         ));
     }
     Ok(meaning(&snap))

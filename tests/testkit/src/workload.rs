@@ -392,7 +392,7 @@ impl Driver {
                 let turn = s.active_turn_id.clone()?;
                 let provider_turn_id = engine
                     .turn(&root, &turn)
-                    .and_then(|t| t.root_provider_turn.as_ref())
+                    .and_then(|t| t.root_provider_turn())
                     .and_then(|r| r.provider_turn_id.clone());
                 let outcome = outcome(*o);
                 NormalizedEvent::RootProviderTurnCompleted {

@@ -10,7 +10,7 @@
 use serde_json::{json, Value};
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::{AdapterOutput, AdapterTimer};
-use tutti_core::driver::Record;
+use tutti_core::driver::{DriverInput, Record, Testkit};
 use tutti_core::model::{Outcome, Phase, ProviderPhase, RootProviderTurn};
 use tutti_core::store::MemoryStore;
 use tutti_core::{Driver, Input, NormalizedEvent};
@@ -48,7 +48,14 @@ impl Rig {
         );
         r.now += 1;
         let adapter = AcpAdapter::new("R".into(), AcpConfig::default());
-        r.d.attach(r.now, "R".into(), Box::new(adapter), &r.store);
+        let _ = r.d.handle(
+            DriverInput::Attach {
+                now: r.now,
+                root: "R".into(),
+                adapter: Box::new(adapter),
+            },
+            &r.store,
+        );
         r.settle();
         r.answer(
             "initialize",
@@ -62,7 +69,14 @@ impl Rig {
     fn input(&mut self, v: Value) {
         let input: Input = serde_json::from_value(v).expect("valid input");
         self.now += 1;
-        self.d.handle_input(self.now, input, None, &self.store);
+        let _ = self.d.handle(
+            DriverInput::Host {
+                now: self.now,
+                input,
+                reply: None,
+            },
+            &self.store,
+        );
         self.settle();
     }
 
@@ -120,7 +134,14 @@ impl Rig {
     fn native_line(&mut self, v: Value) -> AdapterOutput {
         self.now += 1;
         self.d
-            .handle_native(self.now, "R", &v, &self.store)
+            .handle(
+                DriverInput::Native {
+                    now: self.now,
+                    root: "R",
+                    message: &v,
+                },
+                &self.store,
+            )
             .unwrap_or_else(|e| panic!("adapter refused {v}: {e}"));
         self.settle().into_iter().next().unwrap_or_default()
     }
@@ -128,7 +149,7 @@ impl Rig {
     /// The clock reaches `at`: every timer due fires.
     fn advance(&mut self, at: i64) {
         self.now = self.now.max(at);
-        self.d.handle_timeout(self.now, &self.store);
+        let _ = self.d.handle(DriverInput::Timeout(self.now), &self.store);
         self.settle();
     }
 

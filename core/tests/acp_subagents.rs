@@ -11,6 +11,7 @@
 use serde_json::{json, Value};
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::{child_ids, Adapter, AdapterOutput};
+use tutti_core::driver::{DriverInput, Testkit};
 use tutti_core::model::{Outcome, Target};
 use tutti_core::replay::acp::replay_transcript;
 use tutti_core::replay::codex::ReplayOutput;
@@ -908,11 +909,26 @@ fn state_for_a_deleted_child_changes_nothing() {
     };
     let root: tutti_core::model::Id = "root".into();
     let input = |d: &mut Driver, store: &mut MemoryStore, now: i64, c: Command| {
-        d.handle_input(now, Input::Command(c), None, store);
+        let _ = d.handle(
+            DriverInput::Host {
+                now,
+                input: Input::Command(c),
+                reply: None,
+            },
+            store,
+        );
         d.commit_pending(store);
     };
     let native = |d: &mut Driver, store: &mut MemoryStore, now: i64, m: Value| {
-        d.handle_native(now, "root", &m, store).expect("accepted");
+        d.handle(
+            DriverInput::Native {
+                now,
+                root: "root",
+                message: &m,
+            },
+            store,
+        )
+        .expect("accepted");
         d.commit_pending(store);
     };
     input(
@@ -927,10 +943,12 @@ fn state_for_a_deleted_child_changes_nothing() {
             capabilities: None,
         },
     );
-    d.attach(
-        tick(),
-        root.clone(),
-        Box::new(AcpAdapter::new(root.clone(), AcpConfig::default())),
+    let _ = d.handle(
+        DriverInput::Attach {
+            now: tick(),
+            root: root.clone(),
+            adapter: Box::new(AcpAdapter::new(root.clone(), AcpConfig::default())),
+        },
         &store,
     );
     d.commit_pending(&mut store);

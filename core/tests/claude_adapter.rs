@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::any::Any;
 use tutti_core::adapters::claude::{sidecar_line, ClaudeAdapter, ClaudeConfig};
 use tutti_core::adapters::{child_ids, Adapter, AdapterError, AdapterOutput, AdapterTimer};
-use tutti_core::driver::{DriverError, Output, Record};
+use tutti_core::driver::{DriverError, DriverInput, Output, Record, Testkit};
 use tutti_core::invariants::check_tree;
 use tutti_core::model::{Id, InteractionStatus, Outcome, Phase, ProviderPhase, Turn};
 use tutti_core::replay::claude::replay_transcript;
@@ -72,8 +72,14 @@ impl Rig {
         };
         rig.cmd(json!({"type":"createSession","agentSessionId":R,"workspaceId":"W","provider":"claude"}));
         let adapter = ClaudeAdapter::new(R.into(), config);
-        rig.d
-            .attach(rig.now, R.into(), Box::new(adapter), &rig.store);
+        let _ = rig.d.handle(
+            DriverInput::Attach {
+                now: rig.now,
+                root: R.into(),
+                adapter: Box::new(adapter),
+            },
+            &rig.store,
+        );
         rig.settle();
         rig
     }
@@ -100,12 +106,14 @@ impl Rig {
     /// its output out; returns that output.
     fn call(&mut self, f: impl FnOnce(&mut ClaudeAdapter, i64) -> AdapterOutput) -> AdapterOutput {
         self.d
-            .call_adapter(
-                self.now,
-                R,
-                |a, now| {
-                    let a: &mut dyn Any = a;
-                    f(a.downcast_mut().expect("a ClaudeAdapter"), now)
+            .handle(
+                DriverInput::Call {
+                    now: self.now,
+                    root: R,
+                    call: Box::new(|a, now| {
+                        let a: &mut dyn Any = a;
+                        f(a.downcast_mut().expect("a ClaudeAdapter"), now)
+                    }),
                 },
                 &self.store,
             )
@@ -148,7 +156,14 @@ impl Rig {
 
     /// One host input through the driver; its committed step, or `None` if rejected.
     fn input(&mut self, input: Input) -> Option<Step> {
-        self.d.handle_input(self.now, input, Some(1), &self.store);
+        let _ = self.d.handle(
+            DriverInput::Host {
+                now: self.now,
+                input,
+                reply: Some(1),
+            },
+            &self.store,
+        );
         let (_, replies) = self.settle();
         replies
             .into_iter()
@@ -165,7 +180,14 @@ impl Rig {
     /// One sidecar line through the driver; the adapter's output for it, or its typed error.
     fn try_line(&mut self, v: &Value) -> Result<AdapterOutput, AdapterError> {
         self.now += 1;
-        match self.d.handle_native(self.now, R, v, &self.store) {
+        match self.d.handle(
+            DriverInput::Native {
+                now: self.now,
+                root: R,
+                message: v,
+            },
+            &self.store,
+        ) {
             Ok(()) => {}
             Err(DriverError::Adapter(e)) => return Err(e),
             Err(e) => panic!("driver refused {v}: {e}"),

@@ -8,7 +8,7 @@ use tutti_core::adapters::codex::{CodexAdapter, CodexConfig, DROPPED_REQUEST, UN
 use tutti_core::adapters::{
     child_ids, parse_line, Adapter, AdapterError, AdapterOutput, AdapterTimer,
 };
-use tutti_core::driver::{DriverError, Output, Record};
+use tutti_core::driver::{DriverError, DriverInput, Output, Record, Testkit};
 use tutti_core::model::{Outcome, Phase, ProviderPhase, Target};
 use tutti_core::replay::codex::{
     replay_transcript, replay_transcript_with, CodexReplay, ReplayOptions,
@@ -154,7 +154,14 @@ impl Rig {
         r.command(json!({"type":"createSession","agentSessionId":ROOT,"workspaceId":"W","provider":"codex"}));
         r.now += 1;
         let adapter = CodexAdapter::new(ROOT.into(), config);
-        r.d.attach(r.now, ROOT.into(), Box::new(adapter), &r.store);
+        let _ = r.d.handle(
+            DriverInput::Attach {
+                now: r.now,
+                root: ROOT.into(),
+                adapter: Box::new(adapter),
+            },
+            &r.store,
+        );
         r.settle();
         r
     }
@@ -254,7 +261,14 @@ impl Rig {
     /// A host command through the driver; its committed step, or `None` if rejected.
     fn engine_input(&mut self, input: Input) -> Option<Step> {
         self.now += 1;
-        self.d.handle_input(self.now, input, Some(1), &self.store);
+        let _ = self.d.handle(
+            DriverInput::Host {
+                now: self.now,
+                input,
+                reply: Some(1),
+            },
+            &self.store,
+        );
         let (_, replies) = self.settle();
         replies
             .into_iter()
@@ -272,7 +286,14 @@ impl Rig {
     /// One native message from the app-server; the adapter's output for it.
     fn try_feed(&mut self, v: &Value) -> Result<AdapterOutput, AdapterError> {
         self.now += 1;
-        match self.d.handle_native(self.now, ROOT, v, &self.store) {
+        match self.d.handle(
+            DriverInput::Native {
+                now: self.now,
+                root: ROOT,
+                message: v,
+            },
+            &self.store,
+        ) {
             Ok(()) => {}
             Err(DriverError::Adapter(e)) => return Err(e),
             Err(e) => panic!("driver refused {v}: {e}"),
@@ -290,7 +311,14 @@ impl Rig {
     fn timer(&mut self, id: &str) {
         self.now += 1;
         self.d
-            .call_adapter(self.now, ROOT, |a, now| a.on_timer(now, id), &self.store)
+            .handle(
+                DriverInput::Call {
+                    now: self.now,
+                    root: ROOT,
+                    call: Box::new(|a, now| a.on_timer(now, id)),
+                },
+                &self.store,
+            )
             .expect("the root's adapter is live");
         self.settle();
     }

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 use std::any::Any;
 use tutti_core::adapters::{Adapter, AdapterError, AdapterOutput};
-use tutti_core::driver::{Output, Record};
+use tutti_core::driver::{DriverInput, Output, Record, Testkit};
 use tutti_core::store::{MemoryStore, Store};
 use tutti_core::{Command, Driver, Input, NormalizedEvent, ProviderRequest};
 
@@ -58,7 +58,14 @@ fn create(driver: &mut Driver, store: &MemoryStore) {
         title: None,
         capabilities: None,
     };
-    driver.handle_input(1, Input::Command(create), Some(1), store);
+    let _ = driver.handle(
+        DriverInput::Host {
+            now: 1,
+            input: Input::Command(create),
+            reply: Some(1),
+        },
+        store,
+    );
 }
 
 fn transmitted(outputs: &[Output]) -> Vec<Value> {
@@ -80,13 +87,27 @@ fn recording_is_off_by_default_then_keeps_adapter_outputs_decisions_and_dropped_
     assert!(d.take_records().is_empty(), "nothing kept while off");
 
     d.set_recording(true);
-    d.attach(2, "root".into(), Box::new(Echo), &store);
+    let _ = d.handle(
+        DriverInput::Attach {
+            now: 2,
+            root: "root".into(),
+            adapter: Box::new(Echo),
+        },
+        &store,
+    );
     // An interaction on a turn that does not exist: the engine rejects it, and the adapter
     // that emitted it answers it natively.
     let ask = json!({"events": [{"type":"interactionRequested","agentSessionId":"root",
         "turnId":"nope","requestId":"q1","kind":"permission","payload":{}}]});
-    d.handle_native(3, "root", &ask, &store)
-        .expect("a valid line");
+    d.handle(
+        DriverInput::Native {
+            now: 3,
+            root: "root",
+            message: &ask,
+        },
+        &store,
+    )
+    .expect("a valid line");
     let outputs = d.commit_pending(&mut store);
     let records = d.take_records();
     assert!(
@@ -124,17 +145,26 @@ fn recording_is_off_by_default_then_keeps_adapter_outputs_decisions_and_dropped_
 fn call_adapter_carries_its_output_out_and_adapter_mut_does_not() {
     let (mut d, mut store) = (Driver::new(), MemoryStore::new());
     create(&mut d, &store);
-    d.attach(2, "root".into(), Box::new(Echo), &store);
+    let _ = d.handle(
+        DriverInput::Attach {
+            now: 2,
+            root: "root".into(),
+            adapter: Box::new(Echo),
+        },
+        &store,
+    );
     d.commit_pending(&mut store);
 
-    d.call_adapter(
-        3,
-        "root",
-        |a, _| {
-            let a: &mut dyn Any = a;
-            a.downcast_mut::<Echo>()
-                .map(|e| e.say(json!("via driver")))
-                .unwrap_or_default()
+    d.handle(
+        DriverInput::Call {
+            now: 3,
+            root: "root",
+            call: Box::new(|a, _| {
+                let a: &mut dyn Any = a;
+                a.downcast_mut::<Echo>()
+                    .map(|e| e.say(json!("via driver")))
+                    .unwrap_or_default()
+            }),
         },
         &store,
     )
@@ -155,7 +185,14 @@ fn call_adapter_carries_its_output_out_and_adapter_mut_does_not() {
         "a unit call's output stays with the caller"
     );
     assert!(d
-        .call_adapter(4, "other", |_, _| AdapterOutput::default(), &store)
+        .handle(
+            DriverInput::Call {
+                now: 4,
+                root: "other",
+                call: Box::new(|_, _| AdapterOutput::default())
+            },
+            &store
+        )
         .is_err());
 }
 
@@ -163,7 +200,9 @@ fn call_adapter_carries_its_output_out_and_adapter_mut_does_not() {
 fn commit_pending_commits_each_batch_before_what_it_caused_is_released() {
     let (mut d, mut store) = (Driver::new(), MemoryStore::new());
     create(&mut d, &store);
-    assert!(d.poll_output().is_none(), "the reply waits for the commit");
+    // Nothing is polled before the commit: the first output would be the batch itself
+    // (`Output::Persist`), and the reply waits behind it.
+    assert!(d.is_busy(), "the reply waits for the commit");
     assert!(store.session("root").expect("a read").is_none());
     let outputs = d.commit_pending(&mut store);
     assert!(

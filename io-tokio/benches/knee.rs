@@ -52,7 +52,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::{parse_line, Adapter};
-use tutti_core::driver::{Driver, Output};
+use tutti_core::driver::{Driver, DriverInput, Output};
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::store::HostStore;
 use tutti_core::{Command, EngineConfig, Input, PersistBatch};
@@ -520,21 +520,31 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
                   prompts: &mut Vec<(Id, Value)>,
                   now: i64| loop {
         let mut any = false;
-        while let Some(id) = driver.poll_batch() {
-            any = true;
-            let Some(b) = driver.batch(id).cloned() else {
-                continue;
-            };
-            let p = store.apply_group(&[&b], true).expect("capture commit");
-            batches.push(b);
-            driver.ack_commit(id, p.into_iter().next().unwrap_or_default(), &*store);
-        }
         while let Some(out) = driver.poll_output() {
             any = true;
             match out {
+                Output::Persist(id) => {
+                    let Some(b) = driver.batch(id).cloned() else {
+                        continue;
+                    };
+                    let p = store.apply_group(&[&b], true).expect("capture commit");
+                    batches.push(b);
+                    let committed = DriverInput::Committed {
+                        batch: id,
+                        published: p.into_iter().next().unwrap_or_default(),
+                    };
+                    let _ = driver.handle(committed, &*store);
+                }
                 Output::Launch(spec) => {
                     let a = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
-                    driver.attach(now, spec.root, Box::new(a), &*store);
+                    let _ = driver.handle(
+                        DriverInput::Attach {
+                            now,
+                            root: spec.root,
+                            adapter: Box::new(a),
+                        },
+                        &*store,
+                    );
                 }
                 Output::Transmit(t) => {
                     for m in t.messages {
@@ -551,7 +561,14 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
                             _ => continue,
                         };
                         let l = json!({"jsonrpc": "2.0", "id": id, "result": reply}).to_string();
-                        let _ = driver.handle_line(now, &t.root, &l, &*store);
+                        let _ = driver.handle(
+                            DriverInput::Line {
+                                now,
+                                root: &t.root,
+                                line: &l,
+                            },
+                            &*store,
+                        );
                     }
                 }
                 _ => {}
@@ -577,7 +594,14 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
                 text: "go".into(),
             },
         ] {
-            driver.handle_input(now, Input::Command(input), None, &store);
+            let _ = driver.handle(
+                DriverInput::Host {
+                    now,
+                    input: Input::Command(input),
+                    reply: None,
+                },
+                &store,
+            );
             commit(&mut driver, &mut store, &mut batches, &mut prompts, now);
         }
     }
@@ -587,14 +611,28 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
         now += 1;
         for a in 0..agents {
             let (l, _) = line(i, now as u64);
-            let _ = driver.handle_line(now, &format!("s{a}"), &l, &store);
+            let _ = driver.handle(
+                DriverInput::Line {
+                    now,
+                    root: &format!("s{a}"),
+                    line: &l,
+                },
+                &store,
+            );
             sent += 1;
             commit(&mut driver, &mut store, &mut batches, &mut prompts, now);
         }
     }
     for (root, id) in std::mem::take(&mut prompts) {
         let l = json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "end_turn"}});
-        let _ = driver.handle_line(now, &root, &l.to_string(), &store);
+        let _ = driver.handle(
+            DriverInput::Line {
+                now,
+                root: &root,
+                line: &l.to_string(),
+            },
+            &store,
+        );
         sent += 1;
         commit(&mut driver, &mut store, &mut batches, &mut prompts, now);
     }

@@ -22,7 +22,8 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 use tutti_core::adapters::Adapter;
 use tutti_core::driver::{
-    BatchId, Diagnostic, Driver, DriverError, LaunchSpec, Output, Publication,
+    BatchId, CommitFailure, Diagnostic, Driver, DriverError, DriverInput, LaunchSpec, Output,
+    Publication,
 };
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::step::PersistBatch;
@@ -1007,7 +1008,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     Msg::Shutdown(done) => shutdown = Some(done),
                     Msg::Tick => {
                         self.deadline = None;
-                        self.driver.handle_timeout(now, &self.store);
+                        self.drive(DriverInput::Timeout(now));
                     }
                     Msg::Input(input, reply, ticket) => {
                         if ticket.is_some_and(|t| !t.take()) {
@@ -1044,7 +1045,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             self.next_reply
                         });
                         debug!(kind = input.kind(), "input");
-                        self.driver.handle_input(now, input, token, &self.store);
+                        self.drive(DriverInput::Host {
+                            now,
+                            input,
+                            reply: token,
+                        });
                     }
                     Msg::Runtime(root, generation, m) => {
                         if matches!(m, FromRuntime::Native(_)) {
@@ -1265,7 +1270,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
             root_agent_session_id: root.clone(),
             error: "the daemon that ran the provider is gone".into(),
         });
-        self.driver.handle_input(now, input, None, &self.store);
+        self.drive(DriverInput::Host {
+            now,
+            input,
+            reply: None,
+        });
     }
 
     /// The provider name of a root session (`unknown` when its tree is not loaded).
@@ -1324,23 +1333,44 @@ impl<S: HostStore + Send + 'static> Core<S> {
         }
         match m {
             FromRuntime::Native(v) => {
-                if let Err(e) = self.driver.handle_native(now, &root, &v, &self.store) {
+                if let Err(e) = self.driver.handle(
+                    DriverInput::Native {
+                        now,
+                        root: &root,
+                        message: &v,
+                    },
+                    &self.store,
+                ) {
                     warn!(root = %root, error = %e, "dropped a native message");
                 }
             }
-            FromRuntime::WriteFailed(failure, error) => {
-                self.driver
-                    .handle_write_failed(now, failure, &error, &self.store)
-            }
+            FromRuntime::WriteFailed(failure, error) => self.drive(DriverInput::WriteFailed {
+                now,
+                failure,
+                error: &error,
+            }),
             FromRuntime::Exited(why) => {
                 self.metrics.process_exited(&self.provider_of(&root));
                 self.current.remove(&root);
                 self.runtimes.remove(&root);
                 self.lease_watch.untrack(&root);
                 self.idle.armed.remove(&root);
-                self.driver.handle_exit(now, &root, &why, &self.store);
+                self.drive(DriverInput::Exit {
+                    now,
+                    root: &root,
+                    error: &why,
+                });
                 self.to_release.push(root);
             }
+        }
+    }
+
+    /// Hands one input to the driver. Only inputs about a provider's messages can fail (they
+    /// are handed over where they are read, to log the root); any other error would be a
+    /// driver bug, logged.
+    fn drive(&mut self, input: DriverInput<'_>) {
+        if let Err(e) = self.driver.handle(input, &self.store) {
+            warn!(error = %e, "the driver refused an input");
         }
     }
 
@@ -1349,27 +1379,27 @@ impl<S: HostStore + Send + 'static> Core<S> {
     fn settle(&mut self, now: i64) -> Vec<Id> {
         let mut touched = Vec::new();
         loop {
-            // Each batch with the lease epoch it was decided under (issue 34): read as the
-            // driver hands it over, before anything (a renewal, a re-claim) can change it.
-            let polled: Vec<BatchId> = std::iter::from_fn(|| self.driver.poll_batch()).collect();
-            let ids: Vec<(BatchId, Option<u64>)> = polled
-                .into_iter()
-                .map(|id| {
-                    let epoch = self
-                        .driver
-                        .batch(id)
-                        .and_then(|b| b.root_agent_session_id.as_ref())
-                        .and_then(|root| self.housekeeping.epoch(root));
-                    (id, epoch)
-                })
-                .collect();
-            for chunk in ids.chunks(MAX_GROUP) {
-                self.commit(chunk, &mut touched);
-            }
+            // The driver hands out the batches to commit first, then what committed batches
+            // released. Each batch is taken with the lease epoch it was decided under (issue
+            // 34): read as the driver hands it over, before anything (a renewal, a re-claim,
+            // an output carried out) can change it.
+            let mut ids: Vec<(BatchId, Option<u64>)> = Vec::new();
             let mut any = false;
             while let Some(out) = self.driver.poll_output() {
-                any = true;
-                self.carry_out(now, out);
+                let Output::Persist(id) = out else {
+                    any = true;
+                    self.carry_out(now, out);
+                    continue;
+                };
+                let epoch = self
+                    .driver
+                    .batch(id)
+                    .and_then(|b| b.root_agent_session_id.as_ref())
+                    .and_then(|root| self.housekeeping.epoch(root));
+                ids.push((id, epoch));
+            }
+            for chunk in ids.chunks(MAX_GROUP) {
+                self.commit(chunk, &mut touched);
             }
             if ids.is_empty() && !any {
                 break;
@@ -1410,7 +1440,10 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     .committed(&batches, t.elapsed(), self.line_round);
                 self.housekeeping.committed();
                 for (id, p) in ids.iter().zip(published) {
-                    self.driver.ack_commit(*id, p, &self.store);
+                    self.drive(DriverInput::Committed {
+                        batch: *id,
+                        published: p,
+                    });
                 }
             }
             Err(e) => {
@@ -1434,7 +1467,10 @@ impl<S: HostStore + Send + 'static> Core<S> {
                                 .committed(&[batch], t.elapsed(), self.line_round);
                             self.housekeeping.committed();
                             let p = p.pop().unwrap_or_default();
-                            self.driver.ack_commit(*id, p, &self.store);
+                            self.drive(DriverInput::Committed {
+                                batch: *id,
+                                published: p,
+                            });
                         }
                         Err(e) => {
                             let refused = S::is_guard_failure(e.source_error())
@@ -1450,13 +1486,21 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             // copy is dropped and reloaded (the driver does), the caller gets
                             // `DaemonError::Conflict`.
                             if refused {
-                                self.driver.commit_refused(*id, &self.store);
+                                self.drive(DriverInput::NotCommitted {
+                                    batch: *id,
+                                    why: CommitFailure::Refused,
+                                });
                             } else if S::is_unavailable(e.source_error()) {
                                 // Issue 34: the caller gets 503 unavailable, not a conflict.
-                                self.driver
-                                    .commit_unavailable(*id, &e.to_string(), &self.store);
+                                self.drive(DriverInput::NotCommitted {
+                                    batch: *id,
+                                    why: CommitFailure::Unavailable(e.to_string()),
+                                });
                             } else {
-                                self.driver.commit_failed(*id, &e.to_string(), &self.store);
+                                self.drive(DriverInput::NotCommitted {
+                                    batch: *id,
+                                    why: CommitFailure::Failed(e.to_string()),
+                                });
                             }
                         }
                     }
@@ -1467,18 +1511,19 @@ impl<S: HostStore + Send + 'static> Core<S> {
 
     fn carry_out(&mut self, now: i64, out: Output) {
         match out {
+            // `settle` takes the batches to commit before it carries anything out.
+            Output::Persist(_) => {}
             Output::Launch(spec) => self.launch(now, spec),
             Output::Transmit(t) => match self.runtimes.get(&t.root) {
                 Some(r) if r.write(t.messages, t.on_failure.clone()) => {}
                 _ => {
                     warn!(root = %t.root, "provider runtime is gone");
                     if let Some(f) = t.on_failure {
-                        self.driver.handle_write_failed(
+                        self.drive(DriverInput::WriteFailed {
                             now,
-                            f,
-                            "provider runtime is gone",
-                            &self.store,
-                        );
+                            failure: f,
+                            error: "provider runtime is gone",
+                        });
                     }
                 }
             },
@@ -1774,12 +1819,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
             Ownership::Owned => {}
             Ownership::Elsewhere(_) | Ownership::Unknown(_) => {
                 warn!(root = %root, "tree not owned by this daemon; provider not started");
-                self.driver.handle_exit(
+                self.drive(DriverInput::Exit {
                     now,
-                    &root,
-                    "the tree is owned by another daemon",
-                    &self.store,
-                );
+                    root: &root,
+                    error: "the tree is owned by another daemon",
+                });
                 return;
             }
         }
@@ -1788,12 +1832,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
         self.reserved.remove(&root);
         if let Err(e) = self.make_room(&root) {
             warn!(root = %root, limit = self.max_providers, "provider not started: provider limit reached");
-            self.driver.handle_exit(
+            self.drive(DriverInput::Exit {
                 now,
-                &root,
-                &format!("provider not started: {e}"),
-                &self.store,
-            );
+                root: &root,
+                error: &format!("provider not started: {e}"),
+            });
             return;
         }
         let cwd = self.store.session_cwd(&root).unwrap_or_else(|e| {
@@ -1821,16 +1864,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 self.lease_watch.track(&root, handle.clone(), good_until);
                 self.runtimes.insert(root.clone(), handle);
                 self.current.insert(root.clone(), generation);
-                self.driver.attach(now, root, adapter, &self.store);
+                self.drive(DriverInput::Attach { now, root, adapter });
             }
             Err(e) => {
                 error!(root = %root, error = %e, "provider could not be started");
-                self.driver.handle_exit(
+                self.drive(DriverInput::Exit {
                     now,
-                    &root,
-                    &format!("provider could not be started: {e}"),
-                    &self.store,
-                );
+                    root: &root,
+                    error: &format!("provider could not be started: {e}"),
+                });
             }
         }
     }

@@ -10,16 +10,21 @@
 //! engine, the pure adapters of the live roots (from `tutti_core::adapters`) and every timer, as
 //! one sans-I/O machine. The thread's loop:
 //!
-//! 1. take what arrived on its one channel, as a group: API commands (`handle_input`, with a
-//!    reply token), native messages a provider [`runtime`] read from its process
-//!    (`handle_native`; runtimes only move lines, they decide nothing), runtime answers, and
-//!    the timers due by [`tutti_core::driver::Driver::poll_timeout`] (`handle_timeout`);
-//! 2. commit everything the driver decided for the group in one store transaction
-//!    (`commit_pending`: SQLite or PostgreSQL, fenced by the tree's lease on PostgreSQL); a
-//!    failed commit evicts the tree and reloads it from the store;
-//! 3. only then carry out the driver's [`tutti_core::driver::Output`]s: `Launch` a provider
-//!    process, `Transmit` native messages to one, `Publish` the committed outbox rows to the live
-//!    followers of the event stream, send each `Reply`, log each `Diagnostic`.
+//! 1. take what arrived on its one channel, as a group, and hand each to
+//!    [`tutti_core::driver::Driver::handle`] as a [`tutti_core::driver::DriverInput`]: API
+//!    commands (`Host`, with a reply token), native messages a provider [`runtime`] read from
+//!    its process (`Native`; runtimes only move lines, they decide nothing), a provider's exit
+//!    or failed write, and the timers due by [`tutti_core::driver::Driver::poll_timeout`]
+//!    (`Timeout`);
+//! 2. poll the driver's [`tutti_core::driver::Output`]s: gather every `Persist` (a decided
+//!    batch, with the lease epoch it was decided under) and commit them in one store transaction
+//!    (SQLite or PostgreSQL, fenced by the tree's lease on PostgreSQL), then report each as
+//!    `Committed` or `NotCommitted` (a failed commit evicts the tree and reloads it from the
+//!    store);
+//! 3. carry out the outputs those commits released: `Launch` a provider process, `Transmit`
+//!    native messages to one, `Publish` the committed outbox rows to the live followers of the
+//!    event stream, send each `Reply`, log each `Diagnostic`; repeat 2-3 until the driver is
+//!    quiet.
 //!
 //! Nothing leaves the daemon before the batch that caused it is durable. On SQLite, commits
 //! never checkpoint the WAL: a checkpoint thread of its own does, and asks the engine thread

@@ -18,6 +18,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+use tutti_core::driver::{DriverInput, Testkit};
 use tutti_tests::sim;
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -174,7 +175,14 @@ impl Host {
         };
         h.d.set_recording(true);
         h.input(0, serde_json::json!({"type":"createSession","agentSessionId":"root","workspaceId":"W","provider":provider}));
-        h.d.attach(0, "root".into(), adapter, &h.store);
+        let _ = h.d.handle(
+            DriverInput::Attach {
+                now: 0,
+                root: "root".into(),
+                adapter,
+            },
+            &h.store,
+        );
         h.commit();
         h
     }
@@ -182,13 +190,27 @@ impl Host {
     /// A host command; not committed yet.
     fn input(&mut self, now: i64, v: serde_json::Value) {
         let input: tutti_core::Input = serde_json::from_value(v).expect("a valid input");
-        self.d.handle_input(now, input, None, &self.store);
+        let _ = self.d.handle(
+            DriverInput::Host {
+                now,
+                input,
+                reply: None,
+            },
+            &self.store,
+        );
     }
 
     /// A line from the provider (must be valid); not committed yet.
     fn native(&mut self, now: i64, v: serde_json::Value) {
         self.d
-            .handle_native(now, "root", &v, &self.store)
+            .handle(
+                DriverInput::Native {
+                    now,
+                    root: "root",
+                    message: &v,
+                },
+                &self.store,
+            )
             .expect("a valid line");
     }
 

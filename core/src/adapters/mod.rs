@@ -84,7 +84,7 @@ pub enum AdapterError {
 ///
 /// `Any`: a host reaches an adapter's own methods (outside this trait) through
 /// [`Driver::adapter`](crate::driver::Driver::adapter) and
-/// [`Driver::call_adapter`](crate::driver::Driver::call_adapter) by downcasting.
+/// [`DriverInput::Call`](crate::driver::DriverInput::Call) by downcasting.
 pub trait Adapter: std::any::Any + Send {
     /// Native messages to send when the process starts (handshake), if any.
     fn open(&mut self, now: Millis) -> AdapterOutput;

@@ -1,33 +1,36 @@
 //! [`Driver`]: the engine, one adapter per live root and every timer, as one sans-I/O machine.
 //!
 //! A host (the daemon, a replay, an embedding application) feeds the driver what happened and
-//! carries out what the driver asks for. Inputs, in the `handle_*` style:
+//! carries out what the driver asks for, through one input enum and one output enum (as str0m's
+//! `Input` and `Output`):
 //!
-//! - [`Driver::handle_native`] / [`Driver::handle_line`]: one native message from a root's
-//!   provider;
-//! - [`Driver::handle_input`]: a host command (`submit`, `cancelTurn`, ...) or any other
-//!   [`Input`], with an optional [`ReplyTo`] token;
-//! - [`Driver::handle_exit`]: a root's provider process is gone (or could not be started);
-//! - [`Driver::handle_write_failed`]: a write of a [`Transmit`] failed;
-//! - [`Driver::handle_timeout`]: the clock reached [`Driver::poll_timeout`].
-//!
-//! Outputs, in the `poll_*` style:
-//!
-//! - [`Driver::poll_batch`]: the next [`PersistBatch`] to make durable (read it with
-//!   [`Driver::batch`]); the host may take several and commit them as one group, then reports
-//!   each with [`Driver::ack_commit`] (with the outbox rows the store wrote) or
-//!   [`Driver::commit_failed`];
-//! - [`Driver::poll_output`]: what to carry out once the batches before it are durable:
-//!   [`Output::Launch`] a provider process, [`Output::Transmit`] native messages to it,
-//!   [`Output::Publish`] committed outbox rows, [`Output::Reply`] to a host command,
-//!   [`Output::Diagnostic`] something to log;
+//! - [`Driver::handle`] takes a [`DriverInput`]: a provider's native message or line, a host
+//!   command (`submit`, `cancelTurn`, ...) with an optional [`ReplyTo`] token, a provider
+//!   attached or gone, a failed write, the clock reaching [`Driver::poll_timeout`], and what
+//!   became of each batch ([`DriverInput::Committed`] / [`DriverInput::NotCommitted`]). Time
+//!   comes in the inputs that carry it; the driver never reads a clock.
+//! - [`Driver::poll_output`] gives an [`Output`]: [`Output::Persist`] a batch to make durable
+//!   (read it with [`Driver::batch`]; the host may gather several and commit them as one
+//!   group), then what committed batches released: [`Output::Launch`] a provider process,
+//!   [`Output::Transmit`] native messages to it, [`Output::Publish`] committed outbox rows,
+//!   [`Output::Reply`] to a host command, [`Output::Diagnostic`] something to log;
 //! - [`Driver::poll_timeout`]: the next deadline.
+//!
+//! Errors: [`DriverError`] is the one error a host matches on. Bad input
+//! ([`DriverError::Rejected`], [`DriverError::Adapter`]), a conflict with another writer
+//! ([`DriverError::Refused`]), an unreachable store ([`DriverError::Unavailable`]) and any
+//! other store failure ([`DriverError::Storage`]) stay distinct, so a daemon can answer them
+//! 4xx, 409, 503 and 500.
+//!
+//! Test rigs get more hooks (recording what passed between the adapters and the engine,
+//! direct adapter access, a store-only host loop) from [`Testkit`], behind the `testkit`
+//! feature.
 //!
 //! ## The host loop
 //!
 //! ```
 //! use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
-//! use tutti_core::driver::{Driver, Output};
+//! use tutti_core::driver::{CommitFailure, Driver, DriverInput, Output};
 //! use tutti_core::store::{HostStore, MemoryStore, Store};
 //! use tutti_core::{Command, Input};
 //!
@@ -35,23 +38,19 @@
 //! let create = Command::CreateSession { agent_session_id: "root".into(), workspace_id: "W".into(),
 //!     provider: "acp".into(), title: None, capabilities: None };
 //! let submit = Command::Submit { agent_session_id: "root".into(), turn_id: "t1".into(), text: "hi".into() };
-//! driver.handle_input(now, Input::Command(create), None, &store);
-//! driver.handle_input(now, Input::Command(submit), Some(1), &store); // 1: our reply token
+//! let host = |input, reply| DriverInput::Host { now, input: Input::Command(input), reply };
+//! driver.handle(host(create, None), &store).ok();
+//! driver.handle(host(submit, Some(1)), &store).ok(); // 1: our reply token
 //! let (mut written, mut replies) = (Vec::new(), Vec::new());
 //! loop {
-//!     // 1. Make the decided batches durable as one group, then acknowledge each.
-//!     let ids: Vec<_> = std::iter::from_fn(|| driver.poll_batch()).collect();
-//!     let batches: Vec<_> = ids.iter().filter_map(|id| driver.batch(*id)).collect();
-//!     match store.apply_group(&batches, true) {
-//!         Ok(rows) => ids.into_iter().zip(rows).for_each(|(id, r)| driver.ack_commit(id, r, &store)),
-//!         Err(e) => ids.into_iter().for_each(|id| driver.commit_failed(id, &e.to_string(), &store)),
-//!     }
-//!     // 2. Carry out what the committed batches caused, in order.
+//!     // 1. Carry out what the driver asks for, in order; gather the batches to make durable.
+//!     let mut persist = Vec::new();
 //!     while let Some(out) = driver.poll_output() {
 //!         match out {
+//!             Output::Persist(id) => persist.push(id),
 //!             Output::Launch(spec) => { // start the provider process here, then:
-//!                 let adapter = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
-//!                 driver.attach(now, spec.root, Box::new(adapter), &store);
+//!                 let adapter = Box::new(AcpAdapter::new(spec.root.clone(), AcpConfig::default()));
+//!                 driver.handle(DriverInput::Attach { now, root: spec.root, adapter }, &store).ok();
 //!             }
 //!             Output::Transmit(t) => written.extend(t.messages), // write to t.root's provider
 //!             Output::Publish(p) => { /* hand p.rows to outbox followers */ }
@@ -59,10 +58,26 @@
 //!             Output::Diagnostic(d) => { /* log it: ids and kinds only */ let _ = d; }
 //!         }
 //!     }
-//!     // 3. Wait for a provider line (handle_native), a command (handle_input), an exit
-//!     //    (handle_exit) or the deadline; here: only the deadline, and stop once idle.
+//!     // 2. Make the gathered batches durable as one group, then report each.
+//!     if !persist.is_empty() {
+//!         let batches: Vec<_> = persist.iter().filter_map(|id| driver.batch(*id)).collect();
+//!         let results: Vec<DriverInput> = match store.apply_group(&batches, true) {
+//!             Ok(rows) => persist.into_iter().zip(rows)
+//!                 .map(|(batch, published)| DriverInput::Committed { batch, published }).collect(),
+//!             Err(e) => persist.into_iter()
+//!                 .map(|batch| DriverInput::NotCommitted { batch, why: CommitFailure::Failed(e.to_string()) })
+//!                 .collect(),
+//!         };
+//!         for r in results { driver.handle(r, &store).ok(); }
+//!         continue;
+//!     }
+//!     // 3. Wait for a provider line, a command, an exit or the deadline; here: only the
+//!     //    deadline, and stop once idle.
 //!     match driver.poll_timeout() {
-//!         Some(at) if !driver.is_busy() && at < now + 60_000 => { now = at; driver.handle_timeout(now, &store) }
+//!         Some(at) if !driver.is_busy() && at < now + 60_000 => {
+//!             now = at;
+//!             driver.handle(DriverInput::Timeout(now), &store).ok();
+//!         }
 //!         _ => break,
 //!     }
 //! }
@@ -105,9 +120,14 @@
 //! an input is decided at once and in order, instead of parking it behind a "load tree" output.
 
 mod record;
+mod testkit;
 mod timers;
 
 pub use record::Record;
+#[cfg(not(feature = "testkit"))]
+pub(crate) use testkit::Testkit;
+#[cfg(feature = "testkit")]
+pub use testkit::Testkit;
 pub use timers::Timer;
 
 use crate::adapters::{parse_line, Adapter, AdapterError, AdapterOutput};
@@ -127,9 +147,142 @@ use timers::TimerQueue;
 /// A host's token for the reply to one input (echoed in [`Output::Reply`]).
 pub type ReplyTo = u64;
 
-/// Identifies one batch handed out by [`Driver::poll_batch`].
+/// Identifies one batch handed out as [`Output::Persist`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BatchId(u64);
+
+/// Everything a host tells the driver, as one enum (as str0m's `Input`): what happened at the
+/// time each variant carries, and what became of the batches it was handed
+/// ([`Output::Persist`]). See [`Driver::handle`].
+#[allow(clippy::large_enum_variant)] // moved in once per input; boxing would allocate per command
+pub enum DriverInput<'a> {
+    /// A root's provider process is ready: its adapter (after [`Output::Launch`], or before the
+    /// root's first turn). Opens it (its handshake becomes a [`Transmit`]) and hands it the
+    /// requests that waited for it.
+    Attach {
+        /// The time.
+        now: Millis,
+        /// The root.
+        root: Id,
+        /// Its adapter.
+        adapter: Box<dyn Adapter>,
+    },
+    /// One native message from a root's provider. A message the adapter cannot use is a typed
+    /// error and changes nothing.
+    Native {
+        /// The time.
+        now: Millis,
+        /// The root whose provider sent it.
+        root: &'a str,
+        /// The message.
+        message: &'a Value,
+    },
+    /// One line of a line-based provider ([`DriverInput::Native`] after [`parse_line`]).
+    Line {
+        /// The time.
+        now: Millis,
+        /// The root whose provider wrote it.
+        root: &'a str,
+        /// The line.
+        line: &'a str,
+    },
+    /// A host command (or any engine input). Its [`Output::Reply`] (when `reply` is given)
+    /// comes once its batch is committed.
+    Host {
+        /// The time.
+        now: Millis,
+        /// The input.
+        input: Input,
+        /// The host's token for the reply.
+        reply: Option<ReplyTo>,
+    },
+    /// A root's provider process is gone (or could not be started): its adapter and timers are
+    /// dropped and the engine is told (`providerExited`).
+    Exit {
+        /// The time.
+        now: Millis,
+        /// The root.
+        root: &'a str,
+        /// Why (ids and kinds only).
+        error: &'a str,
+    },
+    /// Writing a [`Transmit`] that carried `failure` failed.
+    WriteFailed {
+        /// The time.
+        now: Millis,
+        /// What the write carried.
+        failure: WriteFailure,
+        /// Why.
+        error: &'a str,
+    },
+    /// The clock reached this time (see [`Driver::poll_timeout`]): every engine and adapter
+    /// timer due fires, earliest first.
+    Timeout(Millis),
+    /// A batch is durable; `published` are the outbox rows the store wrote for it.
+    Committed {
+        /// The batch.
+        batch: BatchId,
+        /// Its outbox rows.
+        published: Vec<Published>,
+    },
+    /// A batch was not committed: its tree is dropped from memory and reloaded from the store,
+    /// and the later batches of that tree (decided on the lost state) are not to be committed.
+    NotCommitted {
+        /// The batch.
+        batch: BatchId,
+        /// Why: what its caller (and the callers of the tree's later batches) are answered.
+        why: CommitFailure,
+    },
+    /// Calls the adapter of a live root with something outside the [`Adapter`] trait (for
+    /// example the Codex adapter's `attach_root_thread`) and carries out the output it returns
+    /// like any other adapter output. `Err(NoAdapter)` when the root has no live adapter.
+    Call {
+        /// The time.
+        now: Millis,
+        /// The root.
+        root: &'a str,
+        /// The call.
+        call: AdapterCall<'a>,
+    },
+}
+
+/// A call into one adapter ([`DriverInput::Call`]).
+pub type AdapterCall<'a> = Box<dyn FnOnce(&mut dyn Adapter, Millis) -> AdapterOutput + 'a>;
+
+/// Why a batch was not committed ([`DriverInput::NotCommitted`]): the three kinds a host tells
+/// apart, each answered as its own [`DriverError`] all the way to the host's callers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitFailure {
+    /// Any other store error: the caller gets [`DriverError::Storage`].
+    Failed(String),
+    /// The store refused the batch by a guard or the fence (see
+    /// [`HostStore::is_guard_failure`] and [`HostStore::is_fenced`]): the caller gets
+    /// [`DriverError::Refused`].
+    Refused,
+    /// The store could not be reached ([`HostStore::is_unavailable`]): the caller, and the
+    /// callers of the tree's later batches, get [`DriverError::Unavailable`].
+    Unavailable(String),
+}
+
+impl std::fmt::Debug for DriverInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Kinds and ids only: never a message's content.
+        match self {
+            DriverInput::Attach { root, .. } => write!(f, "Attach({root})"),
+            DriverInput::Native { root, .. } => write!(f, "Native({root})"),
+            DriverInput::Line { root, line, .. } => write!(f, "Line({root}, {} bytes)", line.len()),
+            DriverInput::Host { input, .. } => write!(f, "Host({})", input.kind()),
+            DriverInput::Exit { root, .. } => write!(f, "Exit({root})"),
+            DriverInput::WriteFailed { failure, .. } => write!(f, "WriteFailed({failure:?})"),
+            DriverInput::Timeout(at) => write!(f, "Timeout({at})"),
+            DriverInput::Committed { batch, .. } => write!(f, "Committed({batch:?})"),
+            DriverInput::NotCommitted { batch, why } => {
+                write!(f, "NotCommitted({batch:?}, {why:?})")
+            }
+            DriverInput::Call { root, .. } => write!(f, "Call({root})"),
+        }
+    }
+}
 
 /// Why an input got no step.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -142,11 +295,11 @@ pub enum DriverError {
     Storage(String),
     /// The store refused the input's batch because another writer changed the tree first (a
     /// version guard) or this host lost the tree (a fence); nothing of it was written, and the
-    /// tree was reloaded. The input may be retried (see [`Driver::commit_refused`]).
+    /// tree was reloaded. The input may be retried (see [`CommitFailure::Refused`]).
     #[error("the store refused the batch: the tree changed or this host no longer owns it")]
     Refused,
     /// The input's batch was not committed because the store could not be reached (nothing of
-    /// it was written, or, for [`Driver::commit_unavailable`] with an unknown outcome, the
+    /// it was written, or, for [`CommitFailure::Unavailable`] with an unknown outcome, the
     /// tree's state is whatever the store holds once reachable): retry later (see
     /// [`crate::store::HostStore::is_unavailable`]).
     #[error("store unavailable: {0}")]
@@ -198,7 +351,7 @@ impl Trees for NoTrees {
     }
 }
 
-/// A provider process to start for a root (its adapter is attached with [`Driver::attach`], or
+/// A provider process to start for a root (its adapter is attached with [`DriverInput::Attach`], or
 /// was made by the driver's factory).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchSpec {
@@ -236,7 +389,7 @@ pub struct Transmit {
     pub root: Id,
     /// The messages.
     pub messages: Vec<Value>,
-    /// What to report with [`Driver::handle_write_failed`] if writing them fails.
+    /// What to report with [`DriverInput::WriteFailed`] if writing them fails.
     pub on_failure: Option<WriteFailure>,
 }
 
@@ -266,6 +419,11 @@ pub struct Publication {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // a reply moves its step to the host; boxing would allocate
 pub enum Output {
+    /// Make this batch durable (read its rows with [`Driver::batch`]), then report it with
+    /// [`DriverInput::Committed`] or [`DriverInput::NotCommitted`]. The host may gather every
+    /// `Persist` it polls and commit them as one group. Batches come before the other outputs
+    /// (which their commits release).
+    Persist(BatchId),
     /// Start the provider process of a root.
     Launch(LaunchSpec),
     /// Write native messages to a root's provider.
@@ -354,7 +512,7 @@ pub struct Driver {
     /// Trees loaded on demand since [`Driver::take_loaded`].
     loaded: Vec<Id>,
     now: Millis,
-    /// Whether [`Record`]s are kept (see [`Driver::set_recording`]).
+    /// Whether [`Record`]s are kept (see [`Testkit::set_recording`]).
     recording: bool,
     records: Vec<Record>,
 }
@@ -437,16 +595,44 @@ impl Driver {
         v
     }
 
-    /// Attaches the adapter of a root (after [`Output::Launch`], or before the root's first
-    /// turn): opens it (its handshake becomes a [`Transmit`]) and hands it the requests that
-    /// waited for it.
-    pub fn attach(
-        &mut self,
-        now: Millis,
-        root: Id,
-        mut adapter: Box<dyn Adapter>,
-        trees: &dyn Trees,
-    ) {
+    /// One input (see [`DriverInput`]). Only inputs about a provider's messages can fail
+    /// ([`DriverInput::Native`], [`DriverInput::Line`], [`DriverInput::Call`]: a message the
+    /// adapter cannot use, or no live adapter), and then nothing changed; every other input is
+    /// answered through [`Output::Reply`] (or not at all) and returns `Ok`.
+    pub fn handle(&mut self, input: DriverInput<'_>, trees: &dyn Trees) -> Result<(), DriverError> {
+        match input {
+            DriverInput::Attach { now, root, adapter } => self.attach(now, root, adapter, trees),
+            DriverInput::Native { now, root, message } => {
+                return self.handle_native(now, root, message, trees)
+            }
+            DriverInput::Line { now, root, line } => {
+                return self.handle_line(now, root, line, trees)
+            }
+            DriverInput::Host { now, input, reply } => self.handle_input(now, input, reply, trees),
+            DriverInput::Exit { now, root, error } => self.handle_exit(now, root, error, trees),
+            DriverInput::WriteFailed {
+                now,
+                failure,
+                error,
+            } => self.handle_write_failed(now, failure, error, trees),
+            DriverInput::Timeout(now) => self.handle_timeout(now, trees),
+            DriverInput::Committed { batch, published } => self.ack_commit(batch, published, trees),
+            DriverInput::NotCommitted { batch, why } => {
+                let error = match why {
+                    CommitFailure::Failed(e) => DriverError::Storage(e),
+                    CommitFailure::Refused => DriverError::Refused,
+                    CommitFailure::Unavailable(e) => DriverError::Unavailable(e),
+                };
+                self.not_committed(batch, error, trees)
+            }
+            DriverInput::Call { now, root, call } => {
+                return self.call_adapter(now, root, call, trees)
+            }
+        }
+        Ok(())
+    }
+
+    fn attach(&mut self, now: Millis, root: Id, mut adapter: Box<dyn Adapter>, trees: &dyn Trees) {
         self.tick(now);
         let out = adapter.open(self.now);
         self.adapters.insert(root.clone(), adapter);
@@ -467,7 +653,7 @@ impl Driver {
 
     /// One native message from a root's provider. A message the adapter cannot use is a typed
     /// error and changes nothing.
-    pub fn handle_native(
+    pub(crate) fn handle_native(
         &mut self,
         now: Millis,
         root: &str,
@@ -487,8 +673,8 @@ impl Driver {
         Ok(())
     }
 
-    /// One line of a line-based provider ([`Driver::handle_native`] after [`parse_line`]).
-    pub fn handle_line(
+    /// One line of a line-based provider (a native message after [`parse_line`]).
+    pub(crate) fn handle_line(
         &mut self,
         now: Millis,
         root: &str,
@@ -500,7 +686,7 @@ impl Driver {
     }
 
     /// A host command (or any input). Its [`Output::Reply`] comes once its batch is committed.
-    pub fn handle_input(
+    pub(crate) fn handle_input(
         &mut self,
         now: Millis,
         input: Input,
@@ -527,7 +713,7 @@ impl Driver {
 
     /// A root's provider process is gone (or could not be started): its adapter and timers are
     /// dropped and the engine is told (`providerExited`).
-    pub fn handle_exit(&mut self, now: Millis, root: &str, error: &str, trees: &dyn Trees) {
+    pub(crate) fn handle_exit(&mut self, now: Millis, root: &str, error: &str, trees: &dyn Trees) {
         self.tick(now);
         self.detach(root);
         let input = Input::Runtime(RuntimeAnswer::ProviderExited {
@@ -539,7 +725,7 @@ impl Driver {
     }
 
     /// Writing a [`Transmit`] that carried `failure` failed.
-    pub fn handle_write_failed(
+    pub(crate) fn handle_write_failed(
         &mut self,
         now: Millis,
         failure: WriteFailure,
@@ -566,7 +752,7 @@ impl Driver {
     }
 
     /// The clock reached `now`: every engine and adapter timer due fires, earliest first.
-    pub fn handle_timeout(&mut self, now: Millis, trees: &dyn Trees) {
+    pub(crate) fn handle_timeout(&mut self, now: Millis, trees: &dyn Trees) {
         self.tick(now);
         while let Some(t) = self.timers.pop_due(self.now) {
             match t {
@@ -593,7 +779,7 @@ impl Driver {
     }
 
     /// The next batch to make durable, in decision order.
-    pub fn poll_batch(&mut self) -> Option<BatchId> {
+    pub(crate) fn poll_batch(&mut self) -> Option<BatchId> {
         while let Some(n) = self.unsent.pop_front() {
             if let Some(e) = self.entry_mut(n) {
                 if e.state == State::Decided {
@@ -616,7 +802,7 @@ impl Driver {
     }
 
     /// The batch is durable; `published` are the outbox rows the store wrote for it.
-    pub fn ack_commit(&mut self, id: BatchId, published: Vec<Published>, trees: &dyn Trees) {
+    pub(crate) fn ack_commit(&mut self, id: BatchId, published: Vec<Published>, trees: &dyn Trees) {
         if let Some(e) = self.entry_mut(id.0) {
             if matches!(e.state, State::Sent | State::Decided) {
                 e.state = State::Acked;
@@ -626,26 +812,9 @@ impl Driver {
         self.pump(trees);
     }
 
-    /// The batch was not committed: its tree is dropped from memory and reloaded from the store,
-    /// and the later batches of that tree (decided on the lost state) are not to be committed.
-    pub fn commit_failed(&mut self, id: BatchId, error: &str, trees: &dyn Trees) {
+    /// The batch was not committed (a store error): see [`DriverInput::NotCommitted`].
+    pub(crate) fn commit_failed(&mut self, id: BatchId, error: &str, trees: &dyn Trees) {
         self.not_committed(id, DriverError::Storage(error.into()), trees);
-    }
-
-    /// [`Driver::commit_failed`] for a batch the store refused by a guard or a fence (see
-    /// [`HostStore::is_guard_failure`] and
-    /// [`HostStore::is_fenced`]): its caller gets
-    /// [`DriverError::Refused`] instead of a storage error.
-    pub fn commit_refused(&mut self, id: BatchId, trees: &dyn Trees) {
-        self.not_committed(id, DriverError::Refused, trees);
-    }
-
-    /// [`Driver::commit_failed`] for a batch that failed because the store could not be reached
-    /// ([`HostStore::is_unavailable`]): its caller, and the callers of the tree's later batches,
-    /// get [`DriverError::Unavailable`]. The tree is dropped and reloaded as for any failed
-    /// commit (from the store's state, which is the truth once it is reachable again).
-    pub fn commit_unavailable(&mut self, id: BatchId, error: &str, trees: &dyn Trees) {
-        self.not_committed(id, DriverError::Unavailable(error.into()), trees);
     }
 
     fn not_committed(&mut self, id: BatchId, error: DriverError, trees: &dyn Trees) {
@@ -688,8 +857,12 @@ impl Driver {
         self.pump(trees);
     }
 
-    /// The next output to carry out.
+    /// The next output to carry out: the batches to make durable first, then what committed
+    /// batches released, in order.
     pub fn poll_output(&mut self) -> Option<Output> {
+        if let Some(id) = self.poll_batch() {
+            return Some(Output::Persist(id));
+        }
         self.outputs.pop_front()
     }
 
@@ -718,41 +891,19 @@ impl Driver {
         }
     }
 
-    /// Keeps a [`Record`] of every adapter output, engine decision and dropped interaction from
-    /// now on (`true`), or stops (`false`). Hosts that report or assert on what passed between
-    /// the adapters and the engine (replays, test rigs) turn it on; a daemon leaves it off.
-    pub fn set_recording(&mut self, on: bool) {
-        self.recording = on;
-    }
-
-    /// The records kept since the last call, in the order things happened.
-    pub fn take_records(&mut self) -> Vec<Record> {
-        std::mem::take(&mut self.records)
-    }
-
     /// The adapter of a live root (downcast it with `as &dyn Any` for adapter-specific reads).
     pub fn adapter(&self, root: &str) -> Option<&dyn Adapter> {
         self.adapters.get(root).map(|a| &**a as &dyn Adapter)
     }
 
-    /// The adapter of a live root, mutably, for adapter unit checks that look at an adapter's
-    /// answer to one call in isolation. Whatever such a call returns is NOT carried out (no
-    /// native message, event or timer leaves the driver): a host drives adapters only through
-    /// the `handle_*` calls and [`Driver::call_adapter`].
-    pub fn adapter_mut(&mut self, root: &str) -> Option<&mut dyn Adapter> {
-        self.adapters
-            .get_mut(root)
-            .map(|a| &mut **a as &mut dyn Adapter)
-    }
-
     /// Calls the adapter of a live root with something outside the [`Adapter`] trait (for
     /// example the Codex adapter's `attach_root_thread`) and carries out the output it returns
     /// like any other adapter output. `Err(NoAdapter)` when the root has no live adapter.
-    pub fn call_adapter(
+    pub(crate) fn call_adapter(
         &mut self,
         now: Millis,
         root: &str,
-        f: impl FnOnce(&mut dyn Adapter, Millis) -> AdapterOutput,
+        f: AdapterCall<'_>,
         trees: &dyn Trees,
     ) -> Result<(), DriverError> {
         self.tick(now);
@@ -766,29 +917,6 @@ impl Driver {
         self.absorb(&root, out, None, trees);
         self.pump(trees);
         Ok(())
-    }
-
-    /// The host loop of a host whose only I/O is the store (a replay, a test, a simulation):
-    /// commits every decided batch to `store` one at a time (a failed one is reported with
-    /// [`Driver::commit_failed`]), acknowledges it, and returns every output released, in order,
-    /// until no batch is left. Native messages, launches and publications are the caller's to
-    /// look at (or ignore).
-    pub fn commit_pending<S: HostStore>(&mut self, store: &mut S) -> Vec<Output> {
-        let mut outputs: Vec<Output> = std::iter::from_fn(|| self.poll_output()).collect();
-        while let Some(id) = self.poll_batch() {
-            let result = match self.batch(id) {
-                Some(batch) => store
-                    .apply_group(&[batch], true)
-                    .map(|mut published| published.pop().unwrap_or_default()),
-                None => continue,
-            };
-            match result {
-                Ok(published) => self.ack_commit(id, published, &*store),
-                Err(e) => self.commit_failed(id, &e.to_string(), &*store),
-            }
-            outputs.extend(std::iter::from_fn(|| self.poll_output()));
-        }
-        outputs
     }
 
     fn record(&mut self, r: impl FnOnce() -> Record) {

@@ -9,11 +9,11 @@ use crate::model::Id;
 use crate::step::Ignored;
 
 /// One thing the [`super::Driver`] did, in the order it did it (recorded only after
-/// [`super::Driver::set_recording`]).
+/// [`super::Testkit::set_recording`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     /// An adapter output exactly as the adapter of `root` returned it (from `open`, `on_native`,
-    /// `on_request`, `on_timer`, `on_dropped`, `flush_text` or [`super::Driver::call_adapter`]),
+    /// `on_request`, `on_timer`, `on_dropped`, `flush_text` or [`super::DriverInput::Call`]),
     /// before the driver carried it out. Its `diagnostics` are only surfaced here.
     Adapter {
         /// The root whose adapter produced it.

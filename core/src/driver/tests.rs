@@ -109,6 +109,8 @@ struct Host {
     replies: Vec<(ReplyTo, Result<Step, DriverError>)>,
     published: Vec<PublishedRow>,
     diagnostics: Vec<Diagnostic>,
+    /// Batches handed out as [`Output::Persist`] while draining, not committed yet.
+    handed: std::collections::VecDeque<super::BatchId>,
 }
 
 impl Host {
@@ -122,33 +124,51 @@ impl Host {
             replies: Vec::new(),
             published: Vec::new(),
             diagnostics: Vec::new(),
+            handed: Default::default(),
         }
     }
 
     fn input(&mut self, input: impl Into<Input>, reply: Option<ReplyTo>) {
         self.now += 1;
-        self.d
-            .handle_input(self.now, input.into(), reply, &self.store);
+        let _ = self.d.handle(
+            DriverInput::Host {
+                now: self.now,
+                input: input.into(),
+                reply,
+            },
+            &self.store,
+        );
     }
 
     fn native(&mut self, root: &str, m: Value) {
         self.now += 1;
         self.d
-            .handle_native(self.now, root, &m, &self.store)
+            .handle(
+                DriverInput::Native {
+                    now: self.now,
+                    root,
+                    message: &m,
+                },
+                &self.store,
+            )
             .unwrap();
     }
 
     /// Commits every handed-out batch, one by one.
     fn commit(&mut self) {
-        while let Some(id) = self.d.poll_batch() {
+        while let Some(id) = self.handed.pop_front().or_else(|| self.d.poll_batch()) {
             let Some(b) = self.d.batch(id) else { continue };
-            match self.store.apply_group(&[b], true) {
-                Ok(mut p) => {
-                    let rows = p.pop().unwrap_or_default();
-                    self.d.ack_commit(id, rows, &self.store)
-                }
-                Err(e) => self.d.commit_failed(id, &e.to_string(), &self.store),
-            }
+            let report = match self.store.apply_group(&[b], true) {
+                Ok(mut p) => DriverInput::Committed {
+                    batch: id,
+                    published: p.pop().unwrap_or_default(),
+                },
+                Err(e) => DriverInput::NotCommitted {
+                    batch: id,
+                    why: CommitFailure::Failed(e.to_string()),
+                },
+            };
+            let _ = self.d.handle(report, &self.store);
         }
     }
 
@@ -156,6 +176,7 @@ impl Host {
     fn drain(&mut self) {
         while let Some(o) = self.d.poll_output() {
             match o {
+                Output::Persist(id) => self.handed.push_back(id),
                 Output::Launch(s) => self.launches.push(s),
                 Output::Transmit(t) => self.transmits.push(t),
                 Output::Publish(p) => self.published.extend(p.rows),
@@ -182,7 +203,14 @@ impl Host {
     /// A root session `root` with `adapter` attached and turn `t1` started.
     fn started(adapter: Box<dyn Adapter>) -> Host {
         let mut h = Host::new();
-        h.d.attach(h.now, "root".into(), adapter, &h.store);
+        let _ = h.d.handle(
+            DriverInput::Attach {
+                now: h.now,
+                root: "root".into(),
+                adapter,
+            },
+            &h.store,
+        );
         h.input(create("root"), None);
         h.input(submit("root", "t1"), Some(1));
         h.settle();
@@ -217,7 +245,14 @@ fn child_created(child: &str, turn: &str) -> Value {
 fn a_provider_write_a_timer_and_a_reply_wait_for_their_batch_ack() {
     let (adapter, log) = Probe::boxed();
     let mut h = Host::new();
-    h.d.attach(h.now, "root".into(), adapter, &h.store);
+    let _ = h.d.handle(
+        DriverInput::Attach {
+            now: h.now,
+            root: "root".into(),
+            adapter,
+        },
+        &h.store,
+    );
     h.drain();
     assert_eq!(
         h.sent(),
@@ -241,7 +276,13 @@ fn a_provider_write_a_timer_and_a_reply_wait_for_their_batch_ack() {
     assert!(!log.lock().unwrap().iter().any(|l| l == "request start"));
     let b = h.d.batch(id).unwrap();
     let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
-    h.d.ack_commit(id, p, &h.store);
+    let _ = h.d.handle(
+        DriverInput::Committed {
+            batch: id,
+            published: p,
+        },
+        &h.store,
+    );
     h.drain();
     assert_eq!(h.sent()[1], json!({"request": "start"}));
     assert_eq!(h.replies.len(), 1);
@@ -279,7 +320,13 @@ fn a_step_without_rows_waits_behind_an_unacked_batch() {
     );
     let b = h.d.batch(id).unwrap();
     let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
-    h.d.ack_commit(id, p, &h.store);
+    let _ = h.d.handle(
+        DriverInput::Committed {
+            batch: id,
+            published: p,
+        },
+        &h.store,
+    );
     h.drain();
     let order: Vec<ReplyTo> = h.replies.iter().map(|(to, _)| *to).collect();
     assert_eq!(order, [1, 2, 3]);
@@ -320,7 +367,13 @@ fn an_interaction_whose_batch_failed_goes_back_to_its_adapter() {
         json!({"events":[{"type":"interactionRequested","agentSessionId":"root","turnId":"t1","requestId":"r1"}]}),
     );
     let id = h.d.poll_batch().unwrap();
-    h.d.commit_failed(id, "disk full", &h.store);
+    let _ = h.d.handle(
+        DriverInput::NotCommitted {
+            batch: id,
+            why: CommitFailure::Failed("disk full".into()),
+        },
+        &h.store,
+    );
     h.drain();
     assert!(log.lock().unwrap().contains(&"dropped r1".to_string()));
     assert!(
@@ -337,7 +390,13 @@ fn a_failed_commit_reloads_the_tree_and_supersedes_its_later_batches() {
     h.input(submit("root", "t9"), Some(9)); // appended: decided on the state with c1
     let first = h.d.poll_batch().unwrap();
     let second = h.d.poll_batch().unwrap();
-    h.d.commit_failed(first, "disk full", &h.store);
+    let _ = h.d.handle(
+        DriverInput::NotCommitted {
+            batch: first,
+            why: CommitFailure::Failed("disk full".into()),
+        },
+        &h.store,
+    );
     assert!(
         h.d.batch(second).is_none(),
         "a superseded batch is still offered"
@@ -405,7 +464,14 @@ fn a_start_without_an_adapter_launches_and_waits_for_attach() {
     assert_eq!(&*h.launches[0].provider, "probe");
     assert!(h.sent().is_empty());
     let (adapter, log) = Probe::boxed();
-    h.d.attach(h.now, "root".into(), adapter, &h.store);
+    let _ = h.d.handle(
+        DriverInput::Attach {
+            now: h.now,
+            root: "root".into(),
+            adapter,
+        },
+        &h.store,
+    );
     h.drain();
     assert_eq!(
         h.sent(),
@@ -437,14 +503,28 @@ fn a_factory_makes_the_adapter_of_a_launched_root() {
 fn a_cancel_without_a_live_adapter_fails_its_operation() {
     let (adapter, _) = Probe::boxed();
     let mut h = Host::started(adapter);
-    h.d.handle_exit(h.now, "root", "gone", &h.store);
+    let _ = h.d.handle(
+        DriverInput::Exit {
+            now: h.now,
+            root: "root",
+            error: "gone",
+        },
+        &h.store,
+    );
     h.settle();
     assert!(!h.d.has_adapter("root"));
     h.input(submit("root", "t2"), Some(2));
     h.settle();
     assert_eq!(h.launches.len(), 1, "a start after the exit launches again");
     // The launch is not attached: requests wait for it.
-    h.d.handle_exit(h.now, "root", "could not start", &h.store);
+    let _ = h.d.handle(
+        DriverInput::Exit {
+            now: h.now,
+            root: "root",
+            error: "could not start",
+        },
+        &h.store,
+    );
     h.settle();
     h.native_err();
     h.input(
@@ -469,9 +549,14 @@ fn a_cancel_without_a_live_adapter_fails_its_operation() {
 
 impl Host {
     fn native_err(&mut self) {
-        let e = self
-            .d
-            .handle_native(self.now, "root", &json!({}), &self.store);
+        let e = self.d.handle(
+            DriverInput::Native {
+                now: self.now,
+                root: "root",
+                message: &json!({}),
+            },
+            &self.store,
+        );
         assert!(matches!(e, Err(DriverError::NoAdapter(_))));
     }
 }
@@ -534,9 +619,9 @@ fn engine_and_adapter_timers_share_one_queue() {
     );
     h.settle();
     assert_eq!(h.d.poll_timeout(), Some(5_000));
-    h.d.handle_timeout(5_000, &h.store);
+    let _ = h.d.handle(DriverInput::Timeout(5_000), &h.store);
     assert_eq!(h.d.poll_timeout(), Some(90_000));
-    h.d.handle_timeout(100_000, &h.store);
+    let _ = h.d.handle(DriverInput::Timeout(100_000), &h.store);
     assert_eq!(h.d.poll_timeout(), None);
     let fired: Vec<String> = log
         .lock()
@@ -573,10 +658,23 @@ fn an_evicted_tree_is_loaded_on_demand_by_a_child_id() {
 fn a_native_message_the_adapter_cannot_use_is_a_typed_error() {
     let (adapter, _) = Probe::boxed();
     let mut h = Host::started(adapter);
-    let e =
-        h.d.handle_native(h.now, "root", &json!({"bad": 1}), &h.store);
+    let e = h.d.handle(
+        DriverInput::Native {
+            now: h.now,
+            root: "root",
+            message: &json!({"bad": 1}),
+        },
+        &h.store,
+    );
     assert!(matches!(e, Err(DriverError::Adapter(_))));
-    let e = h.d.handle_line(h.now, "root", "not json", &h.store);
+    let e = h.d.handle(
+        DriverInput::Line {
+            now: h.now,
+            root: "root",
+            line: "not json",
+        },
+        &h.store,
+    );
     assert!(matches!(e, Err(DriverError::Adapter(_))));
     assert!(!h.d.is_busy());
 }
@@ -640,11 +738,23 @@ fn a_refused_commit_answers_its_caller_refused_and_reloads_the_tree() {
     let mut h = Host::started(adapter);
     h.native("root", json!({"events":[child_created("c1", "c1t")]}));
     let first = h.d.poll_batch().unwrap();
-    h.d.commit_refused(first, &h.store);
+    let _ = h.d.handle(
+        DriverInput::NotCommitted {
+            batch: first,
+            why: CommitFailure::Refused,
+        },
+        &h.store,
+    );
     assert!(h.d.engine().session("c1").is_none(), "tree not reloaded");
     h.input(submit("root", "t9"), Some(9));
     let id = h.d.poll_batch().unwrap();
-    h.d.commit_refused(id, &h.store);
+    let _ = h.d.handle(
+        DriverInput::NotCommitted {
+            batch: id,
+            why: CommitFailure::Refused,
+        },
+        &h.store,
+    );
     h.drain();
     assert!(
         h.replies

@@ -29,7 +29,7 @@
 use super::codex::{absorb_records, ReplayOutput};
 use crate::adapters::acp::{AcpAdapter, AcpConfig};
 use crate::adapters::parse_line;
-use crate::driver::{Driver, Output};
+use crate::driver::{Driver, DriverInput, Output, Testkit};
 use crate::input::{Command, Input};
 use crate::model::{Id, Millis};
 use crate::store::MemoryStore;
@@ -94,8 +94,14 @@ impl AcpReplay {
                 ..AcpConfig::default()
             },
         );
-        r.driver
-            .attach(r.now, root.clone(), Box::new(adapter), &r.store);
+        let _ = r.driver.handle(
+            DriverInput::Attach {
+                now: r.now,
+                root: root.clone(),
+                adapter: Box::new(adapter),
+            },
+            &r.store,
+        );
         r.settle();
         r.engine_input(Input::Command(Command::Submit {
             agent_session_id: root,
@@ -131,7 +137,9 @@ impl AcpReplay {
                 break;
             };
             self.now = self.now.max(at);
-            self.driver.handle_timeout(self.now, &self.store);
+            let _ = self
+                .driver
+                .handle(DriverInput::Timeout(self.now), &self.store);
             self.settle();
         }
         self.out.snapshot = self
@@ -166,7 +174,14 @@ impl AcpReplay {
 
     fn engine_input(&mut self, input: Input) {
         self.now += 1;
-        self.driver.handle_input(self.now, input, None, &self.store);
+        let _ = self.driver.handle(
+            DriverInput::Host {
+                now: self.now,
+                input,
+                reply: None,
+            },
+            &self.store,
+        );
         self.settle();
     }
 
@@ -195,10 +210,14 @@ impl AcpReplay {
                 }
             }
         }
-        match self
-            .driver
-            .handle_native(self.now + 1, REPLAY_ROOT, &msg, &self.store)
-        {
+        match self.driver.handle(
+            DriverInput::Native {
+                now: self.now + 1,
+                root: REPLAY_ROOT,
+                message: &msg,
+            },
+            &self.store,
+        ) {
             Ok(()) => {
                 self.now += 1;
                 self.settle();

@@ -2,7 +2,7 @@
 //! through the adapter and an engine, purely.
 
 use crate::adapters::claude::{sidecar_line, ClaudeAdapter, ClaudeConfig};
-use crate::driver::{Driver, Output, Record};
+use crate::driver::{Driver, DriverInput, Output, Record, Testkit};
 use crate::input::{Command, Input, NormalizedEvent};
 use crate::model::{Id, Millis};
 use crate::snapshot::TreeSnapshot;
@@ -77,8 +77,14 @@ impl Replay {
 
     fn command(&mut self, now: Millis, c: Command) -> Result<(), String> {
         let kind = Input::Command(c.clone()).kind();
-        self.driver
-            .handle_input(now, Input::Command(c), Some(1), &self.store);
+        let _ = self.driver.handle(
+            DriverInput::Host {
+                now,
+                input: Input::Command(c),
+                reply: Some(1),
+            },
+            &self.store,
+        );
         self.settle(Some(1))
             .map_err(|e| format!("engine rejected {kind}: {e}"))
     }
@@ -112,8 +118,14 @@ pub fn replay_transcript(lines: &str) -> Result<ReplayOutput, String> {
         },
     )?;
     let adapter = ClaudeAdapter::new(root.clone(), ClaudeConfig::default());
-    d.driver
-        .attach(0, root.clone(), Box::new(adapter), &d.store);
+    let _ = d.driver.handle(
+        DriverInput::Attach {
+            now: 0,
+            root: root.clone(),
+            adapter: Box::new(adapter),
+        },
+        &d.store,
+    );
     d.settle(None)?;
     d.command(
         0,
@@ -135,7 +147,7 @@ pub fn replay_transcript(lines: &str) -> Result<ReplayOutput, String> {
             now = now.max(t);
         }
         if d.driver.poll_timeout().is_some_and(|at| at <= now) {
-            d.driver.handle_timeout(now, &d.store);
+            let _ = d.driver.handle(DriverInput::Timeout(now), &d.store);
             d.settle(None)?;
         }
         let Some(sidecar) = sidecar_line(&v, n + 1) else {
@@ -144,7 +156,14 @@ pub fn replay_transcript(lines: &str) -> Result<ReplayOutput, String> {
                 .push(format!("line {}: not a captured Claude row", n + 1));
             continue;
         };
-        match d.driver.handle_native(now, ROOT, &sidecar, &d.store) {
+        match d.driver.handle(
+            DriverInput::Native {
+                now,
+                root: ROOT,
+                message: &sidecar,
+            },
+            &d.store,
+        ) {
             Ok(()) => d.settle(None)?,
             Err(e) => d.out.diagnostics.push(format!("line {}: {e}", n + 1)),
         }

@@ -33,7 +33,7 @@
 use crate::adapters::codex::id_key as protocol_id_key;
 use crate::adapters::codex::{CodexAdapter, CodexConfig};
 use crate::adapters::parse_line;
-use crate::driver::{Driver, Output, Record};
+use crate::driver::{Driver, DriverInput, Output, Record, Testkit};
 use crate::input::{Command, Input, NormalizedEvent, RuntimeAnswer};
 use crate::model::{Id, Millis};
 use crate::snapshot::TreeSnapshot;
@@ -124,8 +124,14 @@ impl CodexReplay {
         }));
         r.now += 1;
         let adapter = CodexAdapter::new(root.clone(), CodexConfig::default());
-        r.driver
-            .attach(r.now, root.clone(), Box::new(adapter), &r.store);
+        let _ = r.driver.handle(
+            DriverInput::Attach {
+                now: r.now,
+                root: root.clone(),
+                adapter: Box::new(adapter),
+            },
+            &r.store,
+        );
         r.settle();
         r.engine_input(Input::Command(Command::Submit {
             agent_session_id: root,
@@ -174,7 +180,9 @@ impl CodexReplay {
                 break;
             };
             self.now = self.now.max(at);
-            self.driver.handle_timeout(self.now, &self.store);
+            let _ = self
+                .driver
+                .handle(DriverInput::Timeout(self.now), &self.store);
             self.settle();
         }
         self.out.snapshot = self.engine().snapshot(REPLAY_ROOT).unwrap_or_default();
@@ -212,7 +220,14 @@ impl CodexReplay {
     /// Hands a host command to the driver and settles.
     fn engine_input(&mut self, input: Input) {
         self.now += 1;
-        self.driver.handle_input(self.now, input, None, &self.store);
+        let _ = self.driver.handle(
+            DriverInput::Host {
+                now: self.now,
+                input,
+                reply: None,
+            },
+            &self.store,
+        );
         self.settle();
     }
 
@@ -251,17 +266,18 @@ impl CodexReplay {
         {
             if let Some(thread) = msg.pointer("/params/thread/id").and_then(Value::as_str) {
                 self.now += 1;
-                let attached = self.driver.call_adapter(
-                    self.now,
-                    REPLAY_ROOT,
-                    |a, now| {
-                        let a: &mut dyn Any = a;
-                        a.downcast_mut::<CodexAdapter>()
-                            .map(|c| c.attach_root_thread(now, thread))
-                            .unwrap_or_default()
-                    },
-                    &self.store,
-                );
+                let call = Box::new(|a: &mut dyn crate::adapters::Adapter, now| {
+                    let a: &mut dyn Any = a;
+                    a.downcast_mut::<CodexAdapter>()
+                        .map(|c| c.attach_root_thread(now, thread))
+                        .unwrap_or_default()
+                });
+                let input = DriverInput::Call {
+                    now: self.now,
+                    root: REPLAY_ROOT,
+                    call,
+                };
+                let attached = self.driver.handle(input, &self.store);
                 if let Err(e) = attached {
                     self.diag(format!("adapter error: {e}"));
                 }
@@ -269,10 +285,14 @@ impl CodexReplay {
             }
         }
         // The clock advances only for accepted lines: garbage changes nothing at all.
-        match self
-            .driver
-            .handle_native(self.now + 1, REPLAY_ROOT, &msg, &self.store)
-        {
+        match self.driver.handle(
+            DriverInput::Native {
+                now: self.now + 1,
+                root: REPLAY_ROOT,
+                message: &msg,
+            },
+            &self.store,
+        ) {
             Ok(()) => {
                 self.now += 1;
                 self.settle();

@@ -56,7 +56,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::Adapter;
-use tutti_core::driver::{Driver, LaunchSpec, Output, Record};
+use tutti_core::driver::{BatchId, Driver, DriverInput, LaunchSpec, Output, Record, Testkit};
 use tutti_core::input::{Command, Input};
 use tutti_core::model::{
     CancelOperation, Id, Interaction, Message, Millis, Session, SessionKind, Turn,
@@ -433,6 +433,8 @@ struct World {
     rng: Rng,
     now: Millis,
     driver: Driver,
+    /// Batches the driver handed out ([`Output::Persist`]) and not committed yet, in order.
+    persist: VecDeque<BatchId>,
     store: SimStore,
     history: History,
     trees: Vec<TreeSim>,
@@ -453,7 +455,14 @@ impl World {
 
     /// A host input for the driver (decided now, committed by a later [`World::commit`]).
     fn feed(&mut self, input: Input) -> R {
-        self.driver.handle_input(self.now, input, None, &self.store);
+        let _ = self.driver.handle(
+            DriverInput::Host {
+                now: self.now,
+                input,
+                reply: None,
+            },
+            &self.store,
+        );
         self.after();
         Ok(())
     }
@@ -463,6 +472,7 @@ impl World {
     fn after(&mut self) {
         while let Some(o) = self.driver.poll_output() {
             match o {
+                Output::Persist(id) => self.persist.push_back(id),
                 Output::Launch(spec) => {
                     let Some(&t) = self.tree_of.get(&spec.root) else {
                         continue;
@@ -520,7 +530,11 @@ impl World {
     /// until none is left; then every check. With faults, the daemon may die before a commit,
     /// which loses every batch not committed yet.
     fn commit(&mut self, may_crash: bool) -> R {
-        while let Some(id) = self.driver.poll_batch() {
+        loop {
+            self.after();
+            let Some(id) = self.persist.pop_front() else {
+                break;
+            };
             if may_crash && self.faults && self.rng.chance(3) {
                 self.note(|| "crash before a commit: the batches not committed are lost".into());
                 return self.daemon_crash();
@@ -531,9 +545,12 @@ impl World {
                         "the store refused a batch of its only writer: {err}"
                     ));
                 }
-                self.driver.ack_commit(id, Vec::new(), &self.store);
+                let committed = DriverInput::Committed {
+                    batch: id,
+                    published: Vec::new(),
+                };
+                let _ = self.driver.handle(committed, &self.store);
             }
-            self.after();
         }
         check_all(self.driver.engine(), &self.store, &mut self.history)
             .map_err(|e| format!("after a commit: {e}"))?;
@@ -569,11 +586,14 @@ impl World {
         self.store.reopen()?;
         let (engine, live) = self.reload_live()?;
         self.driver = new_driver(engine);
+        self.persist.clear();
         for root in live {
-            self.driver.handle_exit(
-                self.now,
-                &root,
-                "the daemon restarted; the provider process is gone",
+            let _ = self.driver.handle(
+                DriverInput::Exit {
+                    now: self.now,
+                    root: &root,
+                    error: "the daemon restarted; the provider process is gone",
+                },
                 &self.store,
             );
             self.after();
@@ -782,8 +802,14 @@ impl World {
                         self.note(|| format!("provider of tree {t} exits"));
                         self.trees[t].link = None;
                         let root = self.trees[t].root.clone();
-                        self.driver
-                            .handle_exit(self.now, &root, "exit status 1", &self.store);
+                        let _ = self.driver.handle(
+                            DriverInput::Exit {
+                                now: self.now,
+                                root: &root,
+                                error: "exit status 1",
+                            },
+                            &self.store,
+                        );
                         self.after();
                         return Ok(true);
                     }
@@ -835,7 +861,7 @@ impl World {
             Action::User => self.user(t),
             Action::Commit => self.commit(true),
             Action::Timer => {
-                self.driver.handle_timeout(now, &self.store);
+                let _ = self.driver.handle(DriverInput::Timeout(now), &self.store);
                 self.after();
                 Ok(())
             }
@@ -874,7 +900,14 @@ impl World {
                     tr.push(format!("# {} {t} << {msg}", self.trees[t].kind.name()));
                 }
                 let root = self.trees[t].root.clone();
-                match self.driver.handle_native(now, &root, &msg, &self.store) {
+                match self.driver.handle(
+                    DriverInput::Native {
+                        now,
+                        root: &root,
+                        message: &msg,
+                    },
+                    &self.store,
+                ) {
                     Ok(()) => {}
                     Err(err) => self.note(|| format!("adapter error (typed): {err}")),
                 }
@@ -948,6 +981,7 @@ pub fn run(
         rng,
         now: 1_000,
         driver: new_driver(Engine::new()),
+        persist: VecDeque::new(),
         store,
         history: History::new(),
         trees: Vec::new(),

@@ -7,7 +7,7 @@ use crate::harness::MAX_INPUTS;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
 use tutti_core::adapters::{parse_line, Adapter};
-use tutti_core::driver::{Driver, LaunchSpec, Output, Record};
+use tutti_core::driver::{Driver, DriverInput, LaunchSpec, Output, Record, Testkit};
 use tutti_core::input::{Command, Input};
 use tutti_core::model::{Id, Millis, SessionKind};
 use tutti_core::store::MemoryStore;
@@ -109,7 +109,14 @@ impl LineDriver {
             title: None,
             capabilities: Some(declared),
         })?;
-        d.driver.attach(d.now, root.clone(), adapter, &d.store);
+        let _ = d.driver.handle(
+            DriverInput::Attach {
+                now: d.now,
+                root: root.clone(),
+                adapter,
+            },
+            &d.store,
+        );
         d.settle()?;
         d.command(Command::Submit {
             agent_session_id: root,
@@ -158,8 +165,14 @@ impl LineDriver {
     }
 
     fn command(&mut self, c: Command) -> Result<(), String> {
-        self.driver
-            .handle_input(self.now, Input::Command(c), None, &self.store);
+        let _ = self.driver.handle(
+            DriverInput::Host {
+                now: self.now,
+                input: Input::Command(c),
+                reply: None,
+            },
+            &self.store,
+        );
         self.settle()
     }
 
@@ -171,7 +184,14 @@ impl LineDriver {
             self.now = self.now.max(t);
         }
         let root = self.root.clone();
-        match self.driver.handle_native(self.now, &root, &v, &self.store) {
+        match self.driver.handle(
+            DriverInput::Native {
+                now: self.now,
+                root: &root,
+                message: &v,
+            },
+            &self.store,
+        ) {
             Ok(()) => self.settle(),
             // A typed error: the line is dropped.
             Err(_) => Ok(()),
@@ -255,7 +275,9 @@ impl LineDriver {
             "!timers" => self.fire_all()?,
             "!tick" => {
                 self.now += n.min(1_000_000) as Millis;
-                self.driver.handle_timeout(self.now, &self.store);
+                let _ = self
+                    .driver
+                    .handle(DriverInput::Timeout(self.now), &self.store);
                 self.settle()?;
             }
             "!reload" => {
@@ -266,8 +288,14 @@ impl LineDriver {
                     .map_err(|e| format!("after reload: {e}"))?;
             }
             "!exit" => {
-                self.driver
-                    .handle_exit(self.now, &root, "killed", &self.store);
+                let _ = self.driver.handle(
+                    DriverInput::Exit {
+                        now: self.now,
+                        root: &root,
+                        error: "killed",
+                    },
+                    &self.store,
+                );
                 self.settle()?;
             }
             "!ack" | "!nack" => {
@@ -288,7 +316,14 @@ impl LineDriver {
                 if let Some(msg) = msg {
                     if self
                         .driver
-                        .handle_native(self.now, &root, &msg, &self.store)
+                        .handle(
+                            DriverInput::Native {
+                                now: self.now,
+                                root: &root,
+                                message: &msg,
+                            },
+                            &self.store,
+                        )
                         .is_ok()
                     {
                         self.settle()?;
@@ -308,7 +343,9 @@ impl LineDriver {
                 break;
             };
             self.now = self.now.max(at);
-            self.driver.handle_timeout(self.now, &self.store);
+            let _ = self
+                .driver
+                .handle(DriverInput::Timeout(self.now), &self.store);
             self.settle()?;
         }
         Ok(())

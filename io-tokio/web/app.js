@@ -588,6 +588,9 @@
     } catch (e) {
       app.loading = false;
       app.buffer = [];
+      // The page may have moved on while this read was in flight (a delete navigates to the
+      // sessions list, and the read of the deleted tree answers 404): never draw over it.
+      if (app.view !== v) return;
       if (e instanceof ApiError && e.status === 404) return showGone(v);
       throw e;
     }

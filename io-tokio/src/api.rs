@@ -116,8 +116,9 @@ impl From<DaemonError> for ApiError {
                 "provider_limit",
                 e.to_string(),
             ),
-            e @ DaemonError::OutboxPruned { .. } => {
-                ApiError::new(StatusCode::GONE, "pruned", e.to_string())
+            DaemonError::Internal(m) => {
+                tracing::error!("driver internal failure");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", m)
             }
         }
     }

@@ -321,15 +321,43 @@ pub enum DaemonError {
         /// The cap.
         limit: usize,
     },
-    /// An outbox follower asked for rows that retention already deleted (it continues after
-    /// `pruned_through`; see [`crate::follow::Followed::Reset`]).
-    #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
-    OutboxPruned {
-        /// The position asked for.
-        requested_after: u64,
-        /// Every row up to this seq is gone.
-        pruned_through: u64,
-    },
+    /// The driver could not carry out a call for a reason that is neither the caller's input
+    /// nor the store: a provider adapter failed on it, or the root had no live adapter.
+    /// Answered 500 `internal` (never 409: retrying the same request does not help).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// A follower's narrow view of the daemon (see [`crate::follow`]).
+impl crate::follow::OutboxSource for Daemon {
+    fn subscribe(&self) -> broadcast::Receiver<LiveBatch> {
+        self.live()
+    }
+
+    fn commits(&self) -> watch::Receiver<u64> {
+        self.commits_watch()
+    }
+
+    fn positions(&self) -> &LivePositions {
+        &self.positions
+    }
+
+    fn read_outbox(
+        &self,
+        after: u64,
+        check_head: bool,
+    ) -> Result<crate::follow::OutboxPage, crate::follow::FollowError> {
+        use crate::follow::FollowError;
+        match self.read(|r| crate::follow::read_page(r, after, check_head)) {
+            Ok(page) => Ok(page?),
+            Err(DaemonError::Unavailable(m)) => Err(FollowError::Unavailable(m)),
+            Err(e) => Err(FollowError::Read(e.to_string())),
+        }
+    }
+
+    fn stream_time(&self, spent: std::time::Duration) {
+        self.metrics.stage(Stage::Stream, spent);
+    }
 }
 
 impl From<crate::reads::ReadError> for DaemonError {
@@ -349,7 +377,9 @@ impl From<DriverError> for DaemonError {
             DriverError::Refused => DaemonError::Conflict,
             DriverError::Unavailable(m) => DaemonError::Unavailable(m),
             DriverError::Storage(m) => DaemonError::Storage(m),
-            other => DaemonError::Storage(other.to_string()),
+            e @ (DriverError::Adapter(_) | DriverError::NoAdapter(_)) => {
+                DaemonError::Internal(e.to_string())
+            }
         }
     }
 }

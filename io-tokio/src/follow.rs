@@ -8,7 +8,7 @@
 //! provider line → committed → streamed latency low under load.
 //!
 //! Rows that another daemon commits to the same database never pass through this daemon's live
-//! channel: the daemon's commits watch (see [`Daemon::with_commits_from`], fed by `LISTEN/NOTIFY`
+//! channel: the daemon's commits watch ([`OutboxSource::commits`], fed by `LISTEN/NOTIFY`
 //! on PostgreSQL) wakes a waiting follower, which reads the store again when the committed seq
 //! is above its position. Its own later live batches then start above its position + 1 or
 //! carry only rows it has seen, so each row is still yielded once, in order.
@@ -25,13 +25,105 @@
 //! `pruned_through` = the newest seq: the rows it has seen are not the rows this database holds,
 //! so it reloads and continues after the newest row (issue 36 item 8). A position equal to the
 //! newest row is simply caught up.
+//!
+//! A follower sees the daemon only through [`OutboxSource`] (subscribe to live batches, the
+//! commits watch, the live positions, one consistent read of the outbox, the stream stage's
+//! time), and fails with its own [`FollowError`]: this module sits below the daemon core, which
+//! implements the trait (issue 30: "`follow` over a narrow read-and-subscribe trait with its own
+//! error").
 
-use crate::daemon::{Daemon, DaemonError};
-use crate::metrics::Stage;
 pub use crate::outbox::{BadPayload, LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::reads::{ReadError, Reads};
+use crate::retention::LivePositions;
 use std::sync::Arc;
-use tokio::sync::broadcast;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::{broadcast, watch};
 use tutti_core::store::OutboxRow;
+
+/// What a [`Follower`] needs of the daemon, and nothing more.
+pub trait OutboxSource: Send + Sync + 'static {
+    /// A receiver of the batches of rows each commit of this daemon publishes, from now on.
+    fn subscribe(&self) -> broadcast::Receiver<LiveBatch>;
+    /// The newest outbox seq committed by any writer of the database (rows other daemons
+    /// commit never pass through this daemon's live channel).
+    fn commits(&self) -> watch::Receiver<u64>;
+    /// The positions of the live followers: retention never deletes a row above one.
+    fn positions(&self) -> &LivePositions;
+    /// One consistent read of the outbox ([`read_page`] over the store). Blocking: a follower
+    /// calls it on a blocking thread.
+    fn read_outbox(&self, after: u64, check_head: bool) -> Result<OutboxPage, FollowError>;
+    /// Time spent shaping rows for followers (the `stream` stage of the daemon's metrics).
+    fn stream_time(&self, spent: Duration);
+}
+
+/// Why a follower could not go on.
+#[derive(Debug, Error)]
+pub enum FollowError {
+    /// The daemon stopped (its live channel closed).
+    #[error("the daemon is not running")]
+    Stopped,
+    /// The store could not be reached; a reader retries later.
+    #[error("the store is unavailable; retry later ({0})")]
+    Unavailable(String),
+    /// The outbox could not be read, or a row is not what the store promised (a payload that is
+    /// not one JSON value).
+    #[error("the outbox could not be read: {0}")]
+    Read(String),
+    /// [`Follower::next`] only: the rows after `requested_after` through `pruned_through` were
+    /// pruned (see [`Followed::Reset`]); the follower continues after `pruned_through`.
+    #[error("outbox rows after {requested_after} through {pruned_through} were pruned")]
+    Pruned {
+        /// The position asked for.
+        requested_after: u64,
+        /// Every row up to this seq is gone.
+        pruned_through: u64,
+    },
+}
+
+impl From<ReadError> for FollowError {
+    fn from(e: ReadError) -> FollowError {
+        if e.is_unavailable() {
+            FollowError::Unavailable(e.0)
+        } else {
+            FollowError::Read(e.to_string())
+        }
+    }
+}
+
+/// What one read of the outbox found: the pruned mark, the newest seq (when asked for) and the
+/// rows after the position, all of one committed state.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxPage {
+    /// Every row up to this seq was deleted by retention.
+    pub pruned_through: u64,
+    /// The newest seq, when the read checked the head.
+    pub head: Option<u64>,
+    /// Up to a page of rows after the position; none when the position was pruned or is beyond
+    /// the head.
+    pub rows: Vec<OutboxRow>,
+}
+
+/// The read a follower makes, inside one read transaction of `r` (the daemon's
+/// [`OutboxSource::read_outbox`] runs it).
+pub fn read_page(r: &dyn Reads, after: u64, check_head: bool) -> Result<OutboxPage, ReadError> {
+    let pruned_through = r.outbox_pruned_through()?;
+    let head = if check_head {
+        Some(r.last_outbox_seq()?)
+    } else {
+        None
+    };
+    let rows = if (after > 0 && after < pruned_through) || head.is_some_and(|h| after > h) {
+        Vec::new()
+    } else {
+        r.outbox_after(after, PAGE)?
+    };
+    Ok(OutboxPage {
+        pruned_through,
+        head,
+        rows,
+    })
+}
 
 /// One row for an event stream: its sequence number, kind and JSON text (see
 /// [`LiveRow::stream_data`]).
@@ -92,15 +184,15 @@ pub enum Followed {
 
 /// A position in the outbox that yields every row after it exactly once, in order.
 pub struct Follower {
-    daemon: Daemon,
+    source: Arc<dyn OutboxSource>,
     cursor: u64,
     live: broadcast::Receiver<LiveBatch>,
     behind: bool,
     /// This follower's key in the daemon's live positions.
     key: u64,
-    /// Commits of any writer of the database (see [`Daemon::with_commits_from`]); `None` once
-    /// its sender is gone.
-    commits: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Commits of any writer of the database ([`OutboxSource::commits`]); `None` once its
+    /// sender is gone.
+    commits: Option<watch::Receiver<u64>>,
     /// Whether the starting position was checked against the newest row (only the first read
     /// can find it beyond: later positions are rows this follower was given).
     head_checked: bool,
@@ -108,23 +200,25 @@ pub struct Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
-        self.daemon.live_positions().remove(self.key);
+        self.source.positions().remove(self.key);
     }
 }
 
 impl Follower {
-    /// Follows the outbox from after `after` (0: from the start of what is kept).
-    pub fn new(daemon: &Daemon, after: u64) -> Follower {
+    /// Follows the outbox of `source` (the daemon) from after `after` (0: from the start of
+    /// what is kept).
+    pub fn new<S: OutboxSource + Clone>(source: &S, after: u64) -> Follower {
+        let source: Arc<dyn OutboxSource> = Arc::new(source.clone());
         // Subscribe before the first read: a row committed between the two is in one or the other.
-        let live = daemon.live();
+        let live = source.subscribe();
         // Registered before the first read: rows above `after` are kept from now on (rows a
         // pass deleted just before are reported by a reset, see `next_event`).
-        let key = daemon.live_positions().register(after);
-        let mut commits = daemon.commits_watch();
+        let key = source.positions().register(after);
+        let mut commits = source.commits();
         commits.mark_unchanged();
         Follower {
             commits: Some(commits),
-            daemon: daemon.clone(),
+            source,
             cursor: after,
             live,
             behind: true,
@@ -135,7 +229,7 @@ impl Follower {
 
     fn advance(&mut self, to: u64) {
         self.cursor = to;
-        self.daemon.live_positions().set(self.key, to);
+        self.source.positions().set(self.key, to);
     }
 
     /// The sequence number of the last row returned.
@@ -144,15 +238,15 @@ impl Follower {
     }
 
     /// The next rows (never empty); waits until there are some. `Err` once the daemon stops or
-    /// the file cannot be read, and [`DaemonError::OutboxPruned`] for a [`Followed::Reset`]
-    /// (the follower then continues after the pruned rows).
-    pub async fn next(&mut self) -> Result<Vec<OutboxRow>, DaemonError> {
+    /// the file cannot be read, and [`FollowError::Pruned`] for a [`Followed::Reset`] (the
+    /// follower then continues after the pruned rows).
+    pub async fn next(&mut self) -> Result<Vec<OutboxRow>, FollowError> {
         match self.next_event().await? {
             Followed::Rows(rows) => Ok(rows),
             Followed::Reset {
                 requested_after,
                 pruned_through,
-            } => Err(DaemonError::OutboxPruned {
+            } => Err(FollowError::Pruned {
                 requested_after,
                 pruned_through,
             }),
@@ -161,7 +255,7 @@ impl Follower {
 
     /// The next rows, or a reset if the rows after this follower's position were pruned; waits
     /// until there is something. `Err` once the daemon stops or the file cannot be read.
-    pub async fn next_event(&mut self) -> Result<Followed, DaemonError> {
+    pub async fn next_event(&mut self) -> Result<Followed, FollowError> {
         Ok(match self.next_any().await? {
             Next::File(rows) => Followed::Rows(rows),
             Next::Live(batch, from) => {
@@ -169,7 +263,7 @@ impl Follower {
                 let mut out = Vec::with_capacity(batch.len() - from);
                 for r in &batch[from..] {
                     let payload = serde_json::from_str(&r.payload)
-                        .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                        .map_err(|e| FollowError::Read(e.to_string()))?;
                     out.push(OutboxRow {
                         seq: r.seq,
                         kind: r.kind.to_string(),
@@ -178,7 +272,7 @@ impl Follower {
                         payload,
                     });
                 }
-                self.daemon.metrics().stage(Stage::Stream, t.elapsed());
+                self.source.stream_time(t.elapsed());
                 Followed::Rows(out)
             }
             Next::Reset {
@@ -194,7 +288,7 @@ impl Follower {
     /// [`Follower::next_event`] shaped for an event stream: each row as the JSON text it is
     /// sent as. A live row's text is rendered once for every follower
     /// ([`LiveRow::stream_data`]); a row read from the file is serialized here.
-    pub async fn next_stream(&mut self) -> Result<Streamed, DaemonError> {
+    pub async fn next_stream(&mut self) -> Result<Streamed, FollowError> {
         let next = self.next_any().await?;
         let t = std::time::Instant::now();
         let out = match next {
@@ -202,14 +296,14 @@ impl Follower {
                 rows.into_iter()
                     .map(|row| {
                         let data = serde_json::to_string(&row)
-                            .map_err(|e| DaemonError::Storage(e.to_string()))?;
+                            .map_err(|e| FollowError::Read(e.to_string()))?;
                         Ok(StreamRow {
                             seq: row.seq,
                             kind: row.kind,
                             data: data.into(),
                         })
                     })
-                    .collect::<Result<_, DaemonError>>()?,
+                    .collect::<Result<_, FollowError>>()?,
             ),
             Next::Live(batch, from) => Streamed::Rows(
                 batch[from..]
@@ -220,10 +314,10 @@ impl Follower {
                             kind: r.kind.to_string(),
                             data: r
                                 .stream_data()
-                                .map_err(|e| DaemonError::Storage(e.to_string()))?,
+                                .map_err(|e| FollowError::Read(e.to_string()))?,
                         })
                     })
-                    .collect::<Result<_, DaemonError>>()?,
+                    .collect::<Result<_, FollowError>>()?,
             ),
             Next::Reset {
                 requested_after,
@@ -233,38 +327,25 @@ impl Follower {
                 pruned_through,
             },
         };
-        self.daemon.metrics().stage(Stage::Stream, t.elapsed());
+        self.source.stream_time(t.elapsed());
         Ok(out)
     }
 
-    async fn next_any(&mut self) -> Result<Next, DaemonError> {
+    async fn next_any(&mut self) -> Result<Next, FollowError> {
         loop {
             if self.behind {
-                let d = self.daemon.clone();
+                let source = self.source.clone();
                 let after = self.cursor;
                 let check_head = !self.head_checked && after > 0;
                 // One read transaction: the pruned mark, the newest seq and the rows are of one
                 // committed state.
-                let (pruned, head, rows) = tokio::task::spawn_blocking(move || {
-                    d.read(|r| {
-                        let pruned = r.outbox_pruned_through()?;
-                        let head = if check_head {
-                            Some(r.last_outbox_seq()?)
-                        } else {
-                            None
-                        };
-                        let rows =
-                            if (after > 0 && after < pruned) || head.is_some_and(|h| after > h) {
-                                Vec::new()
-                            } else {
-                                r.outbox_after(after, PAGE)?
-                            };
-                        Ok::<_, crate::reads::ReadError>((pruned, head, rows))
-                    })
-                })
-                .await
-                .map_err(|e| DaemonError::Storage(e.to_string()))??
-                .map_err(DaemonError::from)?;
+                let OutboxPage {
+                    pruned_through: pruned,
+                    head,
+                    rows,
+                } = tokio::task::spawn_blocking(move || source.read_outbox(after, check_head))
+                    .await
+                    .map_err(|e| FollowError::Read(e.to_string()))??;
                 self.head_checked = true;
                 if let Some(head) = head.filter(|h| after > *h) {
                     self.advance(head);
@@ -320,7 +401,7 @@ impl Follower {
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => self.behind = true,
-                Err(broadcast::error::RecvError::Closed) => return Err(DaemonError::Stopped),
+                Err(broadcast::error::RecvError::Closed) => return Err(FollowError::Stopped),
             }
         }
     }

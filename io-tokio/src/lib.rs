@@ -31,9 +31,25 @@
 //! for a quick WAL restart between two group commits when the WAL grows past a bound under a
 //! load that never pauses.
 //!
+//! ## Layers
+//!
+//! Modules import only from the layers below them (checked by
+//! `tests/tests/import_graph.rs`: no circles anywhere in the workspace, and io-tokio's layers
+//! point down):
+//!
+//! 1. leaves: [`http`] (the JSON error envelope, limits, request ids), [`auth`] (tokens, cookies,
+//!    the cluster secret, constant-time compares), [`outbox`] (live rows and batches),
+//!    [`durability`], [`clock`], [`reads`] (the API's reads over any store), [`retention`];
+//! 2. [`follow`]: a position in the event stream, read from the file while behind and from each
+//!    commit's rows once caught up, over the narrow [`follow::OutboxSource`] trait with its own
+//!    [`follow::FollowError`];
+//! 3. the daemon core: [`daemon`] (the engine thread, [`daemon::DaemonError`]), [`runtime`] and
+//!    the provider transports, [`lease_watch`], [`postgres`], [`metrics`];
+//! 4. the routes and entry points: [`api`], [`forward`], [`web`], [`openapi`], [`tuttid`],
+//!    [`cli`].
+//!
 //! - [`api`]: axum routes and the Server-Sent Events stream.
-//! - [`follow`]: a position in the event stream, read from the file while behind and from each
-//!   commit's rows once caught up.
+//! - [`follow`]: the event stream's follower (above).
 //! - [`forward`]: several daemons on one PostgreSQL database: commands for a tree another
 //!   daemon owns are forwarded to it (authenticated by the database's cluster secret).
 //! - [`providers`]: the provider registry (demo, ACP, Codex, Claude).

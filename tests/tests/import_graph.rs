@@ -761,3 +761,49 @@ fn the_checker_ignores_comments_strings_inline_test_modules_and_other_crates() {
         vec![vec!["src/a.rs".to_string(), "src/b.rs".to_string()]]
     );
 }
+
+/// Issue 30 item 1, io-tokio in layers: the leaves (the HTTP envelope and limits, auth, the
+/// outbox's live rows, durability, the clock, the reads, retention's positions) and `follow`
+/// (over its narrow `OutboxSource` trait) import nothing from the daemon core or the routes, and
+/// the daemon core imports none of the routes. A circle check alone would let a leaf grow an
+/// import of the daemon as long as the daemon stopped importing it back.
+#[test]
+fn io_tokio_modules_import_only_from_the_layers_below_them() {
+    let ws = workspace();
+    let tree = load_crate(&ws, &ws.join("io-tokio/src/lib.rs"));
+    let edges = tree.edges();
+    let file = |m: &str| format!("io-tokio/src/{m}.rs");
+    let below_the_daemon = [
+        "http",
+        "auth",
+        "outbox",
+        "durability",
+        "clock",
+        "reads",
+        "retention",
+        "follow",
+    ];
+    let daemon_and_up = ["daemon", "api", "forward", "web/mod", "tuttid"];
+    let routes = ["api", "forward", "web/mod", "tuttid"];
+    let mut wrong = Vec::new();
+    let mut check = |from: &str, forbidden: &[&str]| {
+        let Some(targets) = edges.get(&file(from)) else {
+            return;
+        };
+        for to in forbidden {
+            if targets.contains(&file(to)) {
+                wrong.push(format!("{from} -> {to}"));
+            }
+        }
+    };
+    for m in below_the_daemon {
+        check(m, &daemon_and_up);
+    }
+    check("daemon", &routes);
+    assert!(
+        edges.contains_key(&file("daemon")) && edges.contains_key(&file("api")),
+        "the checker found no io-tokio edges: {:?}",
+        edges.keys().collect::<Vec<_>>()
+    );
+    assert!(wrong.is_empty(), "imports against the layers: {wrong:?}");
+}

@@ -50,7 +50,8 @@
 //!   interactions, deletion.
 //! - [`snapshot`]: [`TreeSnapshot`] for `restore` / `snapshot`.
 //! - [`store`]: the storage contract and the in-memory reference store; [`projection`]: reads.
-//! - [`invariants`]: the spec's safety rules as a checker; [`scenario`]: the scenario runner.
+//! - [`invariants`]: the spec's safety rules as a checker; [`scenario`]: the scenario runner (a
+//!   [`Driver`] host).
 //!
 //! Ids are chosen by the host (commands and adapters carry them), so the engine needs no id
 //! source of its own and is a pure function of its inputs.

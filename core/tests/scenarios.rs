@@ -14,7 +14,7 @@ fn scenario_dir() -> PathBuf {
         .join("scenarios")
 }
 
-/// Every scenario file passes through the engine and the reference store, and checks something.
+/// Every scenario file passes through a `Driver` and the reference store, and checks something.
 #[test]
 fn every_scenario_file_passes_in_tutti_core() {
     let dir = scenario_dir();
@@ -47,4 +47,36 @@ fn every_scenario_file_passes_in_tutti_core() {
         "scenario failures:\n{}",
         failures.join("\n")
     );
+}
+
+/// The driver's first guarantee ("nothing caused by a batch leaves the driver before that batch
+/// is acknowledged"), seen through the scenario runner: an input whose batch the store does not
+/// commit gets the driver's refusal, never its `expectLast` reply, and the driver reloads the
+/// tree from the store (which the runner, feeding the engine directly, never did).
+#[test]
+fn a_reply_is_released_only_after_its_batch_commits() {
+    use tutti_core::store::{MemoryStore, Store};
+    use tutti_core::Driver;
+    let first = r#"{"input":{"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"test"}}
+{"at":1,"input":{"type":"submit","agentSessionId":"R","turnId":"T","text":"hi"}}
+{"expectLast":{"reply":"started"}}
+"#;
+    let mut store = MemoryStore::new();
+    assert_eq!(scenario::run(first, &mut Driver::new(), &mut store), Ok(1));
+
+    // Another writer (the first run) already stored R: a new driver's createSession is decided
+    // on a state that no longer holds, and the store's guard refuses its batch.
+    let second = r#"{"at":5,"input":{"type":"createSession","agentSessionId":"R","workspaceId":"W","provider":"test"}}
+{"expectLast":{"reply":"created"}}
+"#;
+    let mut driver = Driver::new();
+    let err = scenario::run(second, &mut driver, &mut store).expect_err("the commit is refused");
+    assert!(
+        err.starts_with("line 1: store refused the step: the store refused the batch"),
+        "{err}"
+    );
+    // The driver dropped its lost state and reloaded the tree: it holds the stored turn T.
+    let stored = store.load_tree("R").expect("load").expect("stored tree");
+    assert_eq!(driver.engine().snapshot("R"), Some(stored));
+    assert!(driver.engine().turn("R", "T").is_some());
 }

@@ -47,15 +47,15 @@ fn every_scenario_runs_on_sqlite_exactly_as_in_memory() {
         let text = std::fs::read_to_string(f).expect("readable scenario file");
         let (_dir, path) = support::temp_db();
 
-        let mut mem_engine = Engine::new();
         let mut mem = MemoryStore::new();
-        let want = scenario::run(&text, &mut mem_engine, &mut mem);
+        let want = scenario::run(&text, &mut tutti_core::Driver::new(), &mut mem);
 
-        let mut engine = Engine::new();
+        let mut driver = tutti_core::Driver::new();
         let got = {
             let mut db = SqliteStore::open(&path).expect("open a new database");
-            scenario::run(&text, &mut engine, &mut db)
+            scenario::run(&text, &mut driver, &mut db)
         };
+        let engine = driver.engine();
         if want != got {
             failures.push(format!("{name}: memory {want:?}, sqlite {got:?}"));
             continue;

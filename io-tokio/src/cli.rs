@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use tutti_core::model::{Session, Turn};
+use tutti_core::scenario;
 use tutti_core::store::MemoryStore;
-use tutti_core::{scenario, Engine};
 
 #[derive(Parser)]
 #[command(
@@ -281,15 +281,16 @@ fn row_root(data: &str) -> Option<String> {
         .map(|r| r.root_agent_session_id)
 }
 
-/// Runs a scenario through a fresh engine and `store`; returns every tree, read back from the
+/// Runs a scenario through a fresh driver and `store`; returns every tree, read back from the
 /// store when `stored` (so that two stores can be compared), else the engine's.
-fn replay<S: tutti_core::store::Store>(
+fn replay<S: tutti_core::store::HostStore>(
     text: &str,
     store: &mut S,
     stored: bool,
 ) -> Result<Vec<tutti_core::TreeSnapshot>, String> {
-    let mut engine = Engine::new();
-    let checks = scenario::run(text, &mut engine, store)?;
+    let mut driver = tutti_core::Driver::new();
+    let checks = scenario::run(text, &mut driver, store)?;
+    let engine = driver.engine();
     eprintln!("{checks} checks passed");
     let mut snaps = Vec::new();
     for r in engine.roots() {

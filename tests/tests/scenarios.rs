@@ -1,4 +1,4 @@
-//! Replays every scenario file through the engine and the in-memory reference store
+//! Replays every scenario file through a `Driver` and the in-memory reference store
 //! ([`tutti_core::scenario::run_all`], the loop `tutti-core`'s own scenario test shares).
 //!
 //! `cargo test -p tutti-tests --test scenarios` runs `tests/scenarios/*.jsonl`; with

@@ -3,7 +3,34 @@
 //! A scenario is JSON lines: `{"at": ms, "input": {...}}` feeds an input; `{"expect": {...}}`
 //! checks a stored entity; `{"expectLast": {...}}` checks the previous input's step;
 //! `{"expectInvariants": true}` runs the invariant checker. The runner is pure: it takes the
-//! file's text and any [`Store`], so the same scenario runs in memory and against SQLite.
+//! file's text, a [`Driver`] and any [`HostStore`], so the same scenario runs in memory and
+//! against SQLite or PostgreSQL.
+//!
+//! ## The runner is a host of the [`Driver`]
+//!
+//! Each input line becomes a [`DriverInput::Host`](crate::driver::DriverInput::Host) (`now`:
+//! the line's `at`; a reply token). The runner commits every batch the driver hands out
+//! ([`Output::Persist`](crate::driver::Output::Persist)) to the store, one at a time, reports it
+//! committed or not committed (a failed guard or a fence as refused), and carries out what the
+//! commits release until the driver is idle. A batch the store does not commit fails the
+//! scenario at that input with the driver's answer (`store refused the step: ...`).
+//! `expectLast` checks what the driver released for the input, not the engine's step: `reply`
+//! is the name of the reply in its [`Output::Reply`](crate::driver::Output::Reply), `rejected`
+//! whether that reply is the engine's rejection, `outboxTurns` and `outboxToolCalls` the rows of
+//! its [`Output::Publish`](crate::driver::Output::Publish) (the payloads the store wrote), and
+//! `providerRequests` the requests the driver routed to the roots' adapters. The runner also
+//! fails an input whose reply or provider requests leave the driver before its batch was
+//! committed (the driver's first guarantee; `core/tests/scenarios.rs`,
+//! `a_reply_is_released_only_after_its_batch_commits`, checks the refused case).
+//!
+//! Design choice: the provider side stays scripted by the scenario's own input lines. Every
+//! root gets a passive scenario adapter (`host::ScenarioAdapter`: it records the requests it is
+//! given and emits nothing), attached before each input to every root the engine holds and to
+//! a root the driver asks to launch. So a `cancel` or `guide` reaches an adapter instead of
+//! being answered "no live provider runtime" by the driver, a `start` launches nothing, no
+//! timer fires unless a line feeds `timerFired`, and a scenario means what it meant when the
+//! runner fed the engine directly. The runner never feeds native messages, exits or timeouts.
+//! `expectInvariants` checks the driver's engine ([`Driver::engine`]) and the store.
 //!
 //! Beyond the design's `turn` and `session` expectations, `expect` also accepts
 //! `{"interaction": REQUEST_ID, "turnId": T, ...}`, `{"cancelOperation": ID, ...}`,
@@ -21,25 +48,20 @@
 //! `count`; an empty `expectLast`), `expectInvariants` other than `true`, or a key of an input
 //! line other than `at` and `input` is a format error of that file, reported with its line.
 
+mod host;
+
+use crate::driver::Driver;
 use crate::engine::Engine;
 use crate::input::Input;
 use crate::invariants::check_tree;
 use crate::model::{CancelOperation, Interaction, Millis, Session, ToolCall, Turn};
-use crate::step::Step;
-use crate::store::{MemoryStore, Store};
+use crate::store::{HostStore, MemoryStore, Store};
+use host::{Last, Released};
 use serde_json::{Map, Value};
 
-/// What happened to the previous input.
-#[derive(Debug, Clone)]
-enum Last {
-    None,
-    Accepted(Box<Step>),
-    Rejected(String),
-}
-
-/// Runs a scenario through an engine and a store. Returns the number of checks passed, or a
-/// message naming the failing line.
-pub fn run<S: Store>(text: &str, engine: &mut Engine, store: &mut S) -> Result<usize, String> {
+/// Runs a scenario through a driver (a new one, without adapters: the runner attaches its own)
+/// and a store. Returns the number of checks passed, or a message naming the failing line.
+pub fn run<S: HostStore>(text: &str, driver: &mut Driver, store: &mut S) -> Result<usize, String> {
     let mut last = Last::None;
     let mut checks = 0;
     for (n, line) in text.lines().enumerate() {
@@ -61,15 +83,7 @@ pub fn run<S: Store>(text: &str, engine: &mut Engine, store: &mut S) -> Result<u
             };
             let input: Input = serde_json::from_value(input.clone())
                 .map_err(|e| fail(format!("bad input: {e}")))?;
-            last = match engine.handle(at, &input) {
-                Ok(step) => {
-                    if let Err(e) = store.apply(&step.persist) {
-                        return Err(fail(format!("store refused the step: {e}")));
-                    }
-                    Last::Accepted(Box::new(step))
-                }
-                Err(e) => Last::Rejected(e.to_string()),
-            };
+            last = host::feed(driver, store, at, input).map_err(fail)?;
         } else if let Some(exp) = v.get("expect") {
             only_keys(&v, &["expect"]).map_err(fail)?;
             expect(exp, store).map_err(fail)?;
@@ -83,7 +97,7 @@ pub fn run<S: Store>(text: &str, engine: &mut Engine, store: &mut S) -> Result<u
             if *flag != Value::Bool(true) {
                 return Err(fail(format!("`expectInvariants` must be true, got {flag}")));
             }
-            invariants(engine, store).map_err(fail)?;
+            invariants(driver.engine(), store).map_err(fail)?;
             checks += 1;
         } else {
             return Err(fail("unknown line kind".into()));
@@ -101,7 +115,7 @@ pub struct FileOutcome {
     pub result: Result<usize, String>,
 }
 
-/// Runs scenario files, given as (name, text), each through a fresh [`Engine`] and
+/// Runs scenario files, given as (name, text), each through a fresh [`Driver`] and
 /// [`MemoryStore`]: the one loop of both scenario test runners (`tutti-core`'s and
 /// `tutti-tests`'), which only list and read the files. A file that checks nothing fails
 /// ("the scenario checks nothing"): a contract file must assert something.
@@ -109,7 +123,7 @@ pub fn run_all<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<F
     files
         .into_iter()
         .map(|(name, text)| {
-            let result = match run(text, &mut Engine::new(), &mut MemoryStore::new()) {
+            let result = match run(text, &mut Driver::new(), &mut MemoryStore::new()) {
                 Ok(0) => Err("the scenario checks nothing".to_string()),
                 other => other,
             };
@@ -425,25 +439,24 @@ fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
             });
         }
     }
-    let step = match last {
-        Last::Accepted(s) => Some(s.as_ref()),
-        _ => None,
+    // What the driver released for the input (nothing when it was rejected).
+    let none = Released::default();
+    let released = match last {
+        Last::Accepted(r) => r.as_ref(),
+        _ => &none,
     };
     if let Some(want) = exp.get("reply").and_then(Value::as_str) {
-        let got = step.and_then(|s| s.reply.as_ref()).map(|r| r.name());
+        let got = released.reply;
         if got != Some(want) {
             return Err(format!("reply: want {want}, got {got:?}"));
         }
     }
     if let Some(want) = exp.get("providerRequests").and_then(Value::as_array) {
-        let got: Vec<Value> = step
-            .map(|s| {
-                s.provider
-                    .iter()
-                    .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let got: Vec<Value> = released
+            .provider
+            .iter()
+            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+            .collect();
         if got.len() != want.len() || !assign(want, &got, &mut vec![false; got.len()]) {
             return Err(format!(
                 "providerRequests: want {}, got {}",
@@ -452,6 +465,15 @@ fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
             ));
         }
     }
+    // The published rows of one kind, as the store wrote them.
+    let published = |kind: &'static str| {
+        released
+            .published
+            .iter()
+            .filter(move |(k, _)| *k == kind)
+            .map(|(_, payload)| payload)
+    };
+    let field = |payload: &Value, k: &str| payload.get(k).cloned().unwrap_or(Value::Null);
     if let Some(want) = exp.get("outboxToolCalls") {
         // `[{"toolCallId": ID, "status": S}, ...]`: exactly the tool call rows the step
         // published, in the order published.
@@ -459,19 +481,14 @@ fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
             .as_array()
             .filter(|a| a.iter().all(Value::is_object))
             .ok_or_else(|| format!("`outboxToolCalls` must be an array of objects, got {want}"))?;
-        let got: Vec<Value> = step
-            .map(|s| {
-                s.persist
-                    .published()
-                    .filter_map(|row| match row {
-                        crate::step::Row::ToolCall(c) => Some(
-                            serde_json::json!({"toolCallId": &*c.tool_call_id, "status": &*c.status}),
-                        ),
-                        _ => None,
-                    })
-                    .collect()
+        let got: Vec<Value> = published("toolCall")
+            .map(|c| {
+                serde_json::json!({
+                    "toolCallId": field(c, "toolCallId"),
+                    "status": field(c, "status"),
+                })
             })
-            .unwrap_or_default();
+            .collect();
         if !matches(&Value::Array(want.clone()), &Value::Array(got.clone())) {
             return Err(format!(
                 "outboxToolCalls: want {}, got {}",
@@ -486,9 +503,12 @@ fn expect_last(exp: &Value, last: &Last) -> Result<(), String> {
             .filter_map(|v| v.as_str().map(String::from))
             .collect();
         want.sort();
-        let mut got: Vec<String> = step
-            .map(|s| s.outbox_turns().map(|t| t.to_string()).collect())
-            .unwrap_or_default();
+        let mut got: Vec<String> = published("turn")
+            .map(|t| match field(t, "id") {
+                Value::String(id) => id,
+                other => other.to_string(),
+            })
+            .collect();
         got.sort();
         got.dedup();
         if want != got {
@@ -526,7 +546,7 @@ mod tests {
     /// Runs `SETUP` then `line` (line 3) and returns the runner's answer.
     fn run_with(line: &str) -> Result<usize, String> {
         let text = format!("{SETUP}{line}\n");
-        run(&text, &mut Engine::new(), &mut MemoryStore::new())
+        run(&text, &mut Driver::new(), &mut MemoryStore::new())
     }
 
     /// "a format error of that file (FAIL with the line), not a silent pass".
@@ -651,6 +671,27 @@ mod tests {
         assert_format_error(
             r#"{"at":2,"inptu":{},"input":{"type":"createSession","agentSessionId":"Q","workspaceId":"W","provider":"test"}}"#,
             "unknown key `inptu`",
+        );
+    }
+
+    #[test]
+    fn provider_requests_are_what_the_driver_routed_to_the_roots_scenario_adapter() {
+        let text = format!(
+            "{SETUP}{}\n{}\n{}\n",
+            r#"{"expectLast":{"reply":"started","outboxTurns":["T"],"providerRequests":[{"type":"start","turnId":"T","text":"hi"}]}}"#,
+            r#"{"at":2,"input":{"type":"cancelTurn","agentSessionId":"R","operationId":"C","turnId":"T"}}"#,
+            r#"{"expectLast":{"reply":"cancelAccepted","providerRequests":[{"type":"cancel","operationId":"C"}]}}"#,
+        );
+        let mut driver = Driver::new();
+        let mut store = MemoryStore::new();
+        assert_eq!(run(&text, &mut driver, &mut store), Ok(2));
+        // The root has the runner's passive adapter: the cancel reached it instead of being
+        // answered "no live provider runtime" by the driver.
+        assert!(driver.has_adapter("R"));
+        let op = store.cancel_operation("C").ok().flatten();
+        assert!(
+            op.is_some_and(|op| op.error.is_none()),
+            "the cancel did not fail"
         );
     }
 

@@ -485,32 +485,57 @@ impl http_body::Body for Guarded {
     }
 }
 
+/// How much of a body over [`MAX_BODY`] is read and thrown away before the `413` goes out.
+///
+/// Choice: a server that answers while the client is still sending and then closes makes the
+/// kernel reset the connection, and the client loses the answer (it sees "broken pipe" or
+/// "connection reset"). So the rest of an oversized body is read and discarded, up to this
+/// bound and within the body timeout; only a body larger than that is answered early (and the
+/// client may then miss the answer).
+pub const DRAIN_MAX: usize = 4 * MAX_BODY;
+
 /// Reads a request's body in full within `timeout` (at most [`MAX_BODY`] bytes): `408
-/// timeout`, `413 too_large` or `400 invalid` (a broken body) otherwise.
+/// timeout`, `413 too_large` or `400 invalid` (a broken body) otherwise. An oversized body is
+/// read to its end (up to [`DRAIN_MAX`]) before it is refused, so the client reads the answer.
 async fn read_body(req: Request<Incoming>, timeout: Duration) -> Result<Request<Body>, ApiError> {
     use http_body::Body as _;
-    let (parts, body) = req.into_parts();
+    let (parts, mut body) = req.into_parts();
     if body.is_end_stream() {
         return Ok(Request::from_parts(parts, Body::empty()));
     }
-    // Choice: a declared length over the limit is read up to the limit too (as the router's
-    // limit did): answering before reading resets a client still sending, losing the answer.
-    let too_large = || {
-        ApiError::new(
+    let read = async {
+        let mut kept = Vec::new();
+        let mut total = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid",
+                    format!("request body: {e}"),
+                )
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            total = total.saturating_add(data.len());
+            if total <= MAX_BODY {
+                kept.extend_from_slice(&data);
+            } else if total > DRAIN_MAX {
+                break;
+            }
+        }
+        Ok::<_, ApiError>((kept, total))
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok((kept, total))) if total <= MAX_BODY => {
+            Ok(Request::from_parts(parts, Body::from(kept)))
+        }
+        Ok(Ok(_)) => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
             format!("request body over {MAX_BODY} bytes"),
-        )
-    };
-    let limited = http_body_util::Limited::new(body, MAX_BODY);
-    match tokio::time::timeout(timeout, limited.collect()).await {
-        Ok(Ok(c)) => Ok(Request::from_parts(parts, Body::from(c.to_bytes()))),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(e)) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid",
-            format!("request body: {e}"),
         )),
+        Ok(Err(e)) => Err(e),
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "timeout",

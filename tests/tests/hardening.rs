@@ -482,6 +482,53 @@ fn send_raw(d: &TestDaemon, method: &str, target: &str, auth: &str, body: &str) 
     )
 }
 
+/// A client still sending an oversized body when the daemon refuses it reads the `413`: the
+/// daemon reads the rest of the body (up to `DRAIN_MAX`) before it answers and closes, instead
+/// of closing the connection on the part not yet received, which fails the client's next write
+/// ("broken pipe", as the OpenAPI test's 300 KiB request got on a loaded machine; hyper drains
+/// only what has already arrived). The client here sends the first 300 KiB of a 900 KiB body,
+/// waits until the daemon has had time to refuse it, then sends the rest and reads the answer:
+/// before the fix the daemon had closed by then and the rest could not be sent.
+#[test]
+fn a_client_still_sending_an_oversized_body_reads_its_413() {
+    let d = TestDaemon::start(TUTTID, None, &[]);
+    let body = format!(r#"{{"provider": "{}"}}"#, "x".repeat(900 * 1024));
+    let (first, rest) = body.as_bytes().split_at(300 * 1024);
+    let mut s = std::net::TcpStream::connect(&d.addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let head = format!(
+        "POST /v1/workspaces/{WS}/agent-sessions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        d.token,
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("head");
+    s.write_all(first).expect("the first part");
+    std::thread::sleep(Duration::from_millis(500));
+    // In small writes, as a client under load sends: a write after the daemon closed fails.
+    let sent = rest
+        .chunks(8 * 1024)
+        .try_for_each(|c| s.write_all(c))
+        .and_then(|()| s.flush());
+    let mut answer = Vec::new();
+    let read = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    // A client such as ureq gives up on its request at the first failed write, without reading
+    // the answer: the whole body must go out.
+    assert!(
+        sent.is_ok(),
+        "the daemon stopped reading the body (sending the rest: {sent:?}); answer: {text:?}"
+    );
+    assert!(
+        text.starts_with("HTTP/1.1 413"),
+        "the answer was lost (sending the rest: {sent:?}, reading: {read:?}): {text:?}"
+    );
+    assert!(text.contains("too_large"), "{text}");
+    let (st, v) = d.call("GET", &format!("/v1/workspaces/{WS}/agent-sessions"), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["sessions"].as_array().map(Vec::len), Some(0), "{v}");
+}
+
 /// Issue 17 item 5: bodies over the limit get 413; every error (query string, 405, 414, 431,
 /// unknown route, wrong content type) uses the JSON error envelope; an unparseable
 /// `Last-Event-ID` or `after` is 400.

@@ -23,7 +23,8 @@
 //!   keeps its request in flight, as a follower that stops reading does; it holds one slot of
 //!   the cap, never more.)
 //! - **A body read timeout** ([`HttpLimits::body_timeout`]): a request's body is read in full
-//!   (at most [`crate::http::MAX_BODY`] bytes, else `413 too_large`) within it from the head,
+//!   (at most [`crate::http::MAX_BODY`] bytes, else `413 too_large`, sent once the rest of the
+//!   body, up to [`DRAIN_MAX`], was read and thrown away) within it from the head,
 //!   before the router sees the request, else `408 timeout` with the JSON envelope. Requests
 //!   without a body (event streams included) are not concerned.
 //! - **Malformed heads get the JSON envelope** (item 12). hyper answers a head it cannot parse

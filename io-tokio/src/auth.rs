@@ -11,7 +11,7 @@
 //! zero-byte file gets a fresh random token. Surrounding whitespace (a trailing newline) is
 //! not part of the token.
 //!
-//! Also the other secrets' checks, in constant time ([`constant_time_eq`]): the cluster
+//! Also the other secrets' checks, in constant time (`constant_time_eq`): the cluster
 //! secret of daemons sharing one database ([`Cluster`]) and the web view's codes and cookie.
 
 use axum::http::HeaderMap;

@@ -46,7 +46,7 @@ impl LiveRow {
         }
     }
 
-    /// The row as `GET /v1/events` sends it: the JSON of its [`OutboxRow`] (`seq`, `kind`,
+    /// The row as `GET /v1/events` sends it: the JSON of its [`OutboxRow`](tutti_core::store::OutboxRow) (`seq`, `kind`,
     /// `rootAgentSessionId`, `workspaceId`, `payload`), rendered on the first call and shared by
     /// every later caller. The payload is the stored text, checked once to be one JSON value
     /// (a row whose payload is not is an error for every follower, as it is when parsed).

@@ -23,7 +23,7 @@
 //! 4xx, 409, 503 and 500.
 //!
 //! Test rigs get more hooks (recording what passed between the adapters and the engine,
-//! direct adapter access, a store-only host loop) from [`Testkit`], behind the `testkit`
+//! direct adapter access, a store-only host loop) from `Testkit`, behind the `testkit`
 //! feature.
 //!
 //! ## The host loop

@@ -307,7 +307,7 @@ pub struct CodexAdapter {
 }
 
 impl CodexAdapter {
-    /// What Codex can do (the one place it is declared; see [`Capabilities`]): it can start a
+    /// What Codex can do (the one place it is declared; see [`Capabilities`](crate::model::Capabilities)): it can start a
     /// root provider turn (`turn/start` on the root thread) while only children run.
     pub const CAPABILITIES: crate::model::Capabilities = crate::model::Capabilities {
         guide_while_children_only: true,

@@ -9,7 +9,7 @@ use crate::model::Id;
 use crate::step::Ignored;
 
 /// One thing the [`super::Driver`] did, in the order it did it (recorded only after
-/// [`super::Testkit::set_recording`]).
+/// `Testkit::set_recording`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     /// An adapter output exactly as the adapter of `root` returned it (from `open`, `on_native`,

@@ -7,26 +7,13 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::sync::mpsc;
 use std::time::Duration;
-use tutti_tests::daemon::{turn_of, TestDaemon};
+use tutti_tests::daemon::{providers_of, request, seqs, signal, tree, turn_of, TestDaemon};
 use tutti_tests::postgres::Server;
 
 const EXE: &str = env!("CARGO_BIN_EXE_tuttid-test");
 const WS: &str = "w1";
 
-fn seqs(events: &[Value]) -> Vec<u64> {
-    events
-        .iter()
-        .map(|e| e["seq"].as_u64().expect("seq"))
-        .collect()
-}
 
-/// A session detail without `eventSeq` (the outbox position at the time of the read).
-fn tree(mut detail: Value) -> Value {
-    if let Some(o) = detail.as_object_mut() {
-        o.remove("eventSeq");
-    }
-    detail
-}
 
 /// Step 1: the daemon picks PostgreSQL by URL; a settled tree reads back the same after a
 /// restart, the live one settles interrupted (restart recovery as with SQLite), the event
@@ -352,31 +339,6 @@ fn a_survivor_takes_over_the_tree_of_a_killed_daemon_after_its_lease_expired() {
     assert_eq!(from_a, all);
 }
 
-/// One request to the daemon at `addr` with extra headers (no bearer token unless given);
-/// returns (status, `Retry-After`, JSON body). A transport error fails the test.
-fn request(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<Value>,
-) -> (u16, Option<String>, Value) {
-    let mut req =
-        ureq::request(method, &format!("http://{addr}{path}")).timeout(Duration::from_secs(60));
-    for (k, v) in headers {
-        req = req.set(k, v);
-    }
-    let r = match body {
-        Some(b) => req.send_json(b),
-        None => req.call(),
-    };
-    let r = match r {
-        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{method} {path}: {e}"),
-    };
-    let retry = r.header("retry-after").map(str::to_string);
-    (r.status(), retry, r.into_json().unwrap_or(Value::Null))
-}
 
 fn bearer(d: &TestDaemon) -> String {
     format!("Bearer {}", d.token)
@@ -386,10 +348,6 @@ fn submit_path(id: &str) -> String {
     format!("/v1/workspaces/{WS}/agent-sessions/{id}/submit")
 }
 
-/// The provider processes (children) of a daemon.
-fn providers_of(d: &TestDaemon) -> Vec<u32> {
-    tutti_tests::procs::children_of(d.pid().expect("daemon running"))
-}
 
 /// Issue 21: "A command (submit, cancel, answer, delete) that reaches a daemon which does not
 /// own the tree is forwarded to the owner (its address is in the lease)". Three daemons on one
@@ -648,11 +606,6 @@ fn metric(d: &TestDaemon, name: &str) -> f64 {
         .sum()
 }
 
-fn signal(d: &TestDaemon, sig: i32) {
-    let pid = libc::pid_t::try_from(d.pid().expect("daemon running")).expect("pid");
-    // SAFETY: kill(2) on the test's own child process.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig}");
-}
 
 /// Issue 21: "Every batch a daemon commits for a tree carries a fencing guard on the lease
 /// epoch, so a daemon that lost its lease (paused, partitioned) can never commit for that tree

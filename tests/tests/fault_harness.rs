@@ -1013,14 +1013,14 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
 /// the longest acknowledged command on the other daemons while one was frozen or partitioned.
 fn figures(run: &Run) {
     let Some(mut c) = admin(&run.url) else { return };
-    let leases: Vec<(String, String, i64, i64)> = c
+    let leases: Vec<(String, String, i64, i64, i64)> = c
         .query(
-            "SELECT root, owner, epoch, at_ms FROM fault_leases ORDER BY at_ms",
+            "SELECT root, owner, epoch, expires_at_ms, at_ms FROM fault_leases ORDER BY at_ms",
             &[],
         )
         .map(|rows| {
             rows.iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
                 .collect()
         })
         .unwrap_or_default();
@@ -1037,25 +1037,28 @@ fn figures(run: &Run) {
         else {
             continue;
         };
-        // Trees whose last lease change before the fault was this daemon's.
-        let mut last: HashMap<&str, (&str, i64)> = HashMap::new();
-        for (root, o, epoch, at) in &leases {
+        // Trees this daemon held a live (unreleased, unexpired) lease on when the fault began;
+        // the first claim of any of them by another daemon is the fault's takeover.
+        let mut last: HashMap<&str, (&str, i64, i64)> = HashMap::new();
+        for (root, o, epoch, expires, at) in &leases {
             if *at < f.start_ms {
-                last.insert(root, (o, *epoch));
+                last.insert(root, (o, *epoch, *expires));
             }
         }
-        for (root, (o, epoch)) in last {
-            if o != owner {
-                continue;
-            }
-            let taken = leases.iter().find(|(r, o2, e2, at)| {
-                r == root && *o2 != owner && *e2 > epoch && *at >= f.start_ms
-            });
-            if let Some((_, _, _, at)) = taken {
-                if *at <= f.end_ms + 15_000 {
-                    takeover.entry(f.kind).or_default().push(at - f.start_ms);
-                }
-            }
+        let first = last
+            .into_iter()
+            .filter(|(_, (o, _, expires))| *o == owner && *expires > f.start_ms)
+            .filter_map(|(root, (_, epoch, _))| {
+                leases
+                    .iter()
+                    .find(|(r, o2, e2, _, at)| {
+                        r == root && *o2 != owner && *e2 > epoch && *at >= f.start_ms
+                    })
+                    .map(|l| l.4 - f.start_ms)
+            })
+            .min();
+        if let Some(ms) = first {
+            takeover.entry(f.kind).or_default().push(ms);
         }
         if matches!(f.kind, "sigstop" | "sigstop-in-tx" | "partition") {
             let worst = records
@@ -1076,7 +1079,7 @@ fn figures(run: &Run) {
     }
     for (k, v) in takeover {
         println!(
-            "figure: takeover after {k} (fault start to another daemon's claim of one of its trees): {}",
+            "figure: takeover after {k} (fault start to the first claim of one of its live trees by another daemon, per fault): {}",
             spread(v)
         );
     }

@@ -25,7 +25,10 @@
 //! 5. no provider process is left running for a tree its daemon no longer owns (each daemon
 //!    ends with no more providers than trees it holds a live lease on, and the providers of a
 //!    killed daemon are gone);
-//! 6. every daemon reads every tree the same.
+//! 6. every daemon reads every tree the same;
+//! 7. the outbox tells one story: per entity, versions only grow in seq order, a settled turn
+//!    keeps its outcome, and no message of a turn comes in a transaction after the one that
+//!    settled the turn.
 //!
 //! `fault harness seed: N` is printed; `TUTTI_FAULT_SEED=N` replays that seed (the same
 //! schedule and client choices; the machine's timing still differs), `TUTTI_FAULT_SEEDS=K`
@@ -745,14 +748,19 @@ fn run_seed(seed: u64, secs: u64) -> Vec<String> {
     }
     run.say("healed; clients stopped".into());
     let mut violations = Vec::new();
+    // One bound for all of them (not one per daemon).
+    let deadline = Instant::now() + Duration::from_secs(60);
     for i in 0..DAEMONS {
         let ep = shared.endpoint(i);
-        let healthy = tutti_tests::procs::poll(60, || {
-            try_request(&ep.addr, "GET", "/healthz", &[], None, Duration::from_secs(5))
-                .ok()
-                .filter(|r| r.0 == 200)
-        });
-        if healthy.is_none() {
+        let healthy = loop {
+            let ok = try_request(&ep.addr, "GET", "/healthz", &[], None, Duration::from_secs(5))
+                .is_ok_and(|r| r.0 == 200);
+            if ok || Instant::now() > deadline {
+                break ok;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if !healthy {
             violations.push(format!("d{i} not healthy within 60 s of healing"));
         }
     }
@@ -871,12 +879,15 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
     if u64::try_from(next).ok() != Some(n + 1) {
         violations.push(format!("outbox counter {next} after {n} rows"));
     }
+    let deadline = Instant::now() + Duration::from_secs(30);
     for (i, s) in seen.iter().enumerate() {
-        let got = tutti_tests::procs::poll(30, || {
+        let got = loop {
             let v = s.lock().expect("seen").clone();
-            (v.len() as u64 >= n).then_some(v)
-        })
-        .unwrap_or_else(|| s.lock().expect("seen").clone());
+            if v.len() as u64 >= n || Instant::now() > deadline {
+                break v;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         if got != outbox {
             let dup = got.windows(2).find(|w| w[1] <= w[0]);
             let missing = outbox.iter().find(|x| !got.contains(x));
@@ -886,6 +897,75 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
                 got.len()
             ));
         }
+    }
+
+    // The stream tells one story: per entity, versions only grow in seq order, a settled turn
+    // stays settled with the same outcome, and no message of a turn comes in a later
+    // transaction than the one that settled it (a stale batch that slipped through would
+    // publish an older version, reopen a turn or add to a settled one). Tool calls are left
+    // out: a subagent's tool call is completed after its child turn settled.
+    let rows: Vec<(i64, String, String, Option<i64>)> = c
+        .query(
+            "SELECT o.seq, o.kind, o.payload, b.txid FROM outbox o \
+             LEFT JOIN fault_batches b ON b.seq = o.seq \
+             WHERE o.kind IN ('session', 'turn', 'interaction', 'cancelOperation', 'message') \
+             ORDER BY o.seq",
+            &[],
+        )
+        .map(|rows| {
+            rows.iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut last: HashMap<(String, String), (u64, Value)> = HashMap::new();
+    let mut story = Vec::new();
+    // Turn id -> (seq, transaction) of its first settled row.
+    let mut settled: HashMap<String, (i64, Option<i64>)> = HashMap::new();
+    for (seq, kind, payload, txid) in &rows {
+        let v: Value = serde_json::from_str(payload).unwrap_or(Value::Null);
+        if kind == "message" {
+            let turn = v["turnId"].as_str().unwrap_or_default();
+            if let Some((at, tx)) = settled.get(turn) {
+                if tx != txid {
+                    story.push(format!("seq {seq}: message of turn {turn}, settled at seq {at}"));
+                }
+            }
+            continue;
+        }
+        if kind == "turn" && !v["outcome"].is_null() {
+            if let Some(t) = v["id"].as_str() {
+                settled.entry(t.to_string()).or_insert((*seq, *txid));
+            }
+        }
+        let id = match kind.as_str() {
+            "interaction" => format!("{}/{}", v["turnId"], v["requestId"]),
+            _ => v["id"].as_str().unwrap_or_default().to_string(),
+        };
+        let version = v["version"].as_u64().unwrap_or(0);
+        let outcome = v.get("outcome").cloned().unwrap_or(Value::Null);
+        if let Some((before, was)) = last.get(&(kind.clone(), id.clone())) {
+            if version <= *before {
+                story.push(format!("seq {seq}: {kind} {id} version {version} after {before}"));
+            }
+            if kind == "turn" && !was.is_null() && *was != outcome {
+                story.push(format!("seq {seq}: turn {id} settled {was} became {outcome}"));
+            }
+        }
+        let keep = if kind == "turn" && outcome.is_null() {
+            last.get(&(kind.clone(), id.clone()))
+                .map_or(Value::Null, |(_, was)| was.clone())
+        } else {
+            outcome
+        };
+        last.insert((kind.clone(), id), (version, keep));
+    }
+    if !story.is_empty() {
+        violations.push(format!(
+            "the outbox contradicts itself {} times; first: {:?}",
+            story.len(),
+            &story[..story.len().min(5)]
+        ));
     }
 
     // 4. Fencing: the writer of every outbox row held the tree's lease.

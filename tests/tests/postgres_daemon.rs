@@ -1210,3 +1210,56 @@ fn a_daemon_cut_off_from_its_database_stops_its_providers_before_its_lease_expir
         turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed")
     });
 }
+
+/// Found by the fault harness (issue 34 item 5): a daemon restarted after `kill -9` loads the
+/// live trees, then claims each and settles it interrupted; when another daemon changed a tree
+/// between that load and the claim (it took the tree over and settled it while this one was
+/// down), the recovery step was refused by a guard and the whole start failed ("recovery
+/// commit failed"), so the daemon did not come up. Here the change is made inside the claim's
+/// own transaction (a trigger on the lease row bumps the live root turn's version, as another
+/// daemon's write would have), so it lands exactly in that window: the daemon still starts,
+/// settles the tree from the store's copy (interrupted), and takes a new prompt.
+#[test]
+fn a_restarted_daemon_starts_when_a_tree_changed_between_its_load_and_its_claim() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some("lease_secs = 3\n"), &env);
+    let id = a.create(WS, "demo");
+    let (_, turn) = a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 1)
+    });
+    a.kill9();
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    c.batch_execute(&format!(
+        "CREATE TABLE test_fired (n INT);
+         CREATE FUNCTION test_change_tree() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NOT EXISTS (SELECT 1 FROM test_fired) THEN
+             INSERT INTO test_fired VALUES (1);
+             UPDATE turns SET version = version + 1,
+               json = jsonb_set(json::jsonb, '{{version}}', to_jsonb(version + 1))::text
+               WHERE id = '{turn}';
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER test_change_tree AFTER UPDATE ON tree_leases FOR EACH ROW
+           WHEN (NEW.root_agent_session_id = '{id}') EXECUTE FUNCTION test_change_tree();"
+    ))
+    .expect("trigger");
+    a.restart();
+    let fired: i64 = c
+        .query_one("SELECT count(*) FROM test_fired", &[])
+        .expect("fired")
+        .get(0);
+    assert_eq!(fired, 1, "the tree changed between the load and the claim");
+    let end = a.wait_for(WS, &id, 60, "settled after the restart", |v| {
+        v["session"].get("activeTurnId").is_none()
+    });
+    let t = turn_of(&end, &id).expect("root turn");
+    assert_eq!(t["id"], turn.as_str(), "{end}");
+    assert_eq!(t["outcome"], "interrupted", "{end}");
+    let (reply, _) = a.submit(WS, &id, "children=0 permission=0 fail=0 late=0");
+    assert_eq!(reply, "started");
+}

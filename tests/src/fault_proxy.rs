@@ -284,7 +284,11 @@ mod tests {
         assert_eq!(roundtrip(&mut a, b"slow").expect("latency"), b"slow");
         // Two directions, each delayed: a lower bound of the injected delay, not a timing
         // measurement of the machine.
-        assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
         p.set_latency(0);
 
         p.set_mode(Mode::Pause);
@@ -307,8 +311,13 @@ mod tests {
         p.set_mode(Mode::Refuse);
         let mut refused = connect(&p);
         let mut one = [0u8; 1];
-        let r = refused.write_all(b"x").and_then(|()| refused.read(&mut one));
-        assert!(matches!(r, Ok(0) | Err(_)), "a new connection is closed: {r:?}");
+        let r = refused
+            .write_all(b"x")
+            .and_then(|()| refused.read(&mut one));
+        assert!(
+            matches!(r, Ok(0) | Err(_)),
+            "a new connection is closed: {r:?}"
+        );
         assert_eq!(
             roundtrip(&mut a, b"live").expect("a live connection goes on"),
             b"live"
@@ -319,7 +328,10 @@ mod tests {
         let r = a.write_all(b"x").and_then(|()| a.read(&mut one));
         assert!(matches!(r, Ok(0) | Err(_)), "dropped: {r:?}");
         let mut b = connect(&p);
-        assert_eq!(roundtrip(&mut b, b"again").expect("new after drop"), b"again");
+        assert_eq!(
+            roundtrip(&mut b, b"again").expect("new after drop"),
+            b"again"
+        );
         assert!(p.accepted() >= 3);
     }
 }

@@ -211,10 +211,7 @@ fn client(n: usize, seed: u64, shared: &Shared) {
         let t = Instant::now();
         let rec = |op: &'static str, ids: Vec<String>, r: &Result<(u16, Value), String>| {
             let (status, error_code) = match r {
-                Ok((s, v)) => (
-                    Some(*s),
-                    v["error"]["code"].as_str().map(str::to_string),
-                ),
+                Ok((s, v)) => (Some(*s), v["error"]["code"].as_str().map(str::to_string)),
                 Err(_) => (None, None),
             };
             shared.records.lock().expect("records").push(Record {
@@ -460,92 +457,96 @@ impl Run {
         let i = usize::try_from(rng.below(DAEMONS as u64)).unwrap_or(0);
         let hold = rng.range(500, 5000);
         let start_ms = now_ms();
-        let (kind, note): (&'static str, String) = match rng.below(100) {
-            0..=14 => {
-                self.proxies[i].set_mode(Mode::Pause);
-                std::thread::sleep(Duration::from_millis(hold));
-                self.proxies[i].heal();
-                ("partition", format!("{hold} ms"))
-            }
-            15..=24 => {
-                let n = self.proxies[i].drop_all();
-                ("drop-all", format!("{n} connections"))
-            }
-            25..=32 => {
-                self.proxies[i].set_mode(Mode::Refuse);
-                let n = self.proxies[i].drop_all();
-                std::thread::sleep(Duration::from_millis(hold));
-                self.proxies[i].heal();
-                ("refuse", format!("{hold} ms, {n} dropped"))
-            }
-            33..=40 => {
-                let ms = rng.range(20, 300);
-                self.proxies[i].set_latency(ms);
-                std::thread::sleep(Duration::from_millis(hold));
-                self.proxies[i].heal();
-                ("latency", format!("{ms} ms for {hold} ms"))
-            }
-            41..=54 => {
-                let providers = providers_of(&self.daemons[i]);
-                self.daemons[i].kill9();
-                self.orphans.extend(providers.iter().copied());
-                std::thread::sleep(Duration::from_millis(hold));
-                self.daemons[i].restart();
-                self.set_endpoint(i);
-                ("kill-9", format!("down {hold} ms, {} providers", providers.len()))
-            }
-            55..=66 => {
-                signal(&self.daemons[i], libc::SIGSTOP);
-                self.stopped.insert(i);
-                std::thread::sleep(Duration::from_millis(hold));
-                signal(&self.daemons[i], libc::SIGCONT);
-                self.stopped.remove(&i);
-                ("sigstop", format!("{hold} ms"))
-            }
-            67..=78 => {
-                // Wait (bounded) until the daemon has a transaction open, then freeze it.
-                let in_tx = self.wait_in_transaction(i, Duration::from_secs(3));
-                signal(&self.daemons[i], libc::SIGSTOP);
-                self.stopped.insert(i);
-                std::thread::sleep(Duration::from_millis(hold));
-                signal(&self.daemons[i], libc::SIGCONT);
-                self.stopped.remove(&i);
-                (
-                    "sigstop-in-tx",
-                    format!("{hold} ms, transaction open: {in_tx}"),
-                )
-            }
-            79..=88 => {
-                let t = Instant::now();
-                let restarted = self.server.restart();
-                let took = t.elapsed().as_millis();
-                let back: Vec<String> = (0..DAEMONS)
-                    .map(|d| {
-                        self.first_create(d, start_ms, 30)
-                            .map_or_else(|| "never".to_string(), |ms| format!("{ms}"))
-                    })
-                    .collect();
-                (
-                    "pg-restart",
-                    format!(
+        let (kind, note): (&'static str, String) =
+            match rng.below(100) {
+                0..=14 => {
+                    self.proxies[i].set_mode(Mode::Pause);
+                    std::thread::sleep(Duration::from_millis(hold));
+                    self.proxies[i].heal();
+                    ("partition", format!("{hold} ms"))
+                }
+                15..=24 => {
+                    let n = self.proxies[i].drop_all();
+                    ("drop-all", format!("{n} connections"))
+                }
+                25..=32 => {
+                    self.proxies[i].set_mode(Mode::Refuse);
+                    let n = self.proxies[i].drop_all();
+                    std::thread::sleep(Duration::from_millis(hold));
+                    self.proxies[i].heal();
+                    ("refuse", format!("{hold} ms, {n} dropped"))
+                }
+                33..=40 => {
+                    let ms = rng.range(20, 300);
+                    self.proxies[i].set_latency(ms);
+                    std::thread::sleep(Duration::from_millis(hold));
+                    self.proxies[i].heal();
+                    ("latency", format!("{ms} ms for {hold} ms"))
+                }
+                41..=54 => {
+                    let providers = providers_of(&self.daemons[i]);
+                    self.daemons[i].kill9();
+                    self.orphans.extend(providers.iter().copied());
+                    std::thread::sleep(Duration::from_millis(hold));
+                    self.daemons[i].restart();
+                    self.set_endpoint(i);
+                    (
+                        "kill-9",
+                        format!("down {hold} ms, {} providers", providers.len()),
+                    )
+                }
+                55..=66 => {
+                    signal(&self.daemons[i], libc::SIGSTOP);
+                    self.stopped.insert(i);
+                    std::thread::sleep(Duration::from_millis(hold));
+                    signal(&self.daemons[i], libc::SIGCONT);
+                    self.stopped.remove(&i);
+                    ("sigstop", format!("{hold} ms"))
+                }
+                67..=78 => {
+                    // Wait (bounded) until the daemon has a transaction open, then freeze it.
+                    let in_tx = self.wait_in_transaction(i, Duration::from_secs(3));
+                    signal(&self.daemons[i], libc::SIGSTOP);
+                    self.stopped.insert(i);
+                    std::thread::sleep(Duration::from_millis(hold));
+                    signal(&self.daemons[i], libc::SIGCONT);
+                    self.stopped.remove(&i);
+                    (
+                        "sigstop-in-tx",
+                        format!("{hold} ms, transaction open: {in_tx}"),
+                    )
+                }
+                79..=88 => {
+                    let t = Instant::now();
+                    let restarted = self.server.restart();
+                    let took = t.elapsed().as_millis();
+                    let back: Vec<String> = (0..DAEMONS)
+                        .map(|d| {
+                            self.first_create(d, start_ms, 30)
+                                .map_or_else(|| "never".to_string(), |ms| format!("{ms}"))
+                        })
+                        .collect();
+                    (
+                        "pg-restart",
+                        format!(
                         "{} in {took} ms; first create per daemon after (ms from the start): {}",
                         if restarted.is_ok() { "restarted" } else { "FAILED" },
                         back.join("/")
                     ),
-                )
-            }
-            _ => {
-                let n = admin(&self.url).map_or(-1, |mut c| {
-                    c.query(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                         WHERE application_name = $1",
-                        &[&Run::app(i)],
                     )
-                    .map_or(-1, |r| i64::try_from(r.len()).unwrap_or(-1))
-                });
-                ("terminate-backends", format!("{n} backends"))
-            }
-        };
+                }
+                _ => {
+                    let n = admin(&self.url).map_or(-1, |mut c| {
+                        c.query(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE application_name = $1",
+                            &[&Run::app(i)],
+                        )
+                        .map_or(-1, |r| i64::try_from(r.len()).unwrap_or(-1))
+                    });
+                    ("terminate-backends", format!("{n} backends"))
+                }
+            };
         let daemon = (!matches!(kind, "pg-restart")).then_some(i);
         self.faults.push(Fault {
             kind,
@@ -753,8 +754,15 @@ fn run_seed(seed: u64, secs: u64) -> Vec<String> {
     for i in 0..DAEMONS {
         let ep = shared.endpoint(i);
         let healthy = loop {
-            let ok = try_request(&ep.addr, "GET", "/healthz", &[], None, Duration::from_secs(5))
-                .is_ok_and(|r| r.0 == 200);
+            let ok = try_request(
+                &ep.addr,
+                "GET",
+                "/healthz",
+                &[],
+                None,
+                Duration::from_secs(5),
+            )
+            .is_ok_and(|r| r.0 == 200);
             if ok || Instant::now() > deadline {
                 break ok;
             }
@@ -793,6 +801,10 @@ fn run_seed(seed: u64, secs: u64) -> Vec<String> {
     }
     violations
 }
+
+/// One row of `fault_batches`: seq, tree, writer's `application_name`, lease owner and epoch as
+/// the inserting transaction saw them.
+type Evidence = (i64, String, String, Option<String>, Option<i64>);
 
 /// The checker (see the module docs); appends what it found to `violations`.
 fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>) {
@@ -870,7 +882,9 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
             .filter(|s| outbox.binary_search(s).is_err())
             .take(10)
             .collect();
-        violations.push(format!("the outbox is not gap-free from 1: missing {gaps:?}"));
+        violations.push(format!(
+            "the outbox is not gap-free from 1: missing {gaps:?}"
+        ));
     }
     let next: i64 = c
         .query_one("SELECT value FROM meta WHERE key = 'outbox_next_seq'", &[])
@@ -928,7 +942,9 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
             let turn = v["turnId"].as_str().unwrap_or_default();
             if let Some((at, tx)) = settled.get(turn) {
                 if tx != txid {
-                    story.push(format!("seq {seq}: message of turn {turn}, settled at seq {at}"));
+                    story.push(format!(
+                        "seq {seq}: message of turn {turn}, settled at seq {at}"
+                    ));
                 }
             }
             continue;
@@ -946,10 +962,14 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
         let outcome = v.get("outcome").cloned().unwrap_or(Value::Null);
         if let Some((before, was)) = last.get(&(kind.clone(), id.clone())) {
             if version <= *before {
-                story.push(format!("seq {seq}: {kind} {id} version {version} after {before}"));
+                story.push(format!(
+                    "seq {seq}: {kind} {id} version {version} after {before}"
+                ));
             }
             if kind == "turn" && !was.is_null() && *was != outcome {
-                story.push(format!("seq {seq}: turn {id} settled {was} became {outcome}"));
+                story.push(format!(
+                    "seq {seq}: turn {id} settled {was} became {outcome}"
+                ));
             }
         }
         let keep = if kind == "turn" && outcome.is_null() {
@@ -969,7 +989,7 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
     }
 
     // 4. Fencing: the writer of every outbox row held the tree's lease.
-    let batches: Vec<(i64, String, String, Option<String>, Option<i64>)> = c
+    let batches: Vec<Evidence> = c
         .query(
             "SELECT seq, root, app, lease_owner, lease_epoch FROM fault_batches ORDER BY seq",
             &[],
@@ -1085,7 +1105,6 @@ fn check(run: &Run, seen: &[Arc<Mutex<Vec<u64>>>], violations: &mut Vec<String>)
             .map_or(0, |r| r.get::<_, i64>(0))
     );
 }
-
 
 /// Prints the measured costs of the faults (README, issue 34 item 6): takeover after a kill,
 /// a partition or a stop (from the fault's start to the first claim of one of the daemon's

@@ -13,8 +13,6 @@ use tutti_tests::postgres::Server;
 const EXE: &str = env!("CARGO_BIN_EXE_tuttid-test");
 const WS: &str = "w1";
 
-
-
 /// Step 1: the daemon picks PostgreSQL by URL; a settled tree reads back the same after a
 /// restart, the live one settles interrupted (restart recovery as with SQLite), the event
 /// stream is gap-free and resumes by `Last-Event-ID` across the restart.
@@ -339,7 +337,6 @@ fn a_survivor_takes_over_the_tree_of_a_killed_daemon_after_its_lease_expired() {
     assert_eq!(from_a, all);
 }
 
-
 fn bearer(d: &TestDaemon) -> String {
     format!("Bearer {}", d.token)
 }
@@ -347,7 +344,6 @@ fn bearer(d: &TestDaemon) -> String {
 fn submit_path(id: &str) -> String {
     format!("/v1/workspaces/{WS}/agent-sessions/{id}/submit")
 }
-
 
 /// Issue 21: "A command (submit, cancel, answer, delete) that reaches a daemon which does not
 /// own the tree is forwarded to the owner (its address is in the lease)". Three daemons on one
@@ -605,7 +601,6 @@ fn metric(d: &TestDaemon, name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
-
 
 /// Issue 21: "Every batch a daemon commits for a tree carries a fencing guard on the lease
 /// epoch, so a daemon that lost its lease (paused, partitioned) can never commit for that tree

@@ -1130,9 +1130,21 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
             self.residency(touched);
             for root in std::mem::take(&mut self.to_release) {
-                if !self.current.contains_key(&root) {
-                    self.housekeeping.release(&mut self.store, &root);
+                if self.current.contains_key(&root) {
+                    continue;
                 }
+                if self.driver.engine().is_quiescent(&root) {
+                    self.housekeeping.release(&mut self.store, &root);
+                    continue;
+                }
+                // Still live without a provider here: the step that was to settle it (a
+                // takeover's, a lapsed lease's) did not commit. Released, its lease would leave
+                // a live tree nobody settles (failover claims only expired, unreleased leases;
+                // found by the fault harness). It stays unreleased and is settled again at
+                // the next renewal tick ([`Core::lapse`]), or by whoever takes it over.
+                warn!(root = %root, "tree still live without a provider; its lease is kept and it is settled again");
+                self.housekeeping.forget(&root);
+                self.lapsed.insert(root);
             }
             if prune {
                 self.prune();

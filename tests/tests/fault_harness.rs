@@ -53,6 +53,8 @@ const DAEMONS: usize = 3;
 const CLIENTS: usize = 2;
 /// Lease 3 s (renewal every second); a provider of a quiescent tree stops after 2 s.
 const CONFIG: &str = "lease_secs = 3\nidle_timeout_secs = 2\n";
+/// The lease of [`CONFIG`].
+const LEASE_MS: i64 = 3000;
 const ENV: [(&str, &str); 1] = [("TUTTI_DEMO_SPEED", "2")];
 /// The seeds `cargo test` runs.
 const CI_SEEDS: [u64; 2] = [0x5eed_0001, 0x5eed_0002];
@@ -631,6 +633,66 @@ fn drive_to_rest(run: &Run, rng: &mut Rng, secs: u64) -> Vec<String> {
     }
 }
 
+/// For sessions that stayed active: their tree's lease (owner, epoch, expiry relative to now)
+/// and its last changes, and each daemon's provider count (ids and numbers only).
+fn stuck_diagnosis(run: &Run, still: &[String]) -> Vec<String> {
+    let Some(mut c) = admin(&run.url) else {
+        return Vec::new();
+    };
+    let who = |owner: &str| {
+        run.ids
+            .get(owner)
+            .map_or_else(|| owner.to_string(), |d| format!("d{d}"))
+    };
+    let now = now_ms();
+    let mut out = Vec::new();
+    let roots: BTreeSet<&str> = still
+        .iter()
+        .map(|s| s.split('~').next().unwrap_or(s))
+        .collect();
+    for root in roots {
+        if let Ok(r) = c.query_one(
+            "SELECT owner, epoch, expires_at_ms FROM tree_leases WHERE root_agent_session_id = $1",
+            &[&root],
+        ) {
+            let (owner, epoch, expires): (String, i64, i64) = (r.get(0), r.get(1), r.get(2));
+            let expiry = if expires == tutti_postgres::lease::RELEASED {
+                "released".to_string()
+            } else {
+                format!("expires_at_ms - now = {}", expires.saturating_sub(now))
+            };
+            out.push(format!(
+                "stuck tree {root}: lease of {} at epoch {epoch}, {expiry}",
+                who(&owner)
+            ));
+        }
+        let history: Vec<(String, i64, i64, String, i64)> = c
+            .query(
+                "SELECT owner, epoch, expires_at_ms, app, at_ms FROM fault_leases \
+                 WHERE root = $1 ORDER BY at_ms DESC LIMIT 8",
+                &[&root],
+            )
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (owner, epoch, expires, app, at) in history {
+            out.push(format!(
+                "  lease change {} s ago by {app}: {} epoch {epoch}, expires_at_ms - at = {}",
+                (now - at) / 1000,
+                who(&owner),
+                expires.saturating_sub(at)
+            ));
+        }
+    }
+    for (i, d) in run.daemons.iter().enumerate() {
+        out.push(format!("d{i}: {} providers", providers_of(d).len()));
+    }
+    out
+}
+
 /// Milliseconds, as "min/median/max (n)".
 fn spread(mut v: Vec<i64>) -> String {
     if v.is_empty() {
@@ -779,6 +841,9 @@ fn run_seed(seed: u64, secs: u64) -> Vec<String> {
             still.len(),
             &still[..still.len().min(10)]
         ));
+        for line in stuck_diagnosis(&run, &still) {
+            run.say(line);
+        }
     }
     run.say("settled".into());
     check(&run, &seen, &mut violations);
@@ -1153,6 +1218,8 @@ fn figures(run: &Run) {
                     .find(|(r, o2, e2, _, at)| {
                         r == root && *o2 != owner && *e2 > epoch && *at >= f.start_ms
                     })
+                    // A claim more than one lease after the fault ended belongs to another.
+                    .filter(|l| l.4 <= f.end_ms + LEASE_MS)
                     .map(|l| l.4 - f.start_ms)
             })
             .min();

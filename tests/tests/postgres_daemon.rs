@@ -1258,3 +1258,56 @@ fn a_restarted_daemon_starts_when_a_tree_changed_between_its_load_and_its_claim(
     let (reply, _) = a.submit(WS, &id, "children=0 permission=0 fail=0 late=0");
     assert_eq!(reply, "started");
 }
+
+/// Found by the fault harness (issue 34 item 5): a daemon that claims a tree whose owner
+/// stopped renewing settles it (interrupted) and then releases the lease; when that settling
+/// step did not commit (here: the store fails the turn's update once, through a trigger), the
+/// lease was released all the same, leaving a live tree with a released lease, which no
+/// failover ever claims (only expired, unreleased leases are): the tree stayed active forever.
+/// Now the lease is kept (unreleased) and the tree is settled again at the next renewal tick.
+#[test]
+fn a_takeover_whose_settling_step_fails_settles_the_tree_later_instead_of_releasing_it() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let config = "lease_secs = 1\n";
+    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let id = a.create(WS, "demo");
+    let (_, turn) = a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 1)
+    });
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    // The first two updates of the root turn after A died fail (a sequence: not rolled back
+    // with the failing transaction): the takeover's settling step fails in its group and when
+    // retried alone.
+    c.batch_execute(&format!(
+        "CREATE SEQUENCE test_fail_once;
+         CREATE FUNCTION test_fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF nextval('test_fail_once') <= 2 THEN
+             RAISE EXCEPTION 'injected failure of the settling step';
+           END IF;
+           RETURN NEW;
+         END $$;"
+    ))
+    .expect("function");
+    a.kill9();
+    c.batch_execute(&format!(
+        "CREATE TRIGGER test_fail_once BEFORE UPDATE ON turns FOR EACH ROW
+           WHEN (OLD.id = '{turn}') EXECUTE FUNCTION test_fail_once();"
+    ))
+    .expect("trigger");
+    let end = b.wait_for(WS, &id, 60, "taken over and settled", |v| {
+        v["session"].get("activeTurnId").is_none()
+    });
+    let failed: i64 = c
+        .query_one("SELECT last_value FROM test_fail_once", &[])
+        .expect("sequence")
+        .get(0);
+    assert!(failed >= 3, "the first settling step failed, a later one passed");
+    let t = turn_of(&end, &id).expect("root turn");
+    assert_eq!(t["id"], turn.as_str(), "{end}");
+    assert_eq!(t["outcome"], "interrupted", "{end}");
+}

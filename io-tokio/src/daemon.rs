@@ -1133,7 +1133,10 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 if self.current.contains_key(&root) {
                     continue;
                 }
-                if self.driver.engine().is_quiescent(&root) {
+                // Without leases (SQLite) there is nothing to keep.
+                if self.driver.engine().is_quiescent(&root)
+                    || self.housekeeping.epoch(&root).is_none()
+                {
                     self.housekeeping.release(&mut self.store, &root);
                     continue;
                 }

@@ -1282,7 +1282,7 @@ fn a_takeover_whose_settling_step_fails_settles_the_tree_later_instead_of_releas
     // The first two updates of the root turn after A died fail (a sequence: not rolled back
     // with the failing transaction): the takeover's settling step fails in its group and when
     // retried alone.
-    c.batch_execute(&format!(
+    c.batch_execute(
         "CREATE SEQUENCE test_fail_once;
          CREATE FUNCTION test_fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -1290,8 +1290,8 @@ fn a_takeover_whose_settling_step_fails_settles_the_tree_later_instead_of_releas
              RAISE EXCEPTION 'injected failure of the settling step';
            END IF;
            RETURN NEW;
-         END $$;"
-    ))
+         END $$;",
+    )
     .expect("function");
     a.kill9();
     c.batch_execute(&format!(
@@ -1306,7 +1306,10 @@ fn a_takeover_whose_settling_step_fails_settles_the_tree_later_instead_of_releas
         .query_one("SELECT last_value FROM test_fail_once", &[])
         .expect("sequence")
         .get(0);
-    assert!(failed >= 3, "the first settling step failed, a later one passed");
+    assert!(
+        failed >= 3,
+        "the first settling step failed, a later one passed"
+    );
     let t = turn_of(&end, &id).expect("root turn");
     assert_eq!(t["id"], turn.as_str(), "{end}");
     assert_eq!(t["outcome"], "interrupted", "{end}");

@@ -345,3 +345,70 @@ pub fn children(detail: &Value) -> Vec<Value> {
         .cloned()
         .unwrap_or_default()
 }
+
+/// The `seq` of each event.
+pub fn seqs(events: &[Value]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| e["seq"].as_u64().expect("seq"))
+        .collect()
+}
+
+/// A session detail without `eventSeq` (the outbox position at the time of the read).
+pub fn tree(mut detail: Value) -> Value {
+    if let Some(o) = detail.as_object_mut() {
+        o.remove("eventSeq");
+    }
+    detail
+}
+
+/// One request to the daemon at `addr` with extra headers (no bearer token unless given),
+/// waiting at most `timeout`; returns (status, `Retry-After`, JSON body), or the transport
+/// error (no answer at all) as text.
+pub fn try_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+    timeout: Duration,
+) -> Result<(u16, Option<String>, Value), String> {
+    let mut req = ureq::request(method, &format!("http://{addr}{path}")).timeout(timeout);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let r = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    let r = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => return Err(e.to_string()),
+    };
+    let retry = r.header("retry-after").map(str::to_string);
+    Ok((r.status(), retry, r.into_json().unwrap_or(Value::Null)))
+}
+
+/// [`try_request`] with a 60 s bound; a transport error fails the test.
+pub fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Option<String>, Value) {
+    try_request(addr, method, path, headers, body, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// The provider processes (children) of a running daemon.
+pub fn providers_of(d: &TestDaemon) -> Vec<u32> {
+    crate::procs::children_of(d.pid().expect("daemon running"))
+}
+
+/// Sends `sig` (e.g. `libc::SIGSTOP`) to a running daemon.
+pub fn signal(d: &TestDaemon, sig: i32) {
+    let pid = libc::pid_t::try_from(d.pid().expect("daemon running")).expect("pid");
+    // SAFETY: kill(2) on the test's own child process.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig}");
+}

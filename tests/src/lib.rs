@@ -8,6 +8,7 @@ pub mod claude_install;
 pub mod codex_client;
 pub mod conformance;
 pub mod daemon;
+pub mod fault_proxy;
 pub mod mock_messages;
 pub mod mock_responses;
 pub mod openapi;

@@ -7,26 +7,11 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::sync::mpsc;
 use std::time::Duration;
-use tutti_tests::daemon::{turn_of, TestDaemon};
+use tutti_tests::daemon::{providers_of, request, seqs, signal, tree, turn_of, TestDaemon};
 use tutti_tests::postgres::Server;
 
 const EXE: &str = env!("CARGO_BIN_EXE_tuttid-test");
 const WS: &str = "w1";
-
-fn seqs(events: &[Value]) -> Vec<u64> {
-    events
-        .iter()
-        .map(|e| e["seq"].as_u64().expect("seq"))
-        .collect()
-}
-
-/// A session detail without `eventSeq` (the outbox position at the time of the read).
-fn tree(mut detail: Value) -> Value {
-    if let Some(o) = detail.as_object_mut() {
-        o.remove("eventSeq");
-    }
-    detail
-}
 
 /// Step 1: the daemon picks PostgreSQL by URL; a settled tree reads back the same after a
 /// restart, the live one settles interrupted (restart recovery as with SQLite), the event
@@ -352,43 +337,12 @@ fn a_survivor_takes_over_the_tree_of_a_killed_daemon_after_its_lease_expired() {
     assert_eq!(from_a, all);
 }
 
-/// One request to the daemon at `addr` with extra headers (no bearer token unless given);
-/// returns (status, `Retry-After`, JSON body). A transport error fails the test.
-fn request(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<Value>,
-) -> (u16, Option<String>, Value) {
-    let mut req =
-        ureq::request(method, &format!("http://{addr}{path}")).timeout(Duration::from_secs(60));
-    for (k, v) in headers {
-        req = req.set(k, v);
-    }
-    let r = match body {
-        Some(b) => req.send_json(b),
-        None => req.call(),
-    };
-    let r = match r {
-        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{method} {path}: {e}"),
-    };
-    let retry = r.header("retry-after").map(str::to_string);
-    (r.status(), retry, r.into_json().unwrap_or(Value::Null))
-}
-
 fn bearer(d: &TestDaemon) -> String {
     format!("Bearer {}", d.token)
 }
 
 fn submit_path(id: &str) -> String {
     format!("/v1/workspaces/{WS}/agent-sessions/{id}/submit")
-}
-
-/// The provider processes (children) of a daemon.
-fn providers_of(d: &TestDaemon) -> Vec<u32> {
-    tutti_tests::procs::children_of(d.pid().expect("daemon running"))
 }
 
 /// Issue 21: "A command (submit, cancel, answer, delete) that reaches a daemon which does not
@@ -646,12 +600,6 @@ fn metric(d: &TestDaemon, name: &str) -> f64 {
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-fn signal(d: &TestDaemon, sig: i32) {
-    let pid = libc::pid_t::try_from(d.pid().expect("daemon running")).expect("pid");
-    // SAFETY: kill(2) on the test's own child process.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig}");
 }
 
 /// Issue 21: "Every batch a daemon commits for a tree carries a fencing guard on the lease
@@ -1256,4 +1204,113 @@ fn a_daemon_cut_off_from_its_database_stops_its_providers_before_its_lease_expir
     a.wait_for(WS, &id, 60, "the new prompt completed", |v| {
         turn_of(v, &id).is_some_and(|t| t["outcome"] == "completed")
     });
+}
+
+/// Found by the fault harness (issue 34 item 5): a daemon restarted after `kill -9` loads the
+/// live trees, then claims each and settles it interrupted; when another daemon changed a tree
+/// between that load and the claim (it took the tree over and settled it while this one was
+/// down), the recovery step was refused by a guard and the whole start failed ("recovery
+/// commit failed"), so the daemon did not come up. Here the change is made inside the claim's
+/// own transaction (a trigger on the lease row bumps the live root turn's version, as another
+/// daemon's write would have), so it lands exactly in that window: the daemon still starts,
+/// settles the tree from the store's copy (interrupted), and takes a new prompt.
+#[test]
+fn a_restarted_daemon_starts_when_a_tree_changed_between_its_load_and_its_claim() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some("lease_secs = 3\n"), &env);
+    let id = a.create(WS, "demo");
+    let (_, turn) = a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 1)
+    });
+    a.kill9();
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    c.batch_execute(&format!(
+        "CREATE TABLE test_fired (n INT);
+         CREATE FUNCTION test_change_tree() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NOT EXISTS (SELECT 1 FROM test_fired) THEN
+             INSERT INTO test_fired VALUES (1);
+             UPDATE turns SET version = version + 1,
+               json = jsonb_set(json::jsonb, '{{version}}', to_jsonb(version + 1))::text
+               WHERE id = '{turn}';
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER test_change_tree AFTER UPDATE ON tree_leases FOR EACH ROW
+           WHEN (NEW.root_agent_session_id = '{id}') EXECUTE FUNCTION test_change_tree();"
+    ))
+    .expect("trigger");
+    a.restart();
+    let fired: i64 = c
+        .query_one("SELECT count(*) FROM test_fired", &[])
+        .expect("fired")
+        .get(0);
+    assert_eq!(fired, 1, "the tree changed between the load and the claim");
+    let end = a.wait_for(WS, &id, 60, "settled after the restart", |v| {
+        v["session"].get("activeTurnId").is_none()
+    });
+    let t = turn_of(&end, &id).expect("root turn");
+    assert_eq!(t["id"], turn.as_str(), "{end}");
+    assert_eq!(t["outcome"], "interrupted", "{end}");
+    let (reply, _) = a.submit(WS, &id, "children=0 permission=0 fail=0 late=0");
+    assert_eq!(reply, "started");
+}
+
+/// Found by the fault harness (issue 34 item 5): a daemon that claims a tree whose owner
+/// stopped renewing settles it (interrupted) and then releases the lease; when that settling
+/// step did not commit (here: the store fails the turn's update once, through a trigger), the
+/// lease was released all the same, leaving a live tree with a released lease, which no
+/// failover ever claims (only expired, unreleased leases are): the tree stayed active forever.
+/// Now the lease is kept (unreleased) and the tree is settled again at the next renewal tick.
+#[test]
+fn a_takeover_whose_settling_step_fails_settles_the_tree_later_instead_of_releasing_it() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "2")];
+    let config = "lease_secs = 1\n";
+    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let id = a.create(WS, "demo");
+    let (_, turn) = a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
+    a.wait_for(WS, &id, 60, "child running", |v| {
+        v["childSessions"].as_array().is_some_and(|c| c.len() == 1)
+    });
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    // The first two updates of the root turn after A died fail (a sequence: not rolled back
+    // with the failing transaction): the takeover's settling step fails in its group and when
+    // retried alone.
+    c.batch_execute(
+        "CREATE SEQUENCE test_fail_once;
+         CREATE FUNCTION test_fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF nextval('test_fail_once') <= 2 THEN
+             RAISE EXCEPTION 'injected failure of the settling step';
+           END IF;
+           RETURN NEW;
+         END $$;",
+    )
+    .expect("function");
+    a.kill9();
+    c.batch_execute(&format!(
+        "CREATE TRIGGER test_fail_once BEFORE UPDATE ON turns FOR EACH ROW
+           WHEN (OLD.id = '{turn}') EXECUTE FUNCTION test_fail_once();"
+    ))
+    .expect("trigger");
+    let end = b.wait_for(WS, &id, 60, "taken over and settled", |v| {
+        v["session"].get("activeTurnId").is_none()
+    });
+    let failed: i64 = c
+        .query_one("SELECT last_value FROM test_fail_once", &[])
+        .expect("sequence")
+        .get(0);
+    assert!(
+        failed >= 3,
+        "the first settling step failed, a later one passed"
+    );
+    let t = turn_of(&end, &id).expect("root turn");
+    assert_eq!(t["id"], turn.as_str(), "{end}");
+    assert_eq!(t["outcome"], "interrupted", "{end}");
 }

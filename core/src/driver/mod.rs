@@ -882,29 +882,13 @@ impl Driver {
         true
     }
 
-    /// Replaces a tree by the store's copy (crash-only recovery; a replay's reload check; a
-    /// host that claimed the tree's lease again after it lapsed).
-    ///
-    /// The tree's batches decided and not handed out yet ([`Driver::poll_output`] has not
-    /// given them as [`Output::Persist`]) were decided on the copy being replaced: they are
-    /// never committed, and each answers [`DriverError::Refused`] (issue 34: a batch decided
-    /// before a host lost a tree must not commit after it claimed the tree again, under the
-    /// new lease epoch). Batches already handed out are the host's to commit or not (it reports
-    /// them as usual).
+    /// Replaces a tree by the store's copy (crash-only recovery; a replay's reload check).
     pub fn reload(&mut self, root: &str, trees: &dyn Trees) -> bool {
-        for e in self.entries.iter_mut() {
-            if e.state == State::Decided && e.outcome.is_ok() && e.root.as_deref() == Some(root) {
-                e.state = State::Failed;
-                e.outcome = Err(DriverError::Refused);
-            }
-        }
         self.engine.evict(root);
-        let restored = match trees.load_tree(root) {
+        match trees.load_tree(root) {
             Some(t) => self.engine.restore(t).is_ok(),
             None => false,
-        };
-        self.pump(trees);
-        restored
+        }
     }
 
     /// The adapter of a live root (downcast it with `as &dyn Any` for adapter-specific reads).

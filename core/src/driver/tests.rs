@@ -420,56 +420,6 @@ fn a_failed_commit_reloads_the_tree_and_supersedes_its_later_batches() {
     assert!(h.store.session("c1").unwrap().is_some());
 }
 
-/// Issue 34, "a batch decided under a lost lease is refused even if the daemon holds the tree
-/// again": a reload (the host claimed the tree again and replaces it by the store's copy)
-/// refuses the batches of that tree decided before it and not handed out yet; a batch already
-/// handed out stays the host's to commit.
-#[test]
-fn a_reload_refuses_the_batches_decided_on_the_replaced_copy() {
-    let (adapter, log) = Probe::boxed();
-    let mut h = Host::started(adapter);
-    h.input(submit("root", "t8"), Some(8)); // appended: decided, handed out below
-    let handed = h.d.poll_batch().expect("a batch");
-    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
-    h.input(submit("root", "t9"), Some(9)); // decided on the state with c1, not handed out
-    assert!(h.d.reload("root", &h.store));
-    assert!(h.d.engine().session("c1").is_none(), "tree not replaced");
-    assert!(
-        h.d.batch(handed).is_some(),
-        "a handed-out batch was taken back"
-    );
-    assert_eq!(
-        h.d.poll_batch(),
-        None,
-        "a batch of the replaced copy is offered"
-    );
-    h.handed.push_back(handed);
-    h.commit();
-    h.drain();
-    let answers: Vec<(ReplyTo, bool, bool)> = h
-        .replies
-        .iter()
-        .map(|(to, r)| (*to, r.is_ok(), matches!(r, Err(DriverError::Refused))))
-        .collect();
-    assert_eq!(
-        answers,
-        [(1, true, false), (8, true, false), (9, false, true)]
-    );
-    assert!(
-        h.store.session("c1").unwrap().is_none(),
-        "the refused batch was written"
-    );
-    // t1's start and t8's guidance reached the adapter; t9's guidance (refused) did not.
-    let requests: Vec<String> = log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.starts_with("request"))
-        .cloned()
-        .collect();
-    assert_eq!(requests, ["request start", "request guide"]);
-}
-
 #[test]
 fn adapter_events_reach_the_engine_before_its_answers() {
     let (adapter, _) = Probe::boxed();

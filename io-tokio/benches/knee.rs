@@ -36,6 +36,13 @@
 //! turning rows into SSE events), from the daemon's own stage counters
 //! (`tutti_stage_seconds_total`).
 //!
+//! Each step also prints (with `TUTTI_KNEE_VERBOSE=1`) the CPU time of the whole process per
+//! line (simulated agents and SSE clients included) and of the engine thread alone, and the
+//! group commits with their mean size. `TUTTI_KNEE_STEPS` bounds the steps, `TUTTI_KNEE_ALL=1`
+//! runs the later steps after the knee too, `TUTTI_KNEE_ONLY=daemon` skips the ceilings, and
+//! `TUTTI_KNEE_ONLY=engine` runs only the engine thread's work without threads (see
+//! [`engine_only`]: decide, commit and acknowledge per line; for profilers).
+//!
 //! Nothing is asserted: the bench prints figures. The machine is shared and has 2 cores: compare
 //! figures within one run.
 
@@ -72,7 +79,50 @@ fn env_f(name: &str, default: f64) -> f64 {
 }
 
 /// The `i`-th line of an agent's turn; whether it carries a send time (a `tool_call` title).
+/// Written from templates (the bytes `json!(..).to_string()` writes for the same objects;
+/// `line_json` is that reference): the simulated agents stand for other processes, so the
+/// cheaper their lines are to produce, the less of the shared cores the bench itself takes.
 fn line(i: usize, sent_us: u64) -> (String, bool) {
+    const HEAD: &str =
+        r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sim","update":"#;
+    let child = i / 40;
+    match i % 40 {
+        5 => (
+            format!(
+                r#"{HEAD}{{"sessionUpdate":"subagent_update","sessionId":"sub{child}","title":"helper","state":{{"state":"running"}}}}}}}}"#
+            ),
+            false,
+        ),
+        35 => (
+            format!(
+                r#"{HEAD}{{"sessionUpdate":"subagent_update","sessionId":"sub{child}","state":{{"state":"idle","stopReason":"end_turn"}}}}}}}}"#
+            ),
+            false,
+        ),
+        k if k % 4 == 1 => (
+            format!(
+                r#"{HEAD}{{"sessionUpdate":"tool_call","toolCallId":"c{i}","title":"t={sent_us}","kind":"search","status":"in_progress","rawInput":{{"pattern":"fn main","path":"src"}}}}}}}}"#
+            ),
+            true,
+        ),
+        k if k % 4 == 3 => (
+            format!(
+                r#"{HEAD}{{"sessionUpdate":"tool_call_update","toolCallId":"c{}","title":"t={sent_us}","status":"completed","rawOutput":{{"matches":3}}}}}}}}"#,
+                i - 2
+            ),
+            true,
+        ),
+        _ => (
+            format!(
+                r#"{HEAD}{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"a line of transcript of about sixty characters, as agents write "}}}}}}}}"#
+            ),
+            false,
+        ),
+    }
+}
+
+/// The reference for [`line`]: the same objects built as JSON values (checked once at start).
+fn line_json(i: usize, sent_us: u64) -> String {
     let upd = |u: Value| {
         json!({"jsonrpc": "2.0", "method": "session/update",
             "params": {"sessionId": SESSION, "update": u}})
@@ -80,42 +130,25 @@ fn line(i: usize, sent_us: u64) -> (String, bool) {
     };
     let child = format!("sub{}", i / 40);
     match i % 40 {
-        5 => (
-            upd(
-                json!({"sessionUpdate": "subagent_update", "sessionId": child,
-                "title": "helper", "state": {"state": "running"}}),
-            ),
-            false,
+        5 => upd(
+            json!({"sessionUpdate": "subagent_update", "sessionId": child,
+            "title": "helper", "state": {"state": "running"}}),
         ),
-        35 => (
-            upd(
-                json!({"sessionUpdate": "subagent_update", "sessionId": child,
-                "state": {"state": "idle", "stopReason": "end_turn"}}),
-            ),
-            false,
+        35 => upd(
+            json!({"sessionUpdate": "subagent_update", "sessionId": child,
+            "state": {"state": "idle", "stopReason": "end_turn"}}),
         ),
-        k if k % 4 == 1 => (
-            upd(
-                json!({"sessionUpdate": "tool_call", "toolCallId": format!("c{i}"),
-                "title": format!("t={sent_us}"), "kind": "search", "status": "in_progress",
-                "rawInput": {"pattern": "fn main", "path": "src"}}),
-            ),
-            true,
+        k if k % 4 == 1 => upd(
+            json!({"sessionUpdate": "tool_call", "toolCallId": format!("c{i}"),
+            "title": format!("t={sent_us}"), "kind": "search", "status": "in_progress",
+            "rawInput": {"pattern": "fn main", "path": "src"}}),
         ),
-        k if k % 4 == 3 => (
-            upd(
-                json!({"sessionUpdate": "tool_call_update", "toolCallId": format!("c{}", i - 2),
-                "title": format!("t={sent_us}"), "status": "completed",
-                "rawOutput": {"matches": 3}}),
-            ),
-            true,
-        ),
-        _ => (
-            upd(
-                json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text",
-                "text": "a line of transcript of about sixty characters, as agents write "}}),
-            ),
-            false,
+        k if k % 4 == 3 => upd(json!({"sessionUpdate": "tool_call_update",
+            "toolCallId": format!("c{}", i - 2), "title": format!("t={sent_us}"),
+            "status": "completed", "rawOutput": {"matches": 3}})),
+        _ => upd(
+            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text",
+            "text": "a line of transcript of about sixty characters, as agents write "}}),
         ),
     }
 }
@@ -260,12 +293,18 @@ async fn sse_client(
     let mut buf = Vec::with_capacity(4096);
     const NEEDLE: &[u8] = b"\"name\":\"t=";
     let mut seen = 0;
+    // One timer for the whole read (a timer per line would cost more than the read itself with
+    // 100 clients).
+    let deadline = tokio::time::sleep_until(deadline.into());
+    tokio::pin!(deadline);
     while seen < expected {
         buf.clear();
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, r.read_until(b'\n', &mut buf)).await {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => break,
+        tokio::select! {
+            r = r.read_until(b'\n', &mut buf) => match r {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            },
+            _ = &mut deadline => break,
         }
         let Some(at) = buf.windows(NEEDLE.len()).position(|w| w == NEEDLE) else {
             continue;
@@ -298,6 +337,35 @@ enum Db<'a> {
     Postgres(&'a tutti_pg_server::Server),
 }
 
+/// CPU time (seconds) of this process, and of its engine thread (`tutti-engine`), from `/proc`
+/// (clock ticks: coarse, but a step runs seconds). Zeros where `/proc` is missing.
+fn cpu_seconds() -> (f64, f64) {
+    let ticks = |stat: &str| -> Option<f64> {
+        // Fields after the command name (which ends with the last ')'): utime is the 12th, stime
+        // the 13th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+    };
+    let hz = 100.0;
+    let total = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| ticks(&s))
+        .unwrap_or(0.0);
+    let mut engine = 0.0;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+                continue;
+            };
+            if stat.contains("(tutti-engine)") {
+                engine += ticks(&stat).unwrap_or(0.0);
+            }
+        }
+    }
+    (total / hz, engine / hz)
+}
+
 /// One step's figures.
 struct StepResult {
     offered: f64,
@@ -306,6 +374,11 @@ struct StepResult {
     p99_ms: f64,
     complete: bool,
     stages: Vec<(&'static str, f64)>,
+    /// Group commits in the step, and their mean size (batches), from the daemon's metrics.
+    groups: (f64, f64),
+    /// CPU microseconds per line: the whole process (simulated agents and clients included),
+    /// and the engine thread alone.
+    cpu_us: (f64, f64),
 }
 
 impl StepResult {
@@ -340,8 +413,13 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
     };
     let daemon = match db {
         Db::Sqlite(dir) => {
-            let path = dir.join(format!("knee-{}.db", epoch.elapsed().as_nanos()));
-            let _ = std::fs::remove_file(&path);
+            // A new file per step (a name from the time since `epoch` could repeat, and a stale
+            // `-wal` of an earlier step's file would then be read with the new one).
+            static STEP: AtomicU64 = AtomicU64::new(0);
+            let path = dir.join(format!("knee-{}.db", STEP.fetch_add(1, Ordering::Relaxed)));
+            for ext in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
+            }
             Daemon::start(opts(path)).expect("daemon starts")
         }
         Db::Postgres(server) => {
@@ -394,6 +472,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
     // Let every client's stream open before the load starts.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stages_before = daemon.metrics().stage_seconds();
+    let (cpu_before, _) = cpu_seconds();
     let parse_before = PARSE_NS.load(Ordering::Relaxed);
     let started = epoch.elapsed().as_micros() as u64;
     for a in 0..agents {
@@ -423,6 +502,20 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         lat.extend(l);
     }
     let parse = (PARSE_NS.load(Ordering::Relaxed) - parse_before) as f64 / 1e9;
+    // The engine thread started with this step's daemon: all its time is this step's.
+    let (cpu_after, engine_cpu) = cpu_seconds();
+    let metric = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let groups = match daemon.metrics_text().await {
+        Ok(t) => {
+            let n = metric(&t, "tutti_group_commit_batches_count");
+            (n, metric(&t, "tutti_group_commit_batches_sum") / n.max(1.0))
+        }
+        Err(_) => (0.0, 0.0),
+    };
     let after = daemon.metrics().stage_seconds();
     let _ = stop_tx.send(true);
     daemon.shutdown().await;
@@ -449,6 +542,11 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         p99_ms: pct(&lat, 0.99),
         complete,
         stages,
+        groups,
+        cpu_us: (
+            (cpu_after - cpu_before) * 1e6 / lines,
+            engine_cpu * 1e6 / lines,
+        ),
     }
 }
 
@@ -459,7 +557,8 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
     let factor = env_f("TUTTI_KNEE_STEP", 1.4).max(1.05);
     let mut rate = env_f("TUTTI_KNEE_START", 500.0).max(100.0);
     let mut knee = None;
-    for _ in 0..20 {
+    let mut failed = false;
+    for _ in 0..env_f("TUTTI_KNEE_STEPS", 20.0) as usize {
         let r = step(db, agents, followers, rate, secs).await;
         println!(
             "  {label}, {followers:>3} follower(s): offered {:>7.0}/s delivered {:>7.0}/s p50 {:>6.2} ms p99 {:>7.2} ms{}",
@@ -470,13 +569,25 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
             if r.passed() { "" } else { "  <- past the knee" }
         );
         if std::env::var_os("TUTTI_KNEE_VERBOSE").is_some() {
-            println!("    time: {}", shares(&r));
+            println!(
+                "    time: {}; CPU {:.1} us/line (engine thread {:.1}); {:.0} group commits of {:.1} batches",
+                shares(&r),
+                r.cpu_us.0,
+                r.cpu_us.1,
+                r.groups.0,
+                r.groups.1
+            );
         }
-        if !r.passed() {
+        rate *= factor;
+        if r.passed() && !failed {
+            knee = Some(r);
+            continue;
+        }
+        failed = true;
+        // `TUTTI_KNEE_ALL=1`: the later steps run too (figures past the knee).
+        if std::env::var_os("TUTTI_KNEE_ALL").is_none() {
             break;
         }
-        knee = Some(r);
-        rate *= factor;
     }
     knee
 }
@@ -497,10 +608,12 @@ fn print_knee(label: &str, followers: usize, knee: &Option<StepResult>) -> f64 {
         return 0.0;
     };
     println!(
-        "knee ({label}, {followers} followers): {:.0} events/s (p99 {:.2} ms); time at the knee: {}",
+        "knee ({label}, {followers} followers): {:.0} events/s (p99 {:.2} ms); time at the knee: {}; CPU {:.1} us/line (engine thread {:.1})",
         k.offered,
         k.p99_ms,
-        shares(k)
+        shares(k),
+        k.cpu_us.0,
+        k.cpu_us.1
     );
     k.offered
 }
@@ -639,6 +752,203 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
     (batches, sent)
 }
 
+/// The engine thread's own work for the same lines, without threads (`TUTTI_KNEE_ONLY=engine`):
+/// a standalone `Driver` decides the lines already parsed (one per agent per round, as the
+/// daemon's rounds take them), commits each round's batches in one group, acknowledges them and
+/// takes what they released. Prints microseconds per line per part; for profilers,
+/// `measured_decide` and `measured_commit` are the parts (`callgrind --toggle-collect`).
+fn engine_only(agents: usize, lines: usize, dir: &std::path::Path) {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let path = dir.join(format!("engine-{}.db", RUN.fetch_add(1, Ordering::Relaxed)));
+    let mut store = SqliteStore::open_with(
+        &path,
+        &OpenOptions::new().synchronous(tutti_sqlite::Synchronous::Normal),
+    )
+    .expect("engine store");
+    let mut driver = Driver::new();
+    let mut prompts: Vec<(Id, Value)> = Vec::new();
+    let mut decide = Duration::ZERO;
+    let (mut commit, mut ack) = (Duration::ZERO, Duration::ZERO);
+    let mut groups = 0usize;
+    // Settles the driver as the daemon's `settle` does: the batches first, one group, then what
+    // committing them released.
+    let settle = |driver: &mut Driver,
+                  store: &mut SqliteStore,
+                  prompts: &mut Vec<(Id, Value)>,
+                  now: i64,
+                  commit: &mut Duration,
+                  ack: &mut Duration| loop {
+        let t = Instant::now();
+        let mut ids = Vec::new();
+        let mut any = false;
+        while let Some(out) = driver.poll_output() {
+            match out {
+                Output::Persist(id) => ids.push(id),
+                Output::Launch(spec) => {
+                    any = true;
+                    let a = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
+                    let _ = driver.handle(
+                        DriverInput::Attach {
+                            now,
+                            root: spec.root,
+                            adapter: Box::new(a),
+                        },
+                        &*store,
+                    );
+                }
+                Output::Transmit(t) => {
+                    any = true;
+                    for m in t.messages {
+                        let id = m.get("id").cloned();
+                        let reply = match m.get("method").and_then(Value::as_str) {
+                            Some("initialize") => {
+                                json!({"protocolVersion": 1, "agentCapabilities": {}})
+                            }
+                            Some("session/new") => json!({"sessionId": SESSION}),
+                            Some("session/prompt") => {
+                                prompts.push((t.root.clone(), id.unwrap_or(Value::Null)));
+                                continue;
+                            }
+                            _ => continue,
+                        };
+                        let l = json!({"jsonrpc": "2.0", "id": id, "result": reply});
+                        let _ = driver.handle(
+                            DriverInput::Native {
+                                now,
+                                root: &t.root,
+                                message: &l,
+                            },
+                            &*store,
+                        );
+                    }
+                }
+                _ => any = true,
+            }
+        }
+        *ack += t.elapsed();
+        if ids.is_empty() && !any {
+            break;
+        }
+        if ids.is_empty() {
+            continue;
+        }
+        let t = Instant::now();
+        let published = measured_commit(driver, store, &ids);
+        *commit += t.elapsed();
+        let t = Instant::now();
+        for (id, p) in ids.iter().zip(published) {
+            let _ = driver.handle(
+                DriverInput::Committed {
+                    batch: *id,
+                    published: p,
+                },
+                &*store,
+            );
+        }
+        *ack += t.elapsed();
+    };
+    let mut now = 1;
+    for a in 0..agents {
+        let id: Id = format!("s{a}").into();
+        for input in [
+            Command::CreateSession {
+                agent_session_id: id.clone(),
+                workspace_id: "w".into(),
+                provider: "sim".into(),
+                title: None,
+                capabilities: None,
+            },
+            Command::Submit {
+                agent_session_id: id.clone(),
+                turn_id: format!("t{a}").into(),
+                text: "go".into(),
+            },
+        ] {
+            let _ = driver.handle(
+                DriverInput::Host {
+                    now,
+                    input: Input::Command(input),
+                    reply: None,
+                },
+                &store,
+            );
+            settle(
+                &mut driver,
+                &mut store,
+                &mut prompts,
+                now,
+                &mut commit,
+                &mut ack,
+            );
+        }
+    }
+    commit = Duration::ZERO;
+    ack = Duration::ZERO;
+    let roots: Vec<String> = (0..agents).map(|a| format!("s{a}")).collect();
+    let mut sent = 0;
+    for i in 0..lines {
+        now += 1;
+        // One round: a line of every agent, parsed before the engine thread sees it.
+        let round: Vec<Value> = (0..agents)
+            .map(|_| parse_line(&line(i, now as u64).0).expect("line"))
+            .collect();
+        let t = Instant::now();
+        measured_decide(&mut driver, &store, now, &roots, &round);
+        decide += t.elapsed();
+        sent += agents;
+        settle(
+            &mut driver,
+            &mut store,
+            &mut prompts,
+            now,
+            &mut commit,
+            &mut ack,
+        );
+        groups += 1;
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / sent as f64;
+    println!(
+        "engine thread alone ({agents} agents x {lines} lines, one group per round of {agents}): \
+         decide {:.2} us/line, commit {:.2} us/line, ack+release {:.2} us/line, total {:.2} us/line \
+         ({:.0} lines/s); {groups} groups",
+        per(decide),
+        per(commit),
+        per(ack),
+        per(decide + commit + ack),
+        sent as f64 / (decide + commit + ack).as_secs_f64()
+    );
+}
+
+#[inline(never)]
+fn measured_decide(
+    driver: &mut Driver,
+    store: &SqliteStore,
+    now: i64,
+    roots: &[String],
+    round: &[Value],
+) {
+    for (root, m) in roots.iter().zip(round) {
+        let _ = driver.handle(
+            DriverInput::Native {
+                now,
+                root,
+                message: m,
+            },
+            store,
+        );
+    }
+}
+
+#[inline(never)]
+fn measured_commit(
+    driver: &Driver,
+    store: &mut SqliteStore,
+    ids: &[tutti_core::driver::BatchId],
+) -> Vec<Vec<tutti_core::store::Published>> {
+    let batches: Vec<&PersistBatch> = ids.iter().filter_map(|id| driver.batch(*id)).collect();
+    store.apply_group(&batches, true).expect("engine commit")
+}
+
 /// The store's ceiling for the captured batches: `SqliteStore` and raw rusqlite, events (lines)
 /// per second, best of three.
 fn ceilings(dir: &std::path::Path) -> (f64, f64, usize) {
@@ -703,6 +1013,17 @@ fn main() {
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("tutti-knee-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench directory");
+    for i in 0..80 {
+        assert_eq!(line(i, 1234567).0, line_json(i, 1234567), "line {i}");
+    }
+    if std::env::var("TUTTI_KNEE_ONLY").as_deref() == Ok("engine") {
+        let lines = env_f("TUTTI_KNEE_LINES", 400.0) as usize;
+        for _ in 0..env_f("TUTTI_KNEE_REPEAT", 3.0) as usize {
+            engine_only(100, lines, &dir);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     println!(
         "tutti-tokio knee benchmark: provider line -> committed -> streamed, p99 limit {} ms",
         P99_LIMIT_US / 1000
@@ -718,7 +1039,13 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let (store_ceiling, raw_ceiling, nbatches) = ceilings(&dir);
+    // `TUTTI_KNEE_ONLY=daemon`: the ramp alone (for profilers; the ratios print as NaN).
+    let (store_ceiling, raw_ceiling, nbatches) =
+        if std::env::var("TUTTI_KNEE_ONLY").as_deref() == Ok("daemon") {
+            (f64::NAN, f64::NAN, 0)
+        } else {
+            ceilings(&dir)
+        };
     println!(
         "store ceiling (same lines, {nbatches} batches, groups of {}): SqliteStore {store_ceiling:.0} events/s, raw rusqlite {raw_ceiling:.0} events/s",
         tutti_sqlite::MAX_GROUP

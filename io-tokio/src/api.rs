@@ -49,7 +49,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -950,30 +950,31 @@ async fn events(
                             })
                             .to_string(),
                         );
-                    if tx.send(Ok(ev)).await.is_err() {
+                    if tx.send(vec![Ok(ev)]).await.is_err() {
                         return;
                     }
                     continue;
                 }
             };
             let t = std::time::Instant::now();
-            let events: Vec<Event> = rows
+            let events: Vec<Result<Event, Infallible>> = rows
                 .into_iter()
                 .map(|row| {
-                    Event::default()
+                    Ok(Event::default()
                         .id(row.seq.to_string())
                         .event(row.kind)
-                        .data(&*row.data)
+                        .data(&*row.data))
                 })
                 .collect();
             metrics.stage(Stage::Stream, t.elapsed());
-            for ev in events {
-                if tx.send(Ok(ev)).await.is_err() {
-                    return;
-                }
+            // The rows of one read or commit go over the channel together: the response
+            // writes them one after the other without a task wake-up for each.
+            if tx.send(events).await.is_err() {
+                return;
             }
         }
     });
+    let stream = stream.flat_map(futures::stream::iter);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
@@ -991,7 +992,9 @@ where
     F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    // Items are batches of events (`events`): a few of them are as much as a slow client
+    // should hold in memory; the follower waits for it beyond that.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
     tokio::spawn(f(tx));
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }

@@ -690,6 +690,8 @@ impl Daemon {
                 .max(1),
             reserved: std::collections::HashSet::new(),
             round_io: std::time::Duration::ZERO,
+            pending_live: Vec::new(),
+            pending_seq: None,
             lease_watch: lease_watch.clone(),
             lapsed: std::collections::BTreeSet::new(),
         };
@@ -943,6 +945,11 @@ struct Core<S> {
     /// the exit's own batch is still fenced).
     to_release: Vec<Id>,
     live: broadcast::Sender<LiveBatch>,
+    /// Rows of commits announced in this pass of [`Core::settle`], sent to the live followers
+    /// as one batch when the pass ends (see [`Core::flush_live`]).
+    pending_live: Vec<LiveRow>,
+    /// The newest seq of those commits.
+    pending_seq: Option<u64>,
     /// The engine, the adapters of the live roots and their timers.
     driver: Driver,
     store: S,
@@ -1504,6 +1511,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     .and_then(|root| self.housekeeping.epoch(root));
                 ids.push((id, epoch));
             }
+            // What the commits of the last pass released is out: their rows go to the live
+            // followers before the next commit.
+            self.flush_live();
             for chunk in ids.chunks(MAX_GROUP) {
                 self.commit(chunk, &mut touched);
             }
@@ -1635,6 +1645,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
             },
             Output::Publish(p) => self.publish(p),
             Output::Reply { to, result } => {
+                // The rows of the commits before a reply are announced before it.
+                self.flush_live();
                 if let Some((r, kind)) = self.replies.remove(&to) {
                     self.metrics.input_decided(kind, &result);
                     if let Err(e) = &result {
@@ -1663,21 +1675,48 @@ impl<S: HostStore + Send + 'static> Core<S> {
         self.metrics.stage(Stage::Publish, took);
     }
 
+    /// Takes a commit's rows into the pass's live batch: the commits released in one pass of
+    /// [`Core::settle`] reach each live follower as one batch (one wake-up per follower per pass
+    /// instead of one per commit). A batch stays gap-free: rows that do not follow the pending
+    /// ones, or a commit whose rows are not sent live, first send what is pending.
     fn publish_rows(&mut self, p: Publication) {
         let Some(max) = p.rows.iter().map(|r| r.seq).max() else {
             return;
         };
-        if self.live.receiver_count() > 0 {
-            if let (Some(root), Some(ws)) = (p.root_agent_session_id, p.workspace_id) {
-                let rows = p
-                    .rows
-                    .into_iter()
-                    .map(|r| LiveRow::new(r.seq, r.kind, root.clone(), ws.clone(), r.payload))
-                    .collect();
-                let _ = self.live.send(Arc::new(rows));
-            }
+        let live = match (p.root_agent_session_id, p.workspace_id) {
+            (Some(root), Some(ws)) if self.live.receiver_count() > 0 => Some((root, ws)),
+            _ => None,
+        };
+        let follows = match (self.pending_live.last(), p.rows.first()) {
+            (Some(last), Some(first)) => first.seq == last.seq + 1,
+            _ => true,
+        };
+        if live.is_none() || !follows {
+            self.flush_live();
         }
-        self.seq.send_replace(max);
+        if let Some((root, ws)) = live {
+            self.pending_live.extend(
+                p.rows
+                    .into_iter()
+                    .map(|r| LiveRow::new(r.seq, r.kind, root.clone(), ws.clone(), r.payload)),
+            );
+        }
+        self.pending_seq = Some(self.pending_seq.map_or(max, |s| s.max(max)));
+    }
+
+    /// Sends the pending live rows as one batch, then the newest seq.
+    fn flush_live(&mut self) {
+        if !self.pending_live.is_empty() {
+            let t = std::time::Instant::now();
+            let rows = std::mem::take(&mut self.pending_live);
+            let _ = self.live.send(Arc::new(rows));
+            let took = t.elapsed();
+            self.round_io += took;
+            self.metrics.stage(Stage::Publish, took);
+        }
+        if let Some(max) = self.pending_seq.take() {
+            self.seq.send_replace(max);
+        }
     }
 
     /// Arms one tick for the driver's next deadline (unless one is armed at or before it).

@@ -49,12 +49,14 @@
 //!   resurrects a settled root turn. The agent's own request ids (from 0, the same numbers as
 //!   ours) are told from our responses by their `method`.
 
+mod by_session;
 pub mod subagents;
 
 use super::{Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
 use crate::model::{Id, Millis, Outcome, Target, Text};
 use crate::step::{GuideMode, ProviderRequest};
+use by_session::BySession;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -129,7 +131,7 @@ pub struct AcpAdapter {
     cancels: Vec<CancelOp>,
     permissions: BTreeMap<String, Permission>,
     /// Aggregated chunks per (native session, role).
-    chunks: BTreeMap<(String, &'static str), String>,
+    chunks: BySession<String>,
     /// Messages flushed by this adapter so far; see [`message_id`] for the ids built from it.
     message_no: u64,
     now: Millis,
@@ -140,9 +142,9 @@ pub struct AcpAdapter {
     /// Why the last `session/new` failed; the next request tries again.
     session_error: Option<String>,
     /// (native session, tool call id) of the tool calls reported during the running prompt.
-    tool_calls: std::collections::BTreeSet<(String, String)>,
+    tool_calls: BySession<()>,
     /// The merged input/output of those tool calls ([`AcpAdapter::tool_payload`]).
-    tool_payloads: BTreeMap<(String, String), serde_json::Map<String, Value>>,
+    tool_payloads: BySession<serde_json::Map<String, Value>>,
 }
 
 impl AcpAdapter {
@@ -180,7 +182,7 @@ impl AcpAdapter {
             boundary: false,
             cancels: Vec::new(),
             permissions: BTreeMap::new(),
-            chunks: BTreeMap::new(),
+            chunks: BySession::default(),
             message_no: 0,
             now: 0,
             announced: None,
@@ -189,7 +191,7 @@ impl AcpAdapter {
             pending_start: None,
             session_error: None,
             tool_calls: Default::default(),
-            tool_payloads: BTreeMap::new(),
+            tool_payloads: BySession::default(),
         }
     }
 
@@ -301,7 +303,7 @@ impl AcpAdapter {
 
     fn flush(&mut self, out: &mut AdapterOutput, native: &str) {
         for role in ["assistant", "thought"] {
-            if let Some(text) = self.chunks.remove(&(native.to_string(), role)) {
+            if let Some(text) = self.chunks.remove(native, role) {
                 if let Some((session, turn, _)) = self.owner(native) {
                     self.message_no += 1;
                     let message_id = message_id(&turn, self.message_no);
@@ -318,7 +320,7 @@ impl AcpAdapter {
     }
 
     fn flush_all(&mut self, out: &mut AdapterOutput) {
-        let keys: Vec<String> = self.chunks.keys().map(|(s, _)| s.clone()).collect();
+        let keys: Vec<String> = self.chunks.sessions().map(str::to_string).collect();
         for k in keys {
             self.flush(out, &k);
         }
@@ -431,7 +433,7 @@ impl AcpAdapter {
                 self.prompt = None;
                 self.tool_calls.clear();
                 // Children's tool calls may go on after the prompt; the root's may not.
-                self.tool_payloads.retain(|(n, _), _| *n != root_native);
+                self.tool_payloads.retain_sessions(|n| n != root_native);
                 let stop = result
                     .and_then(|r| r.get("stopReason"))
                     .and_then(Value::as_str);
@@ -536,13 +538,11 @@ impl AcpAdapter {
                     "thought"
                 };
                 let text = update
-                    .pointer("/content/text")
+                    .get("content")
+                    .and_then(|c| c.get("text"))
                     .and_then(Value::as_str)
                     .unwrap_or_default();
-                self.chunks
-                    .entry((native.clone(), role))
-                    .or_default()
-                    .push_str(text);
+                self.chunks.get_or_default(&native, role).push_str(text);
             }
             "session_message" => self.on_session_message(out, &native, session, turn, update),
             "tool_call" | "tool_call_update" => {
@@ -553,7 +553,7 @@ impl AcpAdapter {
                         field: "toolCallId",
                     });
                 };
-                self.tool_calls.insert((native.clone(), call.to_string()));
+                self.tool_calls.insert_new(&native, call, ());
                 let status = update.get("status").and_then(Value::as_str).unwrap_or(
                     if kind == "tool_call" {
                         "pending"
@@ -561,11 +561,8 @@ impl AcpAdapter {
                         "in_progress"
                     },
                 );
-                let payload = self.tool_payload(&native, call, update);
-                if matches!(status, "completed" | "failed") {
-                    self.tool_payloads
-                        .remove(&(native.clone(), call.to_string()));
-                }
+                let last = matches!(status, "completed" | "failed");
+                let payload = self.tool_payload(&native, call, update, last);
                 out.events.push(NormalizedEvent::ToolCallUpdated {
                     agent_session_id: session,
                     turn_id: turn,
@@ -584,21 +581,39 @@ impl AcpAdapter {
     /// What the agent sent of a tool call's input and output (`rawInput`, `rawOutput`,
     /// `content`, `locations`), merged over its updates (a `tool_call_update` carries only what
     /// changed), as the tool call's payload: the web view opens a tool call to show it. `None`
-    /// when this update carries none of them (the recorded payload stays).
-    fn tool_payload(&mut self, native: &str, call: &str, update: &Value) -> Option<Value> {
+    /// when this update carries none of them (the recorded payload stays). The `last` update of
+    /// a tool call (completed or failed) forgets its recorded payload.
+    fn tool_payload(
+        &mut self,
+        native: &str,
+        call: &str,
+        update: &Value,
+        last: bool,
+    ) -> Option<Value> {
         const KEYS: [&str; 4] = ["rawInput", "rawOutput", "content", "locations"];
-        if !KEYS.iter().any(|k| update.get(*k).is_some()) {
+        let merge = |entry: &mut serde_json::Map<String, Value>| {
+            for k in KEYS {
+                if let Some(v) = update.get(k) {
+                    entry.insert(k.to_string(), v.clone());
+                }
+            }
+        };
+        let carries = KEYS.iter().any(|k| update.get(*k).is_some());
+        if last {
+            // Taken out rather than copied: nothing reads it again.
+            let recorded = self.tool_payloads.remove(native, call);
+            if !carries {
+                return None;
+            }
+            let mut entry = recorded.unwrap_or_default();
+            merge(&mut entry);
+            return Some(Value::Object(entry));
+        }
+        if !carries {
             return None;
         }
-        let entry = self
-            .tool_payloads
-            .entry((native.to_string(), call.to_string()))
-            .or_default();
-        for k in KEYS {
-            if let Some(v) = update.get(k) {
-                entry.insert(k.to_string(), v.clone());
-            }
-        }
+        let entry = self.tool_payloads.get_or_default(native, call);
+        merge(entry);
         Some(Value::Object(entry.clone()))
     }
 
@@ -641,10 +656,7 @@ impl AcpAdapter {
             .pointer("/toolCall/toolCallId")
             .and_then(Value::as_str)
         {
-            if self
-                .tool_calls
-                .insert((native.to_string(), call.to_string()))
-            {
+            if self.tool_calls.insert_new(native, call, ()) {
                 self.flush(out, native);
                 let tool = params.get("toolCall");
                 let field = |k: &str| tool.and_then(|t| t.get(k));

@@ -1,0 +1,114 @@
+//! A table of the ACP adapter keyed by (native session, key), looked up with borrowed `&str`s:
+//! finding, updating or removing an entry allocates nothing (a `BTreeMap<(String, String), V>`
+//! needs both key strings built for every look-up, and every provider line looks up a chunk or a
+//! tool call). Only inserting a new entry allocates its keys.
+//!
+//! Invariant (checked in debug builds after every change): no session is kept without entries,
+//! so [`BySession::sessions`] names exactly the sessions that have some.
+
+use std::collections::BTreeMap;
+
+/// Entries of type `V` by native session, then by key, both in order.
+#[derive(Debug)]
+pub(super) struct BySession<V> {
+    map: BTreeMap<String, BTreeMap<String, V>>,
+}
+
+impl<V> Default for BySession<V> {
+    fn default() -> Self {
+        BySession {
+            map: BTreeMap::new(),
+        }
+    }
+}
+
+impl<V> BySession<V> {
+    pub(super) fn contains(&self, session: &str, key: &str) -> bool {
+        self.map.get(session).is_some_and(|m| m.contains_key(key))
+    }
+
+    /// Inserts an entry; whether it is new (an existing entry keeps its value).
+    pub(super) fn insert_new(&mut self, session: &str, key: &str, value: V) -> bool {
+        if self.contains(session, key) {
+            return false;
+        }
+        self.inner(session).insert(key.to_string(), value);
+        self.check();
+        true
+    }
+
+    /// The entry, inserted with its default first if absent.
+    pub(super) fn get_or_default(&mut self, session: &str, key: &str) -> &mut V
+    where
+        V: Default,
+    {
+        let inner = self.inner(session);
+        if !inner.contains_key(key) {
+            inner.insert(key.to_string(), V::default());
+        }
+        inner.get_mut(key).expect("inserted above")
+    }
+
+    pub(super) fn remove(&mut self, session: &str, key: &str) -> Option<V> {
+        let inner = self.map.get_mut(session)?;
+        let v = inner.remove(key);
+        if inner.is_empty() {
+            self.map.remove(session);
+        }
+        self.check();
+        v
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    /// Keeps the entries of the sessions `keep` says yes to.
+    pub(super) fn retain_sessions(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.map.retain(|s, _| keep(s));
+    }
+
+    /// The sessions with entries, in order.
+    pub(super) fn sessions(&self) -> impl Iterator<Item = &str> {
+        self.map.keys().map(String::as_str)
+    }
+
+    fn inner(&mut self, session: &str) -> &mut BTreeMap<String, V> {
+        if !self.map.contains_key(session) {
+            self.map.insert(session.to_string(), BTreeMap::new());
+        }
+        self.map.get_mut(session).expect("inserted above")
+    }
+
+    fn check(&self) {
+        debug_assert!(
+            self.map.values().all(|m| !m.is_empty()),
+            "a session without entries is kept"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BySession;
+
+    #[test]
+    fn entries_are_found_by_borrowed_keys_and_empty_sessions_go() {
+        let mut t: BySession<String> = BySession::default();
+        assert!(t.insert_new("s", "a", "1".into()));
+        assert!(!t.insert_new("s", "a", "2".into()));
+        t.get_or_default("s", "b").push('x');
+        t.get_or_default("r", "a").push('y');
+        assert!(t.contains("s", "a") && t.contains("s", "b") && !t.contains("s", "c"));
+        assert_eq!(t.sessions().collect::<Vec<_>>(), ["r", "s"]);
+        assert_eq!(t.remove("s", "a").as_deref(), Some("1"));
+        assert_eq!(t.remove("s", "b").as_deref(), Some("x"));
+        assert_eq!(t.remove("s", "b"), None);
+        assert_eq!(t.sessions().collect::<Vec<_>>(), ["r"]);
+        t.retain_sessions(|s| s != "r");
+        assert_eq!(t.sessions().count(), 0);
+        t.get_or_default("q", "a");
+        t.clear();
+        assert!(!t.contains("q", "a"));
+    }
+}

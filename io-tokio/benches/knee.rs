@@ -71,6 +71,26 @@ const SESSION: &str = "sim";
 const TOKEN: &str = "knee-bench-token-0123456789abcdef0123456789";
 const P99_LIMIT_US: u64 = 5_000;
 
+/// The commands that create agent `a`'s session and start its turn (the standalone `Driver`
+/// runs of the ceiling and of `TUTTI_KNEE_ONLY=engine`).
+fn agent_start(a: usize) -> [Command; 2] {
+    let id: Id = format!("s{a}").into();
+    [
+        Command::CreateSession {
+            agent_session_id: id.clone(),
+            workspace_id: "w".into(),
+            provider: "sim".into(),
+            title: None,
+            capabilities: None,
+        },
+        Command::Submit {
+            agent_session_id: id,
+            turn_id: format!("t{a}").into(),
+            text: "go".into(),
+        },
+    ]
+}
+
 fn env_f(name: &str, default: f64) -> f64 {
     std::env::var(name)
         .ok()
@@ -692,21 +712,7 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
         }
     };
     for a in 0..agents {
-        let id: Id = format!("s{a}").into();
-        for input in [
-            Command::CreateSession {
-                agent_session_id: id.clone(),
-                workspace_id: "w".into(),
-                provider: "sim".into(),
-                title: None,
-                capabilities: None,
-            },
-            Command::Submit {
-                agent_session_id: id.clone(),
-                turn_id: format!("t{a}").into(),
-                text: "go".into(),
-            },
-        ] {
+        for input in agent_start(a) {
             let _ = driver.handle(
                 DriverInput::Host {
                     now,
@@ -849,21 +855,7 @@ fn engine_only(agents: usize, lines: usize, dir: &std::path::Path) {
     };
     let mut now = 1;
     for a in 0..agents {
-        let id: Id = format!("s{a}").into();
-        for input in [
-            Command::CreateSession {
-                agent_session_id: id.clone(),
-                workspace_id: "w".into(),
-                provider: "sim".into(),
-                title: None,
-                capabilities: None,
-            },
-            Command::Submit {
-                agent_session_id: id.clone(),
-                turn_id: format!("t{a}").into(),
-                text: "go".into(),
-            },
-        ] {
+        for input in agent_start(a) {
             let _ = driver.handle(
                 DriverInput::Host {
                     now,

@@ -71,6 +71,23 @@ const SESSION: &str = "sim";
 const TOKEN: &str = "knee-bench-token-0123456789abcdef0123456789";
 const P99_LIMIT_US: u64 = 5_000;
 
+/// The simulated agent's answer to one message the adapter wrote (`initialize`, `session/new`);
+/// a `session/prompt` is kept in `prompts` (root, request id) to be answered when its turn's
+/// lines are done, and gets no answer now.
+fn sim_answer(m: &Value, root: &Id, prompts: &mut Vec<(Id, Value)>) -> Option<Value> {
+    let id = m.get("id").cloned();
+    let reply = match m.get("method").and_then(Value::as_str) {
+        Some("initialize") => json!({"protocolVersion": 1, "agentCapabilities": {}}),
+        Some("session/new") => json!({"sessionId": SESSION}),
+        Some("session/prompt") => {
+            prompts.push((root.clone(), id.unwrap_or(Value::Null)));
+            return None;
+        }
+        _ => return None,
+    };
+    Some(json!({"jsonrpc": "2.0", "id": id, "result": reply}))
+}
+
 /// The commands that create agent `a`'s session and start its turn (the standalone `Driver`
 /// runs of the ceiling and of `TUTTI_KNEE_ONLY=engine`).
 fn agent_start(a: usize) -> [Command; 2] {
@@ -681,19 +698,10 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
                 }
                 Output::Transmit(t) => {
                     for m in t.messages {
-                        let id = m.get("id").cloned();
-                        let reply = match m.get("method").and_then(Value::as_str) {
-                            Some("initialize") => {
-                                json!({"protocolVersion": 1, "agentCapabilities": {}})
-                            }
-                            Some("session/new") => json!({"sessionId": SESSION}),
-                            Some("session/prompt") => {
-                                prompts.push((t.root.clone(), id.unwrap_or(Value::Null)));
-                                continue;
-                            }
-                            _ => continue,
+                        let Some(l) = sim_answer(&m, &t.root, prompts) else {
+                            continue;
                         };
-                        let l = json!({"jsonrpc": "2.0", "id": id, "result": reply}).to_string();
+                        let l = l.to_string();
                         let _ = driver.handle(
                             DriverInput::Line {
                                 now,
@@ -805,19 +813,9 @@ fn engine_only(agents: usize, lines: usize, dir: &std::path::Path) {
                 Output::Transmit(t) => {
                     any = true;
                     for m in t.messages {
-                        let id = m.get("id").cloned();
-                        let reply = match m.get("method").and_then(Value::as_str) {
-                            Some("initialize") => {
-                                json!({"protocolVersion": 1, "agentCapabilities": {}})
-                            }
-                            Some("session/new") => json!({"sessionId": SESSION}),
-                            Some("session/prompt") => {
-                                prompts.push((t.root.clone(), id.unwrap_or(Value::Null)));
-                                continue;
-                            }
-                            _ => continue,
+                        let Some(l) = sim_answer(&m, &t.root, prompts) else {
+                            continue;
                         };
-                        let l = json!({"jsonrpc": "2.0", "id": id, "result": reply});
                         let _ = driver.handle(
                             DriverInput::Native {
                                 now,

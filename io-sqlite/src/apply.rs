@@ -170,8 +170,8 @@ macro_rules! row_owner {
 }
 
 /// After a batch purged sessions of tree `?1`: every kept outbox row of those sessions (`?2`, a
-/// JSON array of ids) becomes a redacted row. One scan of the kept outbox per deletion (no
-/// index on the root: it would cost every append).
+/// JSON array of ids) becomes a redacted row. It reads the tree's kept rows through
+/// `outbox_by_root` (schema version 4), not the whole outbox.
 pub(crate) const REDACT_TREE_OUTBOX: &str = concat!(
     "UPDATE outbox SET kind = 'redacted', payload = json_object('agentSessionId', ",
     row_owner!(),

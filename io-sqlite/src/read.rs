@@ -395,6 +395,7 @@ mod tests {
             CANCEL_OPERATION,
             OUTBOX_AFTER,
             crate::apply::REDACT_MESSAGE_OUTBOX,
+            crate::apply::REDACT_TREE_OUTBOX,
         ]
         .iter()
         .map(|s| s.to_string())

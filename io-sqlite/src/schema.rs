@@ -23,12 +23,19 @@
 //! `outbox_marks`, the (seq, time) marks that the outbox retention policy ages rows by (the outbox
 //! rows themselves carry no time, so the hot write path is unchanged). Files of versions 1 and 2
 //! are migrated in place; both new tables start empty.
+//!
+//! Version 4: an index on the outbox's root (`outbox_by_root`). Deleting a session redacts its
+//! tree's kept outbox rows (`REDACT_TREE_OUTBOX`); without the index that was one scan of the
+//! whole kept outbox per deletion, so a run with deletions grew quadratic in the outbox's size
+//! (the store bench lost its floor to it). Choice: the index costs one more b-tree insert per
+//! outbox row on the hot path, paid by the raw baseline of the store bench too (it writes into
+//! these tables); measured in the README's Benchmarks section.
 
 /// `PRAGMA application_id` of a tutti database: ASCII "tuti".
 pub const APPLICATION_ID: i32 = 0x7475_7469;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The DDL of the current schema version (all migrations in order), for tools and benchmarks
 /// that need equivalent tables.
@@ -44,7 +51,7 @@ pub fn migration(from: usize) -> Option<&'static str> {
 
 /// `MIGRATIONS[n]` takes a database from `user_version` n to n + 1. Each runs inside the
 /// migration transaction, which also sets `user_version`.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The page size of a new file (`PRAGMA page_size`, set before its first table exists).
 pub const PAGE_SIZE: i64 = 8192;
@@ -165,4 +172,9 @@ CREATE TABLE outbox_marks (
     seq   INTEGER PRIMARY KEY NOT NULL,
     at_ms INTEGER NOT NULL
 );
+"#;
+
+/// Version 4: the outbox by root, for the redaction of a deleted session's kept rows.
+const V4: &str = r#"
+CREATE INDEX outbox_by_root ON outbox (root_agent_session_id);
 "#;

@@ -144,7 +144,7 @@ fn the_session_cwd_is_durable() {
 }
 
 #[test]
-fn a_version_2_file_is_migrated_to_version_3_in_place() {
+fn a_version_2_file_is_migrated_to_the_current_version_in_place() {
     let (_dir, path) = support::temp_db();
     {
         let c = Connection::open(&path).expect("raw create");
@@ -163,11 +163,20 @@ fn a_version_2_file_is_migrated_to_version_3_in_place() {
         c.pragma_update(None, "user_version", 2).expect("version");
     }
     let mut db = SqliteStore::open(&path).expect("open migrates");
-    let v: i64 = Connection::open(&path)
-        .expect("raw")
+    let raw = Connection::open(&path).expect("raw");
+    let v: i64 = raw
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
-    assert_eq!((v, SCHEMA_VERSION), (3, 3));
+    assert_eq!((v, SCHEMA_VERSION), (4, 4));
+    // Version 4: the outbox by root (the redaction of a deleted session's rows reads it).
+    let index: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'outbox_by_root'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("index");
+    assert_eq!(index, 1, "outbox_by_root made by the migration");
     let rows = db.outbox_after(0, 10).expect("read");
     let payloads: Vec<&Value> = rows.iter().map(|r| &r.payload).collect();
     assert_eq!(payloads, vec![&json!({"id": "R0"})], "old rows kept");

@@ -226,6 +226,12 @@ impl PostgresStore {
         }
     }
 
+    /// The epoch this handle fences `root` at (its last claim of the tree, until released):
+    /// what a batch of the tree decided now is fenced by (issue 34, per-batch fencing).
+    pub fn fenced_at(&self, root: &str) -> Option<u64> {
+        self.fences.get(root).copied()
+    }
+
     /// Fences `root` at `epoch` on this handle (what a successful claim does): from now on every
     /// batch for that tree commits only while the stored lease epoch is `epoch`.
     pub fn fence(&mut self, root: &str, epoch: u64) {

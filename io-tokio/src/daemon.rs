@@ -164,6 +164,11 @@ pub trait Housekeeping<S>: Send {
     fn epoch(&self, _root: &Id) -> Option<u64> {
         None
     }
+    /// Issue 34, per-batch fencing: the epoch a batch of `root` decided now is fenced by (see
+    /// [`Core::tag_decided`]). The default: [`Housekeeping::epoch`].
+    fn decided_epoch(&self, _store: &S, root: &Id) -> Option<u64> {
+        self.epoch(root)
+    }
     /// Commits a group of batches, `decided[i]` being the epoch batch `i` was decided under
     /// ([`Housekeeping::epoch`]): a store with leases refuses a batch whose epoch is no longer
     /// the tree's (fenced), even when this daemon holds the tree again at a newer epoch. The
@@ -694,6 +699,9 @@ impl Daemon {
             pending_seq: None,
             lease_watch: lease_watch.clone(),
             lapsed: std::collections::BTreeSet::new(),
+            decided_under: std::collections::VecDeque::new(),
+            tagged_through: None,
+            fenced: Vec::new(),
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -994,6 +1002,15 @@ struct Core<S> {
     /// be settled: each is claimed again (and settled as after a failover) as soon as the store
     /// answers, or left to the daemon that took it over.
     lapsed: std::collections::BTreeSet<Id>,
+    /// Issue 34, per-batch fencing: each batch the driver decided and the engine thread has not
+    /// taken yet, with the lease epoch its tree was held at when it was decided (see
+    /// [`Core::tag_decided`]), oldest first.
+    decided_under: std::collections::VecDeque<(BatchId, Option<u64>)>,
+    /// The newest batch in [`Core::decided_under`] so far.
+    tagged_through: Option<BatchId>,
+    /// Roots with a batch the fence refused in this pass of [`Core::settle`] (see
+    /// [`Core::after_fenced`]).
+    fenced: Vec<Id>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -1456,6 +1473,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 ) {
                     warn!(root = %root, error = %e, "dropped a native message");
                 }
+                self.tag_decided();
             }
             FromRuntime::WriteFailed(failure, error) => self.drive(DriverInput::WriteFailed {
                 now,
@@ -1485,6 +1503,42 @@ impl<S: HostStore + Send + 'static> Core<S> {
         if let Err(e) = self.driver.handle(input, &self.store) {
             warn!(error = %e, "the driver refused an input");
         }
+        self.tag_decided();
+    }
+
+    /// Issue 34, per-batch fencing: tags the batches the last input made the driver decide with
+    /// the lease epoch their tree is held at now, before anything later in the round (a
+    /// renewal, a lapse, a command's re-claim of the tree at a new epoch) can change it. The
+    /// commit then refuses a batch decided under a lease that was lost since, even when this
+    /// daemon holds the tree again ([`Housekeeping::commit_group`]). Choice: the tag is the
+    /// epoch the store handle fences the tree at ([`Housekeeping::decided_epoch`]), so a batch
+    /// decided after the lease lapsed here (a provider's exit after its lease was lost) is
+    /// fenced by the lapsed epoch too, and refused once a re-claim moved the tree on.
+    fn tag_decided(&mut self) {
+        for id in self.driver.decided_after(self.tagged_through) {
+            let epoch = self
+                .driver
+                .batch(id)
+                .and_then(|b| b.root_agent_session_id.as_ref())
+                .and_then(|root| self.housekeeping.decided_epoch(&self.store, root));
+            self.decided_under.push_back((id, epoch));
+            self.tagged_through = Some(id);
+        }
+    }
+
+    /// The epoch batch `id` was decided under ([`Core::tag_decided`]); tags of batches handed
+    /// out before it (or superseded and never handed out) are dropped.
+    fn decided_epoch(&mut self, id: BatchId) -> Option<Option<u64>> {
+        while let Some(&(front, epoch)) = self.decided_under.front() {
+            if front > id {
+                return None;
+            }
+            self.decided_under.pop_front();
+            if front == id {
+                return Some(epoch);
+            }
+        }
+        None
     }
 
     /// Commits what the driver decided and carries out what it released, until it is quiet;
@@ -1494,8 +1548,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
         loop {
             // The driver hands out the batches to commit first, then what committed batches
             // released. Each batch is taken with the lease epoch it was decided under (issue
-            // 34): read as the driver hands it over, before anything (a renewal, a re-claim,
-            // an output carried out) can change it.
+            // 34), tagged when it was decided ([`Core::tag_decided`]).
             let mut ids: Vec<(BatchId, Option<u64>)> = Vec::new();
             let mut any = false;
             while let Some(out) = self.driver.poll_output() {
@@ -1504,11 +1557,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     self.carry_out(now, out);
                     continue;
                 };
-                let epoch = self
-                    .driver
-                    .batch(id)
-                    .and_then(|b| b.root_agent_session_id.as_ref())
-                    .and_then(|root| self.housekeeping.epoch(root));
+                let epoch = match self.decided_epoch(id) {
+                    Some(epoch) => epoch,
+                    // Not tagged (no input path should leave one so): the epoch held now.
+                    None => self
+                        .driver
+                        .batch(id)
+                        .and_then(|b| b.root_agent_session_id.as_ref())
+                        .and_then(|root| self.housekeeping.epoch(root)),
+                };
                 ids.push((id, epoch));
             }
             // What the commits of the last pass released is out: their rows go to the live
@@ -1516,6 +1573,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
             self.flush_live();
             for chunk in ids.chunks(MAX_GROUP) {
                 self.commit(chunk, &mut touched);
+            }
+            for root in std::mem::take(&mut self.fenced) {
+                self.after_fenced(now, &root);
             }
             if ids.is_empty() && !any {
                 break;
@@ -1527,6 +1587,25 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
         }
         touched
+    }
+
+    /// Issue 34: the fence refused a batch of `root` (decided under a lease that was lost since,
+    /// or this daemon lost the tree). If this daemon still runs the tree's provider, what that
+    /// provider said under the lost lease is gone with the refused batch (the tree was reloaded
+    /// from the store), so its later messages cannot be trusted to settle the turn (a refused
+    /// "turn ended" would leave the tree active for good). The provider is stopped and the tree
+    /// settled as after a failover (interrupted), by a batch decided now: it commits if this
+    /// daemon holds the tree again, and is refused as well (nothing changes) if another daemon
+    /// does, which settles it when it takes the tree over.
+    fn after_fenced(&mut self, now: i64, root: &Id) {
+        if !self.runtimes.contains_key(root) {
+            return;
+        }
+        warn!(root = %root, "a batch decided under a lost lease was refused; stopping the tree's provider and settling the tree");
+        self.stop_runtime(root, "fenced");
+        if self.housekeeping.epoch(root).is_some() {
+            self.settle_orphan(now, root);
+        }
     }
 
     /// One group commit; on failure the batches one by one (see [`HostStore::apply_group`]).
@@ -1589,8 +1668,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             });
                         }
                         Err(e) => {
-                            let refused = S::is_guard_failure(e.source_error())
-                                || S::is_fenced(e.source_error());
+                            let fenced = S::is_fenced(e.source_error());
+                            let refused = S::is_guard_failure(e.source_error()) || fenced;
+                            if let Some(root) = batch
+                                .root_agent_session_id
+                                .clone()
+                                .filter(|r| fenced && !self.fenced.contains(r))
+                            {
+                                self.fenced.push(root);
+                            }
                             self.metrics
                                 .commit_failed(S::is_guard_failure(e.source_error()));
                             if S::is_unavailable(e.source_error()) {

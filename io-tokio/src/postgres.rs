@@ -139,6 +139,9 @@ impl Housekeeping<PostgresStore> for Leases {
     fn epoch(&self, root: &Id) -> Option<u64> {
         self.held.get(root).map(|h| h.epoch)
     }
+    fn decided_epoch(&self, store: &PostgresStore, root: &Id) -> Option<u64> {
+        self.epoch(root).or_else(|| store.fenced_at(root))
+    }
     fn commit_group(
         &mut self,
         store: &mut PostgresStore,

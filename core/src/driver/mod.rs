@@ -925,6 +925,22 @@ impl Driver {
         }
     }
 
+    /// The batches decided and not yet handed out as [`Output::Persist`] whose number comes
+    /// after `after` (all of them for `None`), oldest first. A host that must tag each batch
+    /// with what held when it was decided (the daemon: the lease epoch of its tree, issue 34)
+    /// calls it after each input, before anything can change what it tags.
+    pub fn decided_after(&self, after: Option<BatchId>) -> Vec<BatchId> {
+        let mut v: Vec<BatchId> = self
+            .unsent
+            .iter()
+            .rev()
+            .take_while(|&&n| after.is_none_or(|a| n > a.0))
+            .map(|&n| BatchId(n))
+            .collect();
+        v.reverse();
+        v
+    }
+
     /// Trees loaded on demand (or reloaded after a failed commit) since the last call.
     pub fn take_loaded(&mut self) -> Vec<Id> {
         std::mem::take(&mut self.loaded)

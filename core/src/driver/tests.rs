@@ -764,3 +764,31 @@ fn a_refused_commit_answers_its_caller_refused_and_reloads_the_tree() {
         h.replies
     );
 }
+
+/// Issue 34, per-batch fencing: a host tags each batch with what held when it was decided
+/// (the daemon: the tree's lease epoch), so it must learn of every decided batch once, in
+/// decision order, before it is handed out.
+#[test]
+fn decided_after_names_each_decided_batch_once_in_order() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    assert!(h.d.decided_after(None).is_empty(), "started: all committed");
+    h.input(submit("root", "t2"), Some(2));
+    let first = h.d.decided_after(None);
+    assert_eq!(first.len(), 1);
+    h.input(submit("root", "t3"), Some(3));
+    let second = h.d.decided_after(first.last().copied());
+    assert_eq!(second.len(), 1, "only the batch decided since");
+    assert!(second[0] > first[0]);
+    assert_eq!(h.d.decided_after(None), [first[0], second[0]]);
+    assert_eq!(
+        h.d.poll_batch(),
+        Some(first[0]),
+        "handed out in the same order"
+    );
+    assert_eq!(
+        h.d.decided_after(None),
+        [second[0]],
+        "a handed-out batch is not named"
+    );
+}

@@ -702,6 +702,7 @@ impl Daemon {
             decided_under: std::collections::VecDeque::new(),
             tagged_through: None,
             fenced: Vec::new(),
+            unreadable: Vec::new(),
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -1011,6 +1012,9 @@ struct Core<S> {
     /// Roots with a batch the fence refused in this pass of [`Core::settle`] (see
     /// [`Core::after_fenced`]).
     fenced: Vec<Id>,
+    /// Roots with a batch not committed in this pass because the store was unreachable (see
+    /// [`Core::after_unreadable`]).
+    unreadable: Vec<Id>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -1187,10 +1191,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 if self.current.contains_key(&root) {
                     continue;
                 }
-                // Without leases (SQLite) there is nothing to keep.
-                if self.driver.engine().is_quiescent(&root)
-                    || self.housekeeping.epoch(&root).is_none()
-                {
+                // Without leases (SQLite) there is nothing to keep. A tree that is not in memory
+                // and cannot be read now is not known to be quiescent: its lease is kept.
+                let quiescent = self.housekeeping.epoch(&root).is_none()
+                    || match self.ensure_loaded(&root) {
+                        Some(true) => self.driver.engine().is_quiescent(&root),
+                        Some(false) => true,
+                        None => false,
+                    };
+                if quiescent {
                     self.housekeeping.release(&mut self.store, &root);
                     continue;
                 }
@@ -1277,6 +1286,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
             Acquired::Held => Ok(()),
             Acquired::Claimed { orphaned } => {
                 debug!(root = %root, orphaned, "tree lease claimed for a command");
+                // A provider still registered here ran under a lease this daemon no longer
+                // held (its good-until instant passed; the watchdog stops it, or did, but the
+                // engine has not handled that yet). It is stopped now, before the tree is
+                // reloaded: handled later in the round, the watchdog's stop would drop the
+                // claim just made and reload the tree again over the command's batch (found
+                // by the fault harness: a turn left active with no provider and no lease).
+                if self.runtimes.contains_key(&root) || self.current.contains_key(&root) {
+                    self.stop_runtime(&root, "lease lapsed");
+                }
                 self.lapsed.remove(&root);
                 self.lease_watch
                     .set_good_until(&root, self.housekeeping.good_until(&root));
@@ -1577,6 +1595,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
             for root in std::mem::take(&mut self.fenced) {
                 self.after_fenced(now, &root);
             }
+            for root in std::mem::take(&mut self.unreadable) {
+                self.after_unreadable(&root);
+            }
             if ids.is_empty() && !any {
                 break;
             }
@@ -1606,6 +1627,27 @@ impl<S: HostStore + Send + 'static> Core<S> {
         if self.housekeeping.epoch(root).is_some() {
             self.settle_orphan(now, root);
         }
+    }
+
+    /// Issue 34: a batch of `root` was not committed because the store was unreachable, and the
+    /// driver could not reload the tree (it is out of memory). Its provider's next messages
+    /// would find no tree and be dropped (a turn's end among them: the turn would stay active
+    /// for good, found by the fault harness). With leases, the provider is stopped and the tree
+    /// handled as a lapsed one: claimed again as soon as the store answers and settled as after
+    /// a failover (interrupted). Choice: without leases (SQLite, where the store being
+    /// unreachable is a transient busy or I/O error) the provider goes on and the driver loads
+    /// the tree on its next message.
+    fn after_unreadable(&mut self, root: &Id) {
+        if self.driver.engine().session(root).is_some()
+            || !self.runtimes.contains_key(root)
+            || self.housekeeping.epoch(root).is_none()
+        {
+            return;
+        }
+        warn!(root = %root, "a tree could not be reloaded while the store was unreachable; stopping its provider, to settle the tree when the store is back");
+        self.stop_runtime(root, "store unreachable");
+        self.housekeeping.forget(root);
+        self.lapsed.insert(root.clone());
     }
 
     /// One group commit; on failure the batches one by one (see [`HostStore::apply_group`]).
@@ -1668,6 +1710,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             });
                         }
                         Err(e) => {
+                            let batch_root = batch.root_agent_session_id.clone();
                             let fenced = S::is_fenced(e.source_error());
                             let refused = S::is_guard_failure(e.source_error()) || fenced;
                             if let Some(root) = batch
@@ -1698,6 +1741,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
                                     batch: *id,
                                     why: CommitFailure::Unavailable(e.to_string()),
                                 });
+                                if let Some(root) =
+                                    batch_root.filter(|r| !self.unreadable.contains(r))
+                                {
+                                    self.unreadable.push(root);
+                                }
                             } else {
                                 self.drive(DriverInput::NotCommitted {
                                     batch: *id,
@@ -1875,10 +1923,29 @@ impl<S: HostStore + Send + 'static> Core<S> {
     }
 
     /// Whether a root's provider runtime may be stopped: "no active turn, no prepared cancel, no
-    /// pending interaction" in its tree. A tree that is not loaded has none of them.
+    /// pending interaction" in its tree. A tree that is not in memory is not known to be
+    /// quiescent (see [`Core::ensure_loaded`], which the callers that may load run first).
     fn runtime_quiescent(&self, root: &Id) -> bool {
         let engine = self.driver.engine();
-        engine.is_quiescent(root) && engine.pending_interactions(root).is_empty()
+        engine.session(root).is_some()
+            && engine.is_quiescent(root)
+            && engine.pending_interactions(root).is_empty()
+    }
+
+    /// Issue 34: puts `root`'s tree in memory if it is not (`Some(true)`: loaded). `Some(false)`:
+    /// the store has no such tree (deleted and purged); `None`: the store could not be read.
+    /// Before, a tree out of memory counted as quiescent; a reload that failed while the
+    /// database was unreachable (after a commit's outcome was unavailable) left an active tree
+    /// out of memory, so its provider was stopped as idle and its lease released with the turn
+    /// still active in the store, and nobody settled it (found by the fault harness).
+    fn ensure_loaded(&mut self, root: &Id) -> Option<bool> {
+        if self.driver.engine().session(root).is_some() || self.driver.reload(root, &self.store) {
+            return Some(true);
+        }
+        match tutti_core::store::Store::load_tree(&self.store, root) {
+            Ok(None) => Some(false),
+            _ => None,
+        }
     }
 
     /// After a committed step of `root`: stops its runtime at once if the root is deleted and
@@ -1900,6 +1967,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
         self.idle.generation += 1;
         let generation = self.idle.generation;
         self.idle.armed.insert(root.clone(), generation);
+        let _ = self.ensure_loaded(root);
         if !self.runtime_quiescent(root) {
             return;
         }
@@ -1985,7 +2053,12 @@ impl<S: HostStore + Send + 'static> Core<S> {
     }
 
     fn idle_check(&mut self, root: &Id, generation: u64) {
-        if self.idle.armed.get(root) != Some(&generation) || !self.runtime_quiescent(root) {
+        if self.idle.armed.get(root) != Some(&generation) {
+            return;
+        }
+        // A tree gone from the store has nothing left to run for.
+        let gone = self.ensure_loaded(root) == Some(false);
+        if !gone && !self.runtime_quiescent(root) {
             return;
         }
         self.stop_runtime(root, "idle");

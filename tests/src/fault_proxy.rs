@@ -6,7 +6,11 @@
 //! - [`Mode::Pause`]: nothing is forwarded (the pumps hold what they read), sockets stay open,
 //!   as in a partition; back to `Pass`, the held bytes flow on;
 //! - [`Mode::Refuse`]: new connections are accepted and closed at once (live ones are kept);
-//! - [`FaultProxy::drop_all`]: every live pair is closed now (both sides see a reset/EOF).
+//! - [`FaultProxy::drop_all`]: every live pair is closed now (both sides see a reset/EOF);
+//! - [`FaultProxy::pause_port`]: one pair is paused as in `Pause`, found by the port its
+//!   upstream socket has (what the server reports as the backend's `client_port`), so a test
+//!   can freeze one connection of a daemon (say, its engine's, found in `pg_stat_activity`)
+//!   and leave its others working.
 //!
 //! Loopback only. Dropping the proxy closes every connection and stops its threads.
 
@@ -39,6 +43,8 @@ struct Shared {
     changed: Condvar,
     latency_ms: AtomicU64,
     pairs: Mutex<Vec<Pair>>,
+    /// Upstream local ports of the pairs paused one by one ([`FaultProxy::pause_port`]).
+    paused_ports: Mutex<std::collections::HashSet<u16>>,
     next_id: AtomicU64,
     stop: AtomicBool,
     accepted: AtomicU64,
@@ -62,6 +68,7 @@ impl FaultProxy {
             changed: Condvar::new(),
             latency_ms: AtomicU64::new(0),
             pairs: Mutex::new(Vec::new()),
+            paused_ports: Mutex::new(std::collections::HashSet::new()),
             next_id: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
@@ -124,9 +131,23 @@ impl FaultProxy {
         self.shared.accepted.load(Ordering::SeqCst)
     }
 
-    /// Back to `Pass` without latency.
+    /// Pauses the live pair whose upstream socket has local port `port` (both directions, as
+    /// [`Mode::Pause`] does for all); `false` when no live pair has it. [`FaultProxy::heal`]
+    /// lets it go on.
+    pub fn pause_port(&self, port: u16) -> bool {
+        let live = lock(&self.shared.pairs)
+            .iter()
+            .any(|p| p.upstream.local_addr().is_ok_and(|a| a.port() == port));
+        if live {
+            lock(&self.shared.paused_ports).insert(port);
+        }
+        live
+    }
+
+    /// Back to `Pass` without latency, no pair paused.
     pub fn heal(&self) {
         self.set_latency(0);
+        lock(&self.shared.paused_ports).clear();
         self.set_mode(Mode::Pass);
     }
 }
@@ -180,6 +201,7 @@ fn accept_loop(listener: &TcpListener, upstream: SocketAddr, shared: &Arc<Shared
         };
         let closed = Arc::new(AtomicBool::new(false));
         let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        let port = up.local_addr().map_or(0, |a| a.port());
         lock(&shared.pairs).push(Pair {
             id,
             client: c3,
@@ -191,14 +213,22 @@ fn accept_loop(listener: &TcpListener, upstream: SocketAddr, shared: &Arc<Shared
             let closed = closed.clone();
             let _ = std::thread::Builder::new()
                 .name("fault-proxy-pump".into())
-                .spawn(move || pump(from, to, &s, &closed, id));
+                .spawn(move || pump(from, to, &s, &closed, id, port));
         }
     }
 }
 
 /// Copies `from` to `to` chunk by chunk, holding each chunk while the proxy is paused and for
-/// the latency; closes the pair when either side ends.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, closed: &AtomicBool, id: u64) {
+/// the latency; closes the pair when either side ends. `port`: the pair's upstream local port
+/// (see [`FaultProxy::pause_port`]).
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    shared: &Shared,
+    closed: &AtomicBool,
+    id: u64,
+    port: u16,
+) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf) {
@@ -207,8 +237,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, closed: &Atomic
         };
         // Held while paused (the sockets stay open), released on Pass/Refuse or a close.
         {
+            let paused =
+                |mode: Mode| mode == Mode::Pause || lock(&shared.paused_ports).contains(&port);
             let mut mode = lock(&shared.mode);
-            while *mode == Mode::Pause && !closed.load(Ordering::SeqCst) {
+            while paused(*mode) && !closed.load(Ordering::SeqCst) {
                 mode = shared
                     .changed
                     .wait_timeout(mode, Duration::from_millis(200))
@@ -333,5 +365,39 @@ mod tests {
             b"again"
         );
         assert!(p.accepted() >= 3);
+    }
+
+    /// `pause_port` holds one pair (found by its upstream port, as the echo server sees the
+    /// peer) while another goes on; `heal` releases it.
+    #[test]
+    fn one_connection_is_paused_by_its_upstream_port() {
+        let p = FaultProxy::start(echo_server()).expect("proxy");
+        let mut a = connect(&p);
+        let mut b = connect(&p);
+        assert_eq!(roundtrip(&mut a, b"a").expect("a"), b"a");
+        assert_eq!(roundtrip(&mut b, b"b").expect("b"), b"b");
+        let ports: Vec<u16> = lock(&p.shared.pairs)
+            .iter()
+            .map(|pair| pair.upstream.local_addr().expect("addr").port())
+            .collect();
+        assert_eq!(ports.len(), 2);
+        assert!(!p.pause_port(1), "no pair has port 1");
+        // The first pair accepted is `a`'s.
+        assert!(p.pause_port(ports[0]));
+        a.set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("timeout");
+        a.write_all(b"held").expect("write while paused");
+        let mut buf = [0u8; 4];
+        let r = a.read(&mut buf);
+        assert!(
+            matches!(&r, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+            "the paused pair forwards nothing: {r:?}"
+        );
+        assert_eq!(roundtrip(&mut b, b"goes").expect("b goes on"), b"goes");
+        p.heal();
+        a.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        a.read_exact(&mut buf).expect("released by heal");
+        assert_eq!(&buf, b"held");
     }
 }

@@ -6,7 +6,10 @@
 //! schedule drawn from a seeded RNG: proxy pause (partition), drop-all, refuse, latency,
 //! `kill -9` + restart of a daemon, `SIGSTOP`/`SIGCONT` of a daemon (one variant waits until
 //! the daemon has a transaction open first), `pg_ctl restart -m fast`, and
-//! `pg_terminate_backend` of one daemon's connections. Meanwhile two clients send creates,
+//! `pg_terminate_backend` of one daemon's connections. Before them, one aimed fault per seed
+//! opens the per-batch fencing window (`Run::stale_lines`: only one daemon's engine thread is
+//! stalled, by pausing in the proxy the one connection found waiting on a row lock the harness
+//! holds, while the others take its tree over). Meanwhile two clients send creates,
 //! submits, cancels and permission answers to random daemons (choices from the same seed) and
 //! record every request and answer (ids, kinds and statuses only: never prompt or message
 //! text), and one SSE follower per daemon reads `/v1/events`, reconnecting with
@@ -561,6 +564,247 @@ impl Run {
         self.say(format!("fault {kind}{on}: {note}"));
     }
 
+    /// A create (and, with `prompt`, a submit) through daemon `i`, recorded like the clients'
+    /// commands; the session id.
+    fn create_through(&self, i: usize, prompt: Option<&str>) -> Option<String> {
+        let ep = self.shared.endpoint(i);
+        let r = self.recorded(i, "create", || {
+            call(
+                &ep,
+                "POST",
+                &sessions_path(),
+                Some(json!({"provider": "demo", "title": "aimed"})),
+                10,
+            )
+        });
+        let id = r
+            .as_ref()
+            .ok()
+            .filter(|(s, _)| *s == 201)
+            .and_then(|(_, v)| v["session"]["id"].as_str().map(str::to_string))?;
+        if let Some(text) = prompt {
+            let _ = self.submit_through(i, &id, text);
+        }
+        Some(id)
+    }
+
+    /// A submit through daemon `i`, recorded; its answer.
+    fn submit_through(&self, i: usize, id: &str, text: &str) -> Result<(u16, Value), String> {
+        let ep = self.shared.endpoint(i);
+        self.recorded(i, "submit", || {
+            call(
+                &ep,
+                "POST",
+                &format!("{}/submit", detail_path(id)),
+                Some(json!({ "text": text })),
+                20,
+            )
+        })
+    }
+
+    /// Runs one request of the harness itself and records it as the clients record theirs
+    /// (a create's or submit's ids taken from the answer).
+    fn recorded(
+        &self,
+        i: usize,
+        op: &'static str,
+        send: impl FnOnce() -> Result<(u16, Value), String>,
+    ) -> Result<(u16, Value), String> {
+        let start_ms = now_ms();
+        let t = Instant::now();
+        let r = send();
+        let mut ids = Vec::new();
+        if let Ok((s, v)) = &r {
+            if *s == 201 {
+                ids.extend(v["session"]["id"].as_str().map(str::to_string));
+            }
+            if *s == 200 {
+                ids.extend(v["agentSessionId"].as_str().map(str::to_string));
+                ids.extend(v["turnId"].as_str().map(str::to_string));
+            }
+        }
+        self.shared.records.lock().expect("records").push(Record {
+            client: usize::MAX,
+            daemon: i,
+            op,
+            ids,
+            status: r.as_ref().ok().map(|(s, _)| *s),
+            error_code: r
+                .as_ref()
+                .ok()
+                .and_then(|(_, v)| v["error"]["code"].as_str().map(str::to_string)),
+            start_ms,
+            took_ms: i64::try_from(t.elapsed().as_millis()).unwrap_or(i64::MAX),
+        });
+        r
+    }
+
+    /// Issue 34, per-batch fencing, aimed at its window (once per seed, before the random
+    /// faults). The window: a daemon's engine thread decides a provider's lines under its
+    /// lease, and a later input of the same round claims the tree again at a newer epoch
+    /// (after another daemon took it over, settled and released it) before those lines'
+    /// batches commit. To open it, only daemon `i`'s engine thread is stalled, not the daemon:
+    /// - tree T gets a turn through `i`; once the provider is talking (T has a message of its
+    ///   own) and right after `i` renewed T's lease (so the provider's lines of the next second
+    ///   queue ahead of the engine's next renewal tick),
+    /// - a command for another tree U of `i` waits on U's lease row, locked by the harness;
+    ///   that backend's connection (found in `pg_stat_activity`) is paused in the proxy, so
+    ///   the engine thread waits while the runtime tasks queue T's lines and the HTTP side
+    ///   takes requests;
+    /// - T's lease expires; another daemon takes T over, settles its turn and releases it;
+    /// - a submit for T is sent to `i` (it queues behind T's lines), then the pause ends.
+    ///
+    /// The engine thread then decides T's queued lines (under the lost epoch), renews (T was
+    /// lost: its runtime stops), and claims T again for the submit at a new epoch. The lines'
+    /// batches must be refused; committed under the new epoch, they add messages to a root
+    /// turn after the transaction that settled it (checker item 7; seen with the per-batch
+    /// epoch removed, and with the epoch read when the batch was handed over instead of when
+    /// it was decided). Nothing is asserted here: the note says what happened (a late submit
+    /// answered 409 means T's stale lines were refused and the submit with them).
+    ///
+    /// The fault also found a liveness bug, fixed in `Core::acquire`: a command claiming a
+    /// tree whose lapsed provider was still registered had its claim dropped by the later
+    /// handling of the watchdog's stop, and the tree reloaded over the command's batch.
+    fn stale_lines(&mut self, rng: &mut Rng) {
+        let i = usize::try_from(rng.below(DAEMONS as u64)).unwrap_or(0);
+        let start_ms = now_ms();
+        let me = self
+            .ids
+            .iter()
+            .find(|(_, &d)| d == i)
+            .map(|(id, _)| id.clone())
+            .unwrap_or_default();
+        let note = self.stale_lines_on(i, &me);
+        self.faults.push(Fault {
+            kind: "stale-lines",
+            daemon: Some(i),
+            start_ms,
+            end_ms: now_ms(),
+            note: note.clone(),
+        });
+        self.say(format!("fault stale-lines d{i}: {note}"));
+    }
+
+    /// [`Run::stale_lines`] on daemon `i` (lease owner `me`); what happened, in a line.
+    fn stale_lines_on(&mut self, i: usize, me: &str) -> String {
+        let (Some(mut locker), Some(mut watch)) = (admin(&self.url), admin(&self.url)) else {
+            return "no admin connection".into();
+        };
+        let Some(u) = self.create_through(i, None) else {
+            return "no blocker session created".into();
+        };
+        let Some(t) = self.create_through(i, Some("children=2 permission=0 fail=0 late=0")) else {
+            return "no session created".into();
+        };
+        // The provider is talking once T has a root message of its own (not the prompt).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let talking = watch
+                .query_opt(
+                    "SELECT 1 FROM messages WHERE agent_session_id = $1 \
+                     AND json NOT LIKE '%\"role\":\"user\"%'",
+                    &[&t],
+                )
+                .is_ok_and(|r| r.is_some());
+            if talking {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let Ok(mut lock) = locker.transaction() else {
+            return "no locking transaction".into();
+        };
+        if lock
+            .query(
+                "SELECT 1 FROM tree_leases WHERE root_agent_session_id = $1 FOR UPDATE",
+                &[&u],
+            )
+            .is_err()
+        {
+            return "the blocker's lease row not locked".into();
+        }
+        // The stall starts right after daemon `i` renewed T's lease, so that the provider's
+        // lines of the next second queue ahead of the engine's next renewal tick (which,
+        // handled first, would find T lost and drop them).
+        let renewed = |c: &mut postgres::Client| -> i64 {
+            c.query_one(
+                "SELECT coalesce(max(at_ms), 0) FROM fault_leases WHERE root = $1 AND owner = $2",
+                &[&t, &me],
+            )
+            .map_or(0, |r| r.get(0))
+        };
+        let before = renewed(&mut watch);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while renewed(&mut watch) == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let this = &*self;
+        let note = std::thread::scope(|scope| {
+            let blocked = scope.spawn(|| this.submit_through(i, &u, "children=0"));
+            // The engine thread's backend, waiting on the lock (bounded well inside the
+            // server's 2 s lock timeout).
+            let mut port = None;
+            let deadline = Instant::now() + Duration::from_millis(1500);
+            while port.is_none() && Instant::now() < deadline {
+                port = watch
+                    .query_opt(
+                        "SELECT client_port FROM pg_stat_activity WHERE application_name = $1 \
+                         AND wait_event_type = 'Lock'",
+                        &[&Run::app(i)],
+                    )
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.get::<_, Option<i32>>(0))
+                    .and_then(|p| u16::try_from(p).ok());
+            }
+            let Some(port) = port.filter(|&p| this.proxies[i].pause_port(p)) else {
+                drop(lock);
+                let _ = blocked.join();
+                return "the engine's backend was not found waiting".to_string();
+            };
+            // T taken over and released by another daemon (bounded inside the server's
+            // idle-in-transaction timeout of the paused backend: 2 s lock wait + 5 s).
+            let mut taken = None;
+            let deadline = Instant::now() + Duration::from_millis(5500);
+            while taken.is_none() && Instant::now() < deadline {
+                taken = watch
+                    .query_opt(
+                        "SELECT owner FROM tree_leases WHERE root_agent_session_id = $1 \
+                         AND owner <> $2 AND expires_at_ms < $3",
+                        &[&t, &me, &now_ms()],
+                    )
+                    .ok()
+                    .flatten()
+                    .map(|_| ());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let late = scope.spawn(|| this.submit_through(i, &t, "children=0"));
+            // The submit's read answers (that connection is not paused); then the engine goes on.
+            std::thread::sleep(Duration::from_millis(300));
+            this.proxies[i].heal();
+            drop(lock);
+            let blocked = blocked.join().ok();
+            let late = late.join().ok();
+            let status = |r: Option<Result<(u16, Value), String>>| match r {
+                Some(Ok((s, v))) => format!("{s} {}", v["error"]["code"].as_str().unwrap_or("")),
+                Some(Err(e)) => format!("no answer ({e})"),
+                None => "lost".to_string(),
+            };
+            format!(
+                "engine backend port {port} paused; T {} taken over and released; blocked \
+                 submit {}; late submit {}",
+                if taken.is_some() { "was" } else { "was NOT" },
+                status(blocked),
+                status(late)
+            )
+        });
+        // Both join the load from now on.
+        let mut known = self.shared.sessions.lock().expect("sessions");
+        known.push(u);
+        known.push(t);
+        note
+    }
+
     /// Polls `pg_stat_activity` until daemon `i` has a transaction open (bounded).
     fn wait_in_transaction(&self, i: usize, bound: Duration) -> bool {
         let Some(mut c) = admin(&self.url) else {
@@ -686,12 +930,46 @@ fn stuck_diagnosis(run: &Run, still: &[String]) -> Vec<String> {
                 expires.saturating_sub(at)
             ));
         }
+        // The root's last outbox rows (ids, phases, versions and writers only: no text).
+        let rows: Vec<OutboxTrace> = c
+            .query(
+                "SELECT o.seq, o.kind, o.payload, b.app, b.lease_epoch, b.txid FROM outbox o \
+                 LEFT JOIN fault_batches b ON b.seq = o.seq \
+                 WHERE o.root_agent_session_id = $1 AND o.kind IN ('session', 'turn') \
+                 ORDER BY o.seq DESC LIMIT 12",
+                &[&root],
+            )
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (seq, kind, payload, app, epoch, tx) in rows.into_iter().rev() {
+            let v: Value = serde_json::from_str(&payload).unwrap_or(Value::Null);
+            out.push(format!(
+                "  seq {seq} tx {tx:?} by {app:?} at epoch {epoch:?}: {kind} {} v{} \
+                 active {} phase {} outcome {}",
+                v["id"], v["version"], v["activeTurnId"], v["phase"], v["outcome"]
+            ));
+        }
     }
     for (i, d) in run.daemons.iter().enumerate() {
         out.push(format!("d{i}: {} providers", providers_of(d).len()));
     }
     out
 }
+
+/// One outbox row of a stuck tree in the diagnosis: seq, kind, payload, writer's
+/// `application_name`, lease epoch and transaction (the last three from `fault_batches`).
+type OutboxTrace = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
 
 /// Milliseconds, as "min/median/max (n)".
 fn spread(mut v: Vec<i64>) -> String {
@@ -798,6 +1076,7 @@ fn run_seed(seed: u64, secs: u64) -> Vec<String> {
     let until = Instant::now() + Duration::from_secs(secs);
     // Let the load start before the first fault.
     std::thread::sleep(Duration::from_millis(1500));
+    run.stale_lines(&mut rng);
     while Instant::now() < until {
         run.fault(&mut rng);
         std::thread::sleep(Duration::from_millis(rng.range(300, 1500)));

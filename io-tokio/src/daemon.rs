@@ -2028,6 +2028,19 @@ impl<S: HostStore + Send + 'static> Core<S> {
     /// idle runtimes (quiescent trees, least recently touched by a committed step first) until
     /// one more fits; an error when every other running provider is busy.
     fn make_room(&mut self, root: &Id) -> Result<(), DaemonError> {
+        if self.live_providers() >= self.max_providers {
+            // A tree out of memory is not known to be quiescent until it is read (see
+            // [`Core::ensure_loaded`]); the candidates' trees are read first.
+            let others: Vec<Id> = self
+                .runtimes
+                .keys()
+                .filter(|r| *r != root)
+                .cloned()
+                .collect();
+            for r in &others {
+                let _ = self.ensure_loaded(r);
+            }
+        }
         while self.live_providers() >= self.max_providers {
             let victim = self
                 .runtimes

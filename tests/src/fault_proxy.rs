@@ -294,6 +294,21 @@ mod tests {
         s
     }
 
+    /// Writes `held` through `s` and asserts that nothing comes back within 300 ms.
+    fn assert_held(s: &mut TcpStream, what: &str) {
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("timeout");
+        s.write_all(b"held").expect("write while paused");
+        let mut buf = [0u8; 4];
+        let r = s.read(&mut buf);
+        assert!(
+            matches!(&r, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+            "{what}: {r:?}"
+        );
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+    }
+
     fn roundtrip(s: &mut TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
         s.write_all(msg)?;
         let mut got = vec![0u8; msg.len()];
@@ -324,19 +339,10 @@ mod tests {
         p.set_latency(0);
 
         p.set_mode(Mode::Pause);
-        a.set_read_timeout(Some(Duration::from_millis(300)))
-            .expect("timeout");
-        a.write_all(b"held").expect("write while paused");
-        let mut buf = [0u8; 4];
-        let r = a.read(&mut buf);
-        assert!(
-            matches!(&r, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
-            "nothing comes back while paused: {r:?}"
-        );
+        assert_held(&mut a, "nothing comes back while paused");
         assert_eq!(p.live(), 1, "the socket stays open while paused");
         p.set_mode(Mode::Pass);
-        a.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
+        let mut buf = [0u8; 4];
         a.read_exact(&mut buf).expect("released on pass");
         assert_eq!(&buf, b"held");
 
@@ -384,19 +390,10 @@ mod tests {
         assert!(!p.pause_port(1), "no pair has port 1");
         // The first pair accepted is `a`'s.
         assert!(p.pause_port(ports[0]));
-        a.set_read_timeout(Some(Duration::from_millis(300)))
-            .expect("timeout");
-        a.write_all(b"held").expect("write while paused");
-        let mut buf = [0u8; 4];
-        let r = a.read(&mut buf);
-        assert!(
-            matches!(&r, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
-            "the paused pair forwards nothing: {r:?}"
-        );
+        assert_held(&mut a, "the paused pair forwards nothing");
         assert_eq!(roundtrip(&mut b, b"goes").expect("b goes on"), b"goes");
         p.heal();
-        a.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
+        let mut buf = [0u8; 4];
         a.read_exact(&mut buf).expect("released by heal");
         assert_eq!(&buf, b"held");
     }

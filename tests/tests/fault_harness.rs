@@ -167,6 +167,25 @@ fn call(
     .map(|(s, _, v)| (s, v))
 }
 
+/// Creates a demo session through `ep`, waiting at most `secs`.
+fn create_call(ep: &Endpoint, title: &str, secs: u64) -> Result<(u16, Value), String> {
+    call(
+        ep,
+        "POST",
+        &sessions_path(),
+        Some(json!({"provider": "demo", "title": title})),
+        secs,
+    )
+}
+
+/// The id of the session a create answered 201 for.
+fn created_id(r: &Result<(u16, Value), String>) -> Option<String> {
+    r.as_ref()
+        .ok()
+        .filter(|(s, _)| *s == 201)
+        .and_then(|(_, v)| v["session"]["id"].as_str().map(str::to_string))
+}
+
 fn sessions_path() -> String {
     format!("/v1/workspaces/{WS}/agent-sessions")
 }
@@ -231,18 +250,8 @@ fn client(n: usize, seed: u64, shared: &Shared) {
             });
         };
         if known.is_empty() || roll < 20 {
-            let r = call(
-                &ep,
-                "POST",
-                &sessions_path(),
-                Some(json!({"provider": "demo", "title": "fault"})),
-                10,
-            );
-            let id = r
-                .as_ref()
-                .ok()
-                .filter(|(s, _)| *s == 201)
-                .and_then(|(_, v)| v["session"]["id"].as_str().map(str::to_string));
+            let r = create_call(&ep, "fault", 10);
+            let id = created_id(&r);
             rec("create", id.iter().cloned().collect(), &r);
             if let Some(id) = id {
                 shared.sessions.lock().expect("sessions").push(id);
@@ -421,34 +430,8 @@ impl Run {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
             let ep = self.shared.endpoint(i);
-            let start_ms = now_ms();
-            let t = Instant::now();
-            let r = call(
-                &ep,
-                "POST",
-                &sessions_path(),
-                Some(json!({"provider": "demo", "title": "probe"})),
-                5,
-            );
-            let id = r
-                .as_ref()
-                .ok()
-                .filter(|(s, _)| *s == 201)
-                .and_then(|(_, v)| v["session"]["id"].as_str().map(str::to_string));
-            self.shared.records.lock().expect("records").push(Record {
-                client: usize::MAX,
-                daemon: i,
-                op: "create",
-                ids: id.iter().cloned().collect(),
-                status: r.as_ref().ok().map(|(s, _)| *s),
-                error_code: r
-                    .as_ref()
-                    .ok()
-                    .and_then(|(_, v)| v["error"]["code"].as_str().map(str::to_string)),
-                start_ms,
-                took_ms: i64::try_from(t.elapsed().as_millis()).unwrap_or(i64::MAX),
-            });
-            if let Some(id) = id {
+            let r = self.recorded(i, "create", || create_call(&ep, "probe", 5));
+            if let Some(id) = created_id(&r) {
                 self.shared.sessions.lock().expect("sessions").push(id);
                 return Some(now_ms() - from);
             }
@@ -568,20 +551,8 @@ impl Run {
     /// commands; the session id.
     fn create_through(&self, i: usize, prompt: Option<&str>) -> Option<String> {
         let ep = self.shared.endpoint(i);
-        let r = self.recorded(i, "create", || {
-            call(
-                &ep,
-                "POST",
-                &sessions_path(),
-                Some(json!({"provider": "demo", "title": "aimed"})),
-                10,
-            )
-        });
-        let id = r
-            .as_ref()
-            .ok()
-            .filter(|(s, _)| *s == 201)
-            .and_then(|(_, v)| v["session"]["id"].as_str().map(str::to_string))?;
+        let r = self.recorded(i, "create", || create_call(&ep, "aimed", 10));
+        let id = created_id(&r)?;
         if let Some(text) = prompt {
             let _ = self.submit_through(i, &id, text);
         }

@@ -1713,8 +1713,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                             let batch_root = batch.root_agent_session_id.clone();
                             let fenced = S::is_fenced(e.source_error());
                             let refused = S::is_guard_failure(e.source_error()) || fenced;
-                            if let Some(root) = batch
-                                .root_agent_session_id
+                            if let Some(root) = batch_root
                                 .clone()
                                 .filter(|r| fenced && !self.fenced.contains(r))
                             {

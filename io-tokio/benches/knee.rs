@@ -59,7 +59,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tutti_core::adapters::acp::{AcpAdapter, AcpConfig};
 use tutti_core::adapters::{parse_line, Adapter};
-use tutti_core::driver::{Driver, DriverInput, Output};
+use tutti_core::driver::{Driver, DriverInput, LaunchSpec, Output};
 use tutti_core::model::{Capabilities, Id};
 use tutti_core::store::HostStore;
 use tutti_core::{Command, EngineConfig, Input, PersistBatch};
@@ -86,6 +86,20 @@ fn sim_answer(m: &Value, root: &Id, prompts: &mut Vec<(Id, Value)>) -> Option<Va
         _ => return None,
     };
     Some(json!({"jsonrpc": "2.0", "id": id, "result": reply}))
+}
+
+/// Attaches the real ACP adapter to a launched simulated agent (the standalone `Driver` runs of
+/// the ceiling and of `TUTTI_KNEE_ONLY=engine`).
+fn attach_sim(driver: &mut Driver, store: &SqliteStore, now: i64, spec: LaunchSpec) {
+    let a = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
+    let _ = driver.handle(
+        DriverInput::Attach {
+            now,
+            root: spec.root,
+            adapter: Box::new(a),
+        },
+        store,
+    );
 }
 
 /// The commands that create agent `a`'s session and start its turn (the standalone `Driver`
@@ -685,17 +699,7 @@ fn capture(agents: usize, lines: usize, dir: &std::path::Path) -> (Vec<PersistBa
                     };
                     let _ = driver.handle(committed, &*store);
                 }
-                Output::Launch(spec) => {
-                    let a = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
-                    let _ = driver.handle(
-                        DriverInput::Attach {
-                            now,
-                            root: spec.root,
-                            adapter: Box::new(a),
-                        },
-                        &*store,
-                    );
-                }
+                Output::Launch(spec) => attach_sim(driver, store, now, spec),
                 Output::Transmit(t) => {
                     for m in t.messages {
                         let Some(l) = sim_answer(&m, &t.root, prompts) else {
@@ -800,15 +804,7 @@ fn engine_only(agents: usize, lines: usize, dir: &std::path::Path) {
                 Output::Persist(id) => ids.push(id),
                 Output::Launch(spec) => {
                     any = true;
-                    let a = AcpAdapter::new(spec.root.clone(), AcpConfig::default());
-                    let _ = driver.handle(
-                        DriverInput::Attach {
-                            now,
-                            root: spec.root,
-                            adapter: Box::new(a),
-                        },
-                        &*store,
-                    );
+                    attach_sim(driver, store, now, spec);
                 }
                 Output::Transmit(t) => {
                     any = true;

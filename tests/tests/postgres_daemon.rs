@@ -94,6 +94,17 @@ fn postgres_daemon_survives_a_restart_with_the_same_tree_and_stream() {
     });
 }
 
+/// A real server and two daemons on one database of it (demo provider at `speed`, the
+/// daemons' `config`): the server, the database URL, A and B.
+fn two_daemons(speed: &str, config: &str) -> (Server, String, TestDaemon, TestDaemon) {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", speed)];
+    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    (server, url, a, b)
+}
+
 /// Reads `GET /v1/events?after=0` of `d` on a thread; sends each event's JSON.
 fn follow(d: &TestDaemon) -> mpsc::Receiver<Value> {
     let (tx, rx) = mpsc::channel();
@@ -245,12 +256,7 @@ fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
 /// tutti-postgres` measures it).
 #[test]
 fn a_survivor_takes_over_the_tree_of_a_killed_daemon_after_its_lease_expired() {
-    let server = Server::fast().expect("postgres server");
-    let url = server.create_database().expect("database");
-    let env = [("TUTTI_DEMO_SPEED", "2")];
-    let config = "lease_secs = 1\n";
-    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let (_server, _url, mut a, b) = two_daemons("2", "lease_secs = 1\n");
     let on_b = follow(&b);
     let on_a = follow(&a);
     let live = a.create(WS, "demo");
@@ -613,13 +619,8 @@ fn metric(d: &TestDaemon, name: &str) -> f64 {
 /// makes the refused commit certain.)
 #[test]
 fn a_paused_owner_that_lost_its_tree_commits_nothing_more_for_it() {
-    let server = Server::fast().expect("postgres server");
-    let url = server.create_database().expect("database");
     // Slow: the turn streams for many seconds, so the provider writes while A is paused.
-    let env = [("TUTTI_DEMO_SPEED", "0.3")];
-    let config = "lease_secs = 1\n";
-    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let (_server, url, a, b) = two_daemons("0.3", "lease_secs = 1\n");
     let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
     let id = a.create(WS, "demo");
     a.submit(WS, &id, "children=3 permission=0 fail=0 late=0");
@@ -754,13 +755,8 @@ fn a_daemon_whose_lease_was_taken_over_has_its_next_commit_refused() {
 #[test]
 fn racing_commands_on_an_idle_tree_through_two_daemons_leave_one_consistent_tree() {
     use tutti_core::store::Store;
-    let server = Server::fast().expect("postgres server");
-    let url = server.create_database().expect("database");
-    let env = [("TUTTI_DEMO_SPEED", "4")];
     // Providers stop 1 s after their tree went quiescent, releasing the lease.
-    let config = "idle_timeout_secs = 1\nlease_secs = 2\n";
-    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let (_server, url, a, b) = two_daemons("4", "idle_timeout_secs = 1\nlease_secs = 2\n");
     let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
     let id = a.create(WS, "demo");
     let mut started = Vec::new();
@@ -1036,12 +1032,7 @@ fn a_daemon_survives_its_database_restarting_with_503_meanwhile_and_nothing_lost
 /// seconds), well before the old fixed wait.
 #[test]
 fn a_command_forwarded_to_a_paused_owner_is_answered_within_its_lease() {
-    let server = Server::fast().expect("postgres server");
-    let url = server.create_database().expect("database");
-    let env = [("TUTTI_DEMO_SPEED", "0.3")];
-    let config = "lease_secs = 3\n";
-    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let (_server, _url, a, b) = two_daemons("0.3", "lease_secs = 3\n");
     let id = a.create(WS, "demo");
     let (_, turn) = a.submit(WS, &id, "children=1 hang=1 late=0");
     a.wait_for(WS, &id, 60, "a child running", |v| {
@@ -1267,12 +1258,7 @@ fn a_restarted_daemon_starts_when_a_tree_changed_between_its_load_and_its_claim(
 /// Now the lease is kept (unreleased) and the tree is settled again at the next renewal tick.
 #[test]
 fn a_takeover_whose_settling_step_fails_settles_the_tree_later_instead_of_releasing_it() {
-    let server = Server::fast().expect("postgres server");
-    let url = server.create_database().expect("database");
-    let env = [("TUTTI_DEMO_SPEED", "2")];
-    let config = "lease_secs = 1\n";
-    let mut a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let (_server, url, mut a, b) = two_daemons("2", "lease_secs = 1\n");
     let id = a.create(WS, "demo");
     let (_, turn) = a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
     a.wait_for(WS, &id, 60, "child running", |v| {

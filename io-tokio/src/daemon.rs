@@ -8,10 +8,17 @@
 //! followers, reply to callers) → arm the next deadline. If a group commit fails, its batches are
 //! retried one by one; a batch that still fails is reported to the driver, which evicts and
 //! reloads its tree (crash-only), and the inputs whose steps did not land get an error.
+//!
+//! On SQLite ([`Daemon::start`]) the group commits run on a commit thread with a writer handle
+//! of its own (issue 33, see [`Pipeline`]): the engine thread hands a group over, goes on
+//! deciding, and acknowledges the group when the commit thread wakes it ([`Msg::Written`]); the
+//! next group is everything decided meanwhile. On PostgreSQL (leases, fences) commits stay on
+//! the engine thread.
 
 use crate::clock::now_ms;
 use crate::metrics::{phase_name, Metrics, Stage, StateGauges};
 use crate::outbox::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::pipeline::{BatchOutcome, GroupOutcome, Pipeline};
 use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
 use crate::runtime::{start_runtime, FromRuntime, RuntimeHandle, ToDaemon, Transport};
@@ -413,6 +420,8 @@ enum Msg {
     /// The state gauges of a metrics scrape.
     Gauges(oneshot::Sender<StateGauges>),
     Shutdown(oneshot::Sender<()>),
+    /// The commit thread wrote a group (see [`Pipeline`]).
+    Written,
 }
 
 /// A handle to a running daemon core (cheap to clone).
@@ -523,11 +532,20 @@ impl Daemon {
             synchronous = ?store.synchronous().ok().flatten(),
             "database opened"
         );
+        // Issue 33: group commits run on a thread of their own, on a second writer handle, while
+        // the engine thread decides (see [`Pipeline`]).
+        let committer = SqliteStore::open_with(
+            &opts.db,
+            &OpenOptions::new()
+                .auto_checkpoint(false)
+                .synchronous(opts.durability.synchronous()),
+        )?;
         let reader = SqliteStore::open(&opts.db)?;
         let checkpoints =
             Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)?;
-        Daemon::start_on(
+        Daemon::start_with(
             store,
+            Some(committer),
             Box::new(reader),
             Box::new(SqliteCheckpoints(checkpoints)),
             opts,
@@ -539,8 +557,22 @@ impl Daemon {
     /// `housekeeping` what the store needs between commits (see [`Housekeeping`]; for
     /// [`SqliteStore`], [`Daemon::start`] runs its checkpoint thread). `opts.db` is only reported
     /// by [`Daemon::db`].
+    /// Commits run inline on the engine thread (see [`Daemon::start`] for the pipelined ones).
     pub fn start_on<S: HostStore + Send + 'static>(
+        store: S,
+        reader: Box<dyn Reads>,
+        housekeeping: Box<dyn Housekeeping<S>>,
+        opts: DaemonOptions,
+    ) -> Result<Daemon, StartError> {
+        Daemon::start_with(store, None, reader, housekeeping, opts)
+    }
+
+    /// [`Daemon::start_on`], with `committer` (a second writer handle on the same data, for a
+    /// store without tree leases) writing the group commits on a thread of their own (see
+    /// [`Pipeline`]).
+    fn start_with<S: HostStore + Send + 'static>(
         mut store: S,
+        committer: Option<S>,
         reader: Box<dyn Reads>,
         housekeeping: Box<dyn Housekeeping<S>>,
         opts: DaemonOptions,
@@ -662,6 +694,15 @@ impl Daemon {
                 }
             });
         }
+        let pipeline = match committer {
+            Some(c) => {
+                let wake = tx.clone();
+                Some(Pipeline::start(c, metrics.clone(), move || {
+                    let _ = wake.send(Msg::Written);
+                })?)
+            }
+            None => None,
+        };
         let core = Core {
             housekeeping,
             to_release: Vec::new(),
@@ -703,6 +744,9 @@ impl Daemon {
             tagged_through: None,
             fenced: Vec::new(),
             unreadable: Vec::new(),
+            queued: std::collections::VecDeque::new(),
+            pipeline,
+            touched: Vec::new(),
         };
         std::thread::Builder::new()
             .name("tutti-engine".into())
@@ -1015,6 +1059,14 @@ struct Core<S> {
     /// Roots with a batch not committed in this pass because the store was unreachable (see
     /// [`Core::after_unreadable`]).
     unreadable: Vec<Id>,
+    /// Batches handed out by the driver and not yet committed (or handed to the commit
+    /// thread), with the lease epoch each was decided under, oldest first.
+    queued: std::collections::VecDeque<(BatchId, Option<u64>)>,
+    /// Issue 33: the commit thread, when the store was opened for it (see [`Pipeline`]);
+    /// `None`: commits run inline on the engine thread.
+    pipeline: Option<Pipeline>,
+    /// Roots whose trees a batch acknowledged this round touched, or that were loaded.
+    touched: Vec<Id>,
 }
 
 /// Idle stop of provider runtimes (issue 17: "a runtime whose tree is quiescent (no active turn,
@@ -1125,6 +1177,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         let _ = r.send(self.gauges());
                     }
                     Msg::Shutdown(done) => shutdown = Some(done),
+                    Msg::Written => self.take_written(false),
                     Msg::Tick => {
                         self.deadline = None;
                         self.drive(DriverInput::Timeout(now));
@@ -1178,7 +1231,8 @@ impl<S: HostStore + Send + 'static> Core<S> {
                     }
                 }
             }
-            let touched = self.settle(now);
+            self.settle(now);
+            let touched = std::mem::take(&mut self.touched);
             let io = std::mem::take(&mut self.round_io);
             self.metrics
                 .stage(Stage::Decide, round.elapsed().saturating_sub(io));
@@ -1223,6 +1277,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
             }
             self.housekeeping.after_round(&mut self.store);
             if let Some(done) = shutdown {
+                self.drain_commits(now);
                 self.stop_all_runtimes();
                 let _ = done.send(());
                 return;
@@ -1559,15 +1614,15 @@ impl<S: HostStore + Send + 'static> Core<S> {
         None
     }
 
-    /// Commits what the driver decided and carries out what it released, until it is quiet;
-    /// returns the roots whose trees a committed batch touched or that were loaded.
-    fn settle(&mut self, now: i64) -> Vec<Id> {
-        let mut touched = Vec::new();
+    /// Commits what the driver decided and carries out what it released, until it is quiet
+    /// (with the [`Pipeline`]: until the group handed to the commit thread is the only thing
+    /// left; its outcome comes back as [`Msg::Written`]). The roots whose trees a committed
+    /// batch touched, or that were loaded, gather in [`Core::touched`].
+    fn settle(&mut self, now: i64) {
         loop {
             // The driver hands out the batches to commit first, then what committed batches
             // released. Each batch is taken with the lease epoch it was decided under (issue
             // 34), tagged when it was decided ([`Core::tag_decided`]).
-            let mut ids: Vec<(BatchId, Option<u64>)> = Vec::new();
             let mut any = false;
             while let Some(out) = self.driver.poll_output() {
                 let Output::Persist(id) = out else {
@@ -1584,32 +1639,77 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         .and_then(|b| b.root_agent_session_id.as_ref())
                         .and_then(|root| self.housekeeping.epoch(root)),
                 };
-                ids.push((id, epoch));
+                self.queued.push_back((id, epoch));
             }
             // What the commits of the last pass released is out: their rows go to the live
             // followers before the next commit.
             self.flush_live();
-            for chunk in ids.chunks(MAX_GROUP) {
-                self.commit(chunk, &mut touched);
-            }
+            let committed = self.commit_queued();
             for root in std::mem::take(&mut self.fenced) {
                 self.after_fenced(now, &root);
             }
             for root in std::mem::take(&mut self.unreadable) {
                 self.after_unreadable(&root);
             }
-            if ids.is_empty() && !any {
+            if !committed && !any {
                 break;
             }
         }
         for root in self.driver.take_loaded() {
-            if !touched.contains(&root) {
-                touched.push(root);
+            if !self.touched.contains(&root) {
+                self.touched.push(root);
             }
         }
-        touched
     }
 
+    /// Commits the queued batches: inline, in groups of [`MAX_GROUP`] (`true` if there were
+    /// any); with the [`Pipeline`], hands them to the commit thread as one group unless one is
+    /// in flight (`false`: nothing was acknowledged yet).
+    fn commit_queued(&mut self) -> bool {
+        // Batches the driver dropped since they were handed out (an earlier batch of their tree
+        // failed) are not committed.
+        self.queued
+            .retain(|(id, _)| self.driver.batch(*id).is_some());
+        if self.queued.is_empty() {
+            return false;
+        }
+        let Some(pipeline) = &mut self.pipeline else {
+            while !self.queued.is_empty() {
+                let n = self.queued.len().min(MAX_GROUP);
+                let group: Vec<_> = self.queued.drain(..n).collect();
+                self.commit(group);
+            }
+            return true;
+        };
+        if pipeline.in_flight() {
+            return false;
+        }
+        let n = self.queued.len().min(MAX_GROUP);
+        let group: Vec<(BatchId, Option<u64>)> = self.queued.drain(..n).collect();
+        let batches: Vec<PersistBatch> = group
+            .iter()
+            .filter_map(|(id, _)| self.driver.batch(*id).cloned())
+            .collect();
+        pipeline.send(group, batches, self.line_round);
+        false
+    }
+
+    /// With the [`Pipeline`]: acknowledges the group the commit thread wrote, if it is done
+    /// (`wait`: waits for it).
+    fn take_written(&mut self, wait: bool) {
+        if let Some(outcome) = self.pipeline.as_mut().and_then(|p| p.outcome(wait)) {
+            self.acknowledge(outcome);
+        }
+    }
+
+    /// Daemon shutdown with the [`Pipeline`]: every batch decided so far is written and
+    /// acknowledged (their callers get their replies) before the engine thread ends.
+    fn drain_commits(&mut self, now: i64) {
+        while self.pipeline.as_ref().is_some_and(|p| p.in_flight()) {
+            self.take_written(true);
+            self.settle(now);
+        }
+    }
     /// Issue 34: the fence refused a batch of `root` (decided under a lease that was lost since,
     /// or this daemon lost the tree). If this daemon still runs the tree's provider, what that
     /// provider said under the lost lease is gone with the refused batch (the tree was reloaded
@@ -1650,109 +1750,120 @@ impl<S: HostStore + Send + 'static> Core<S> {
         self.lapsed.insert(root.clone());
     }
 
-    /// One group commit; on failure the batches one by one (see [`HostStore::apply_group`]).
-    fn commit(&mut self, decided: &[(BatchId, Option<u64>)], touched: &mut Vec<Id>) {
+    /// One inline group commit; on failure the batches one by one (see
+    /// [`crate::pipeline::commit_group`]).
+    fn commit(&mut self, decided: Vec<(BatchId, Option<u64>)>) {
         let (batches, epochs): (Vec<_>, Vec<_>) = decided
             .iter()
             .filter_map(|(id, epoch)| self.driver.batch(*id).map(|b| (b, *epoch)))
             .unzip();
-        let ids: Vec<BatchId> = decided.iter().map(|(id, _)| *id).collect();
-        for b in &batches {
-            if let Some(root) = &b.root_agent_session_id {
-                if !touched.contains(root) {
-                    touched.push(root.clone());
-                }
-            }
-        }
         let t = std::time::Instant::now();
-        let result = self
-            .housekeeping
-            .commit_group(&mut self.store, &batches, &epochs, true);
+        let (housekeeping, store) = (&mut self.housekeeping, &mut self.store);
+        let (results, group_error) =
+            crate::pipeline::commit_group::<S>(&batches, &epochs, &mut |b, e| {
+                housekeeping.commit_group(store, b, e, true)
+            });
         let took = t.elapsed();
         self.round_io += took;
         self.metrics.stage(Stage::Commit, took);
-        match result {
-            Ok(published) => {
-                self.metrics
-                    .committed(&batches, t.elapsed(), self.line_round);
-                self.housekeeping.committed();
-                for (id, p) in ids.iter().zip(published) {
-                    self.drive(DriverInput::Committed {
-                        batch: *id,
-                        published: p,
-                    });
+        self.acknowledge(GroupOutcome {
+            ids: decided,
+            results,
+            group_error,
+            took,
+            line_round: self.line_round,
+        });
+    }
+
+    /// Tells the driver what became of each batch of a group, in order (see
+    /// [`crate::pipeline::GroupOutcome`]).
+    fn acknowledge(&mut self, outcome: GroupOutcome) {
+        let GroupOutcome {
+            ids,
+            results,
+            group_error,
+            took,
+            line_round,
+        } = outcome;
+        for (id, _) in &ids {
+            if let Some(root) = self
+                .driver
+                .batch(*id)
+                .and_then(|b| b.root_agent_session_id.as_ref())
+            {
+                if !self.touched.contains(root) {
+                    self.touched.push(root.clone());
                 }
             }
-            Err(e) => {
-                let e = e.source_error();
-                if S::is_unavailable(e) {
-                    debug!(error = %e, steps = ids.len(), "group commit failed: store unavailable; retrying one by one");
-                } else {
-                    warn!(error = %e, steps = ids.len(), "group commit failed; retrying one by one");
-                }
-                for (id, epoch) in decided {
-                    // Skipped when an earlier failed batch of its tree superseded it.
-                    let Some(batch) = self.driver.batch(*id) else {
-                        continue;
-                    };
-                    match self
-                        .housekeeping
-                        .commit_group(&mut self.store, &[batch], &[*epoch], true)
-                    {
-                        Ok(mut p) => {
-                            self.metrics
-                                .committed(&[batch], t.elapsed(), self.line_round);
-                            self.housekeeping.committed();
-                            let p = p.pop().unwrap_or_default();
-                            self.drive(DriverInput::Committed {
-                                batch: *id,
-                                published: p,
-                            });
+        }
+        if let Some(e) = &group_error {
+            if e.unavailable {
+                debug!(error = %e.message, steps = ids.len(), "group commit failed: store unavailable; retried one by one");
+            } else {
+                warn!(error = %e.message, steps = ids.len(), "group commit failed; retried one by one");
+            }
+        } else {
+            let batches: Vec<&PersistBatch> = ids
+                .iter()
+                .filter_map(|(id, _)| self.driver.batch(*id))
+                .collect();
+            self.metrics.committed(&batches, took, line_round);
+            self.housekeeping.committed();
+        }
+        for ((id, epoch), result) in ids.into_iter().zip(results) {
+            let batch_root = self
+                .driver
+                .batch(id)
+                .and_then(|b| b.root_agent_session_id.clone());
+            match result {
+                BatchOutcome::Committed(published) => {
+                    if group_error.is_some() {
+                        if let Some(batch) = self.driver.batch(id) {
+                            self.metrics.committed(&[batch], took, line_round);
                         }
-                        Err(e) => {
-                            let batch_root = batch.root_agent_session_id.clone();
-                            let fenced = S::is_fenced(e.source_error());
-                            let refused = S::is_guard_failure(e.source_error()) || fenced;
-                            if let Some(root) = batch_root
-                                .clone()
-                                .filter(|r| fenced && !self.fenced.contains(r))
-                            {
-                                self.fenced.push(root);
-                            }
-                            self.metrics
-                                .commit_failed(S::is_guard_failure(e.source_error()));
-                            if S::is_unavailable(e.source_error()) {
-                                debug!(error = %e, "step not committed: store unavailable");
-                            } else {
-                                error!(error = %e, "step not committed; reloading its tree");
-                            }
-                            // Issue 21: a batch refused by a guard or the fence: the tree's
-                            // copy is dropped and reloaded (the driver does), the caller gets
-                            // `DaemonError::Conflict`.
-                            if refused {
-                                self.drive(DriverInput::NotCommitted {
-                                    batch: *id,
-                                    why: CommitFailure::Refused,
-                                });
-                            } else if S::is_unavailable(e.source_error()) {
-                                // Issue 34: the caller gets 503 unavailable, not a conflict.
-                                self.drive(DriverInput::NotCommitted {
-                                    batch: *id,
-                                    why: CommitFailure::Unavailable(e.to_string()),
-                                });
-                                if let Some(root) =
-                                    batch_root.filter(|r| !self.unreadable.contains(r))
-                                {
-                                    self.unreadable.push(root);
-                                }
-                            } else {
-                                self.drive(DriverInput::NotCommitted {
-                                    batch: *id,
-                                    why: CommitFailure::Failed(e.to_string()),
-                                });
-                            }
-                        }
+                        self.housekeeping.committed();
                     }
+                    self.drive(DriverInput::Committed {
+                        batch: id,
+                        published,
+                    });
+                }
+                // The driver dropped it with the earlier failed batch of its tree; if it did
+                // not (nothing should leave one so), it is committed with the next group.
+                BatchOutcome::Skipped => {
+                    if self.driver.batch(id).is_some() {
+                        self.queued.push_front((id, epoch));
+                    }
+                }
+                BatchOutcome::Failed(e) => {
+                    let refused = e.guard || e.fenced;
+                    if let Some(root) = batch_root
+                        .clone()
+                        .filter(|r| e.fenced && !self.fenced.contains(r))
+                    {
+                        self.fenced.push(root);
+                    }
+                    self.metrics.commit_failed(e.guard);
+                    if e.unavailable {
+                        debug!(error = %e.message, "step not committed: store unavailable");
+                    } else {
+                        error!(error = %e.message, "step not committed; reloading its tree");
+                    }
+                    // Issue 21: a batch refused by a guard or the fence: the tree's copy is
+                    // dropped and reloaded (the driver does), the caller gets
+                    // `DaemonError::Conflict`.
+                    let why = if refused {
+                        CommitFailure::Refused
+                    } else if e.unavailable {
+                        // Issue 34: the caller gets 503 unavailable, not a conflict.
+                        if let Some(root) = batch_root.filter(|r| !self.unreadable.contains(r)) {
+                            self.unreadable.push(root);
+                        }
+                        CommitFailure::Unavailable(e.message)
+                    } else {
+                        CommitFailure::Failed(e.message)
+                    };
+                    self.drive(DriverInput::NotCommitted { batch: id, why });
                 }
             }
         }
@@ -1924,9 +2035,13 @@ impl<S: HostStore + Send + 'static> Core<S> {
     /// Whether a root's provider runtime may be stopped: "no active turn, no prepared cancel, no
     /// pending interaction" in its tree. A tree that is not in memory is not known to be
     /// quiescent (see [`Core::ensure_loaded`], which the callers that may load run first).
+    /// With the [`Pipeline`], a tree whose batch is still being written is not quiescent yet:
+    /// what that batch releases may be for its provider (the commit touches the tree again and
+    /// its idle timer is armed anew).
     fn runtime_quiescent(&self, root: &Id) -> bool {
         let engine = self.driver.engine();
         engine.session(root).is_some()
+            && !self.driver.is_waiting(root)
             && engine.is_quiescent(root)
             && engine.pending_interactions(root).is_empty()
     }

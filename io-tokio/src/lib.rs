@@ -20,7 +20,10 @@
 //!    batch, with the lease epoch it was decided under) and commit them in one store transaction
 //!    (SQLite or PostgreSQL, fenced by the tree's lease on PostgreSQL), then report each as
 //!    `Committed` or `NotCommitted` (a failed commit evicts the tree and reloads it from the
-//!    store);
+//!    store). On SQLite the group goes to a commit thread with a writer handle of its own (the
+//!    commit pipeline, issue 33): the engine thread goes back to step 1 at once, and reports
+//!    the group when the commit thread wakes it; the next group is every batch decided
+//!    meanwhile;
 //! 3. carry out the outputs those commits released: `Launch` a provider process, `Transmit`
 //!    native messages to one, `Publish` the committed outbox rows to the live followers of the
 //!    event stream, send each `Reply`, log each `Diagnostic`; repeat 2-3 until the driver is
@@ -80,6 +83,7 @@ pub mod lease_watch;
 pub mod metrics;
 pub mod openapi;
 pub mod outbox;
+mod pipeline;
 pub mod postgres;
 pub mod providers;
 pub mod reads;

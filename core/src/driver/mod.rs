@@ -871,11 +871,17 @@ impl Driver {
         !self.entries.is_empty() || !self.outputs.is_empty()
     }
 
+    /// Whether an input decided on `root`'s tree still waits for its commit (or for the
+    /// commits decided before it). A host that commits while the driver decides (a commit
+    /// thread) leaves such a tree's provider running until then.
+    pub fn is_waiting(&self, root: &str) -> bool {
+        self.entries.iter().any(|e| e.root.as_deref() == Some(root))
+    }
+
     /// Drops a quiescent tree from memory (loaded again on demand). Refused (`false`) while the
     /// tree is not quiescent or has inputs waiting for a commit.
     pub fn evict(&mut self, root: &str) -> bool {
-        let waiting = self.entries.iter().any(|e| e.root.as_deref() == Some(root));
-        if waiting || !self.engine.is_quiescent(root) {
+        if self.is_waiting(root) || !self.engine.is_quiescent(root) {
             return false;
         }
         self.engine.evict(root);

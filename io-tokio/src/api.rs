@@ -921,58 +921,49 @@ async fn events(
         ),
     };
     let cursor = header_after.or(q.after).unwrap_or(0);
-    let mut follower = Follower::new(&s.daemon, cursor);
-    let mut stop = s.stop.clone();
+    let follower = Follower::new(&s.daemon, cursor);
+    let stop = s.stop.clone();
     let metrics = s.daemon.metrics().clone();
-    let stream = async_stream(move |tx| async move {
-        loop {
-            let next = tokio::select! {
-                r = follower.next_stream() => match r {
-                    Ok(next) => next,
-                    Err(_) => return,
-                },
-                _ = stopped(&mut stop) => return,
-            };
-            let rows = match next {
-                Streamed::Rows(rows) => rows,
-                Streamed::Reset {
-                    requested_after,
-                    pruned_through,
-                } => {
-                    let ev = Event::default()
-                        .id(pruned_through.to_string())
-                        .event("reset")
-                        .data(
-                            json!({
-                                "requestedAfter": requested_after,
-                                "prunedThrough": pruned_through,
-                                "oldestSeq": pruned_through + 1,
-                            })
-                            .to_string(),
-                        );
-                    if tx.send(vec![Ok(ev)]).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            let t = std::time::Instant::now();
-            let events: Vec<Result<Event, Infallible>> = rows
-                .into_iter()
-                .map(|row| {
-                    Ok(Event::default()
-                        .id(row.seq.to_string())
-                        .event(row.kind)
-                        .data(&*row.data))
-                })
-                .collect();
-            metrics.stage(Stage::Stream, t.elapsed());
-            // The rows of one read or commit go over the channel together: the response
-            // writes them one after the other without a task wake-up for each.
-            if tx.send(events).await.is_err() {
-                return;
+    // Issue 33: the response's body polls the follower itself (no task and channel of its own
+    // per follower: one wake-up per follower and commit instead of two). The rows of one read
+    // or commit come out together and are written one after the other.
+    let stream = futures::stream::unfold(Some((follower, stop, metrics)), |state| async move {
+        let (mut follower, mut stop, metrics) = state?;
+        let next = tokio::select! {
+            r = follower.next_stream() => r.ok()?,
+            _ = stopped(&mut stop) => return None,
+        };
+        let events: Vec<Result<Event, Infallible>> = match next {
+            Streamed::Rows(rows) => {
+                let t = std::time::Instant::now();
+                let events = rows
+                    .into_iter()
+                    .map(|row| {
+                        Ok(Event::default()
+                            .id(row.seq.to_string())
+                            .event(row.kind)
+                            .data(&*row.data))
+                    })
+                    .collect();
+                metrics.stage(Stage::Stream, t.elapsed());
+                events
             }
-        }
+            Streamed::Reset {
+                requested_after,
+                pruned_through,
+            } => vec![Ok(Event::default()
+                .id(pruned_through.to_string())
+                .event("reset")
+                .data(
+                    json!({
+                        "requestedAfter": requested_after,
+                        "prunedThrough": pruned_through,
+                        "oldestSeq": pruned_through + 1,
+                    })
+                    .to_string(),
+                ))],
+        };
+        Some((events, Some((follower, stop, metrics))))
     });
     let stream = stream.flat_map(futures::stream::iter);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
@@ -983,18 +974,4 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     if stop.wait_for(|s| *s).await.is_err() {
         std::future::pending::<()>().await;
     }
-}
-
-/// A small channel-backed stream (avoids a dependency on async-stream).
-fn async_stream<T, F, Fut>(f: F) -> impl Stream<Item = T>
-where
-    T: Send + 'static,
-    F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    // Items are batches of events (`events`): a few of them are as much as a slow client
-    // should hold in memory; the follower waits for it beyond that.
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tokio::spawn(f(tx));
-    tokio_stream::wrappers::ReceiverStream::new(rx)
 }

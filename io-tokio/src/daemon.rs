@@ -521,12 +521,15 @@ impl Daemon {
     pub fn start(opts: DaemonOptions) -> Result<Daemon, StartError> {
         // Commits never checkpoint: the checkpoint (and its fsync) runs on a thread of its own so
         // that it never holds up the engine thread (see `checkpointer`).
-        let store = SqliteStore::open_with(
-            &opts.db,
-            &OpenOptions::new()
-                .auto_checkpoint(false)
-                .synchronous(opts.durability.synchronous()),
-        )?;
+        let writer = || {
+            SqliteStore::open_with(
+                &opts.db,
+                &OpenOptions::new()
+                    .auto_checkpoint(false)
+                    .synchronous(opts.durability.synchronous()),
+            )
+        };
+        let store = writer()?;
         tracing::info!(
             durability = opts.durability.as_str(),
             synchronous = ?store.synchronous().ok().flatten(),
@@ -534,12 +537,7 @@ impl Daemon {
         );
         // Issue 33: group commits run on a thread of their own, on a second writer handle, while
         // the engine thread decides (see [`Pipeline`]).
-        let committer = SqliteStore::open_with(
-            &opts.db,
-            &OpenOptions::new()
-                .auto_checkpoint(false)
-                .synchronous(opts.durability.synchronous()),
-        )?;
+        let committer = writer()?;
         let reader = SqliteStore::open(&opts.db)?;
         let checkpoints =
             Checkpointer::start(&opts.db, CheckpointPolicy::default(), log_checkpoint)?;

@@ -3,7 +3,8 @@
 //! turn with children through `Daemon::start_on` over a shared `MemoryStore`; the tree settles,
 //! its rows are in that store, the outbox is gap-free, and a follower streams every row.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,13 +16,10 @@ use tutti_core::store::{
     GroupError, HostStore, MemoryStore, OutboxRow, Published, RootsPage, Store, StoreError,
 };
 use tutti_core::{Command, EngineConfig, Input};
-use tutti_tokio::config::{ConfigFile, ProviderConfig, ProviderKind};
 use tutti_tokio::daemon::{Daemon, DaemonOptions, ProviderFactory, StoreCheckpoint};
 use tutti_tokio::follow::Follower;
 use tutti_tokio::providers::Registry;
 use tutti_tokio::retention::Retention;
-
-const DEMO: &str = env!("CARGO_BIN_EXE_tutti-demo-agent");
 
 /// One `MemoryStore` behind a lock: the engine thread's writer and the API's reader are two
 /// handles on it (as two SQLite connections are on one file). Every call locks once. `fail`
@@ -136,22 +134,7 @@ impl HostStore for Shared {
 }
 
 fn registry() -> Arc<Registry> {
-    let mut providers = BTreeMap::new();
-    providers.insert(
-        "agent".to_string(),
-        ProviderConfig {
-            kind: ProviderKind::Acp,
-            command: vec![DEMO.to_string()],
-            env: BTreeMap::from([("TUTTI_DEMO_SPEED".to_string(), "16".to_string())]),
-            guide_while_children_only: None,
-            options: None,
-        },
-    );
-    let config = ConfigFile {
-        providers,
-        ..ConfigFile::default()
-    };
-    Arc::new(Registry::with_builtins(config).expect("registry"))
+    Arc::new(common::demo_registry())
 }
 
 fn start(store: &Shared, providers: Arc<Registry>) -> Daemon {

@@ -65,7 +65,8 @@ impl ProviderFactory for Recording {
     }
 }
 
-pub fn registry() -> Arc<Recording> {
+/// The real provider registry with the demo ACP agent as provider `agent`.
+pub fn demo_registry() -> Registry {
     let mut providers = BTreeMap::new();
     providers.insert(
         "agent".to_string(),
@@ -81,8 +82,13 @@ pub fn registry() -> Arc<Recording> {
         providers,
         ..ConfigFile::default()
     };
+    Registry::with_builtins(config).expect("registry")
+}
+
+/// [`demo_registry`], recording the `cwd` of every launch.
+pub fn registry() -> Arc<Recording> {
     Arc::new(Recording {
-        inner: Registry::with_builtins(config).expect("registry"),
+        inner: demo_registry(),
         launches: Mutex::new(Vec::new()),
     })
 }

@@ -1683,11 +1683,11 @@ impl<S: HostStore + Send + 'static> Core<S> {
             return false;
         }
         let n = self.queued.len().min(MAX_GROUP);
-        let group: Vec<(BatchId, Option<u64>)> = self.queued.drain(..n).collect();
-        let batches: Vec<PersistBatch> = group
-            .iter()
-            .filter_map(|(id, _)| self.driver.batch(*id).cloned())
-            .collect();
+        let (group, batches): (Vec<_>, Vec<PersistBatch>) = self
+            .queued
+            .drain(..n)
+            .filter_map(|(id, epoch)| Some(((id, epoch), self.driver.batch(id)?.clone())))
+            .unzip();
         pipeline.send(group, batches, self.line_round);
         false
     }
@@ -1708,6 +1708,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
             self.settle(now);
         }
     }
+
     /// Issue 34: the fence refused a batch of `root` (decided under a lease that was lost since,
     /// or this daemon lost the tree). If this daemon still runs the tree's provider, what that
     /// provider said under the lost lease is gone with the refused batch (the tree was reloaded
@@ -1750,7 +1751,10 @@ impl<S: HostStore + Send + 'static> Core<S> {
 
     /// One inline group commit; on failure the batches one by one (see
     /// [`crate::pipeline::commit_group`]).
-    fn commit(&mut self, decided: Vec<(BatchId, Option<u64>)>) {
+    fn commit(&mut self, mut decided: Vec<(BatchId, Option<u64>)>) {
+        // A batch the driver dropped since it was queued (an earlier group failed a batch of
+        // its tree) is not committed; the outcomes line up with the batches that are.
+        decided.retain(|(id, _)| self.driver.batch(*id).is_some());
         let (batches, epochs): (Vec<_>, Vec<_>) = decided
             .iter()
             .filter_map(|(id, epoch)| self.driver.batch(*id).map(|b| (b, *epoch)))

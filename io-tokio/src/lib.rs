@@ -46,7 +46,8 @@
 //! 2. [`follow`]: a position in the event stream, read from the file while behind and from each
 //!    commit's rows once caught up, over the narrow [`follow::OutboxSource`] trait with its own
 //!    [`follow::FollowError`];
-//! 3. the daemon core: [`daemon`] (the engine thread, [`daemon::DaemonError`]), [`runtime`] and
+//! 3. the daemon core: [`daemon`] (the engine thread, [`daemon::DaemonError`]), its commit
+//!    pipeline (`pipeline`: the SQLite commit thread), [`runtime`] and
 //!    the provider transports, [`lease_watch`], [`postgres`], [`metrics`];
 //! 4. the routes and entry points: [`api`], [`forward`], [`web`], [`openapi`], [`tuttid`],
 //!    [`cli`].

@@ -5,7 +5,8 @@
 //! `subagent_update` lifecycle every 40 lines) whose lines are parsed as a provider runtime
 //! parses them (`parse_line`) and decided by the real ACP adapter and engine on the daemon's
 //! engine thread ([`Daemon`], the `Driver` path), group-committed to a real store, and streamed
-//! by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE clients over TCP.
+//! by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE clients over TCP
+//! (on a tokio runtime of their own, see [`clients`]).
 //!
 //! The offered rate (provider lines per second, all agents together) ramps up by a factor of
 //! `TUTTI_KNEE_STEP` (default 1.4) from `TUTTI_KNEE_START` (default 500) until the p99 of
@@ -318,6 +319,24 @@ async fn turn(tx: mpsc::Sender<Native>, epoch: Instant, rate: f64, n: usize, id:
     let _ = send_line(&tx, &end.to_string()).await;
 }
 
+/// The runtime the SSE clients run on: threads of their own, as the processes they stand for
+/// would have (sharing the daemon's runtime, 100 clients' reads would queue behind and between
+/// the daemon's tasks, a scheduling no separate client process has; they still share the
+/// machine's cores with it).
+fn clients() -> &'static tokio::runtime::Handle {
+    static CLIENTS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    CLIENTS
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("knee-client")
+                .enable_all()
+                .build()
+                .expect("client runtime")
+        })
+        .handle()
+}
+
 /// One SSE client: `GET /v1/events` over a real TCP connection; the latency of every stamped row
 /// (microseconds), until `expected` rows or `deadline`.
 async fn sse_client(
@@ -343,6 +362,7 @@ async fn sse_client(
     let mut r = BufReader::with_capacity(1 << 16, s);
     let mut buf = Vec::with_capacity(4096);
     const NEEDLE: &[u8] = b"\"name\":\"t=";
+    let needle = memchr::memmem::Finder::new(NEEDLE);
     let mut seen = 0;
     // One timer for the whole read (a timer per line would cost more than the read itself with
     // 100 clients).
@@ -357,7 +377,7 @@ async fn sse_client(
             },
             _ = &mut deadline => break,
         }
-        let Some(at) = buf.windows(NEEDLE.len()).position(|w| w == NEEDLE) else {
+        let Some(at) = needle.find(&buf) else {
             continue;
         };
         let now = epoch.elapsed().as_micros() as u64;
@@ -518,7 +538,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
     let deadline = Instant::now() + Duration::from_secs_f64(secs * 2.0 + 5.0);
     let warm = Arc::new(AtomicU64::new(u64::MAX));
     let clients: Vec<_> = (0..followers)
-        .map(|_| tokio::spawn(sse_client(addr, epoch, expected, deadline, warm.clone())))
+        .map(|_| clients().spawn(sse_client(addr, epoch, expected, deadline, warm.clone())))
         .collect();
     // Let every client's stream open before the load starts.
     tokio::time::sleep(Duration::from_millis(200)).await;

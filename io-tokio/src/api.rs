@@ -26,13 +26,12 @@
 use crate::auth::constant_time_eq;
 use crate::clock::new_id;
 use crate::daemon::{Daemon, DaemonError};
-use crate::follow::{Follower, Streamed};
+use crate::follow::{sse_frame, Follower, Streamed};
 use crate::forward::forward_commands;
 use crate::http::{
     code_of, ApiError, OwnedElsewhere, RequestId, MAX_BODY, MAX_HEADERS, MAX_HEADER_BYTES, MAX_ID,
     MAX_TEXT, MAX_URI, REQUEST_ID, STORE_RETRY_AFTER_SECS,
 };
-use crate::metrics::Stage;
 use crate::openapi::{
     CancelResponse, CreateBody, CreateSessionResponse, DeleteResponse, HealthResponse,
     ListSessionsResponse, LoginLinkResponse, MessagesResponse, OkResponse, Op, ProvidersResponse,
@@ -41,18 +40,20 @@ use crate::openapi::{
 };
 use crate::reads::ReadError;
 use crate::web::WebAuth;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
-use futures::{Stream, StreamExt};
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tutti_core::model::{Id, InteractionStatus};
@@ -905,7 +906,7 @@ async fn events(
     State(s): State<AppState>,
     headers: HeaderMap,
     q: Result<Query<EventsQuery>, QueryRejection>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(q) = q?;
     // An unparseable position is refused: replaying from row 1 instead would hand the client
     // every row again as if new.
@@ -923,51 +924,59 @@ async fn events(
     let cursor = header_after.or(q.after).unwrap_or(0);
     let follower = Follower::new(&s.daemon, cursor);
     let stop = s.stop.clone();
-    let metrics = s.daemon.metrics().clone();
+    // A comment line every `KEEP_ALIVE` whether rows flow or not (choice: no timer to reset per
+    // write), so proxies and clients see a live connection.
+    let mut keep_alive =
+        tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+    keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Issue 33: the response's body polls the follower itself (no task and channel of its own
-    // per follower: one wake-up per follower and commit instead of two). The rows of one read
-    // or commit come out together and are written one after the other.
-    let stream = futures::stream::unfold(Some((follower, stop, metrics)), |state| async move {
-        let (mut follower, mut stop, metrics) = state?;
-        let next = tokio::select! {
-            r = follower.next_stream() => r.ok()?,
-            _ = stopped(&mut stop) => return None,
-        };
-        let events: Vec<Result<Event, Infallible>> = match next {
-            Streamed::Rows(rows) => {
-                let t = std::time::Instant::now();
-                let events = rows
-                    .into_iter()
-                    .map(|row| {
-                        Ok(Event::default()
-                            .id(row.seq.to_string())
-                            .event(row.kind)
-                            .data(&*row.data))
-                    })
-                    .collect();
-                metrics.stage(Stage::Stream, t.elapsed());
-                events
-            }
-            Streamed::Reset {
-                requested_after,
-                pruned_through,
-            } => vec![Ok(Event::default()
-                .id(pruned_through.to_string())
-                .event("reset")
-                .data(
-                    json!({
-                        "requestedAfter": requested_after,
-                        "prunedThrough": pruned_through,
-                        "oldestSeq": pruned_through + 1,
-                    })
-                    .to_string(),
-                ))],
-        };
-        Some((events, Some((follower, stop, metrics))))
+    // per follower: one wake-up per follower and commit), and writes the events of one read or
+    // commit as one buffer: a live row's event is rendered once for all followers and a
+    // one-row commit's bytes go out as they are (`LiveRow::sse_frame`). Interrupting a wait
+    // for rows (keep-alive, stop) loses none: the follower's position moves only when it
+    // returns rows.
+    // The stop signal's wait is made once and kept (not a new one per write).
+    let stop: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
+        let mut stop = stop;
+        stopped(&mut stop).await
     });
-    let stream = stream.flat_map(futures::stream::iter);
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    let stream = futures::stream::unfold(
+        (follower, stop, keep_alive),
+        |(mut follower, mut stop, mut keep_alive)| async move {
+            let frame = tokio::select! {
+                biased;
+                _ = &mut stop => return None,
+                r = follower.next_stream() => match r.ok()? {
+                    Streamed::Events(events) => events,
+                    Streamed::Reset {
+                        requested_after,
+                        pruned_through,
+                    } => {
+                        let data = json!({
+                            "requestedAfter": requested_after,
+                            "prunedThrough": pruned_through,
+                            "oldestSeq": pruned_through + 1,
+                        });
+                        sse_frame(pruned_through, "reset", &data.to_string()).ok()?
+                    }
+                },
+                _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
+            };
+            Some((Ok::<_, Infallible>(frame), (follower, stop, keep_alive)))
+        },
+    );
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
+
+/// How often an idle or busy event stream writes a comment line.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Resolves when the daemon stops; never when there is no stop signal (its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {

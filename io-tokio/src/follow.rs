@@ -32,9 +32,10 @@
 //! implements the trait (issue 30: "`follow` over a narrow read-and-subscribe trait with its own
 //! error").
 
-pub use crate::outbox::{BadPayload, LiveBatch, LiveRow, LIVE_CAPACITY};
+pub use crate::outbox::{sse_frame, BadEventName, BadPayload, LiveBatch, LiveRow, LIVE_CAPACITY};
 use crate::reads::{ReadError, Reads};
-use crate::retention::LivePositions;
+use crate::retention::{LivePosition, LivePositions};
+use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -125,23 +126,12 @@ pub fn read_page(r: &dyn Reads, after: u64, check_head: bool) -> Result<OutboxPa
     })
 }
 
-/// One row for an event stream: its sequence number, kind and JSON text (see
-/// [`LiveRow::stream_data`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamRow {
-    /// Outbox sequence number.
-    pub seq: u64,
-    /// Entity kind.
-    pub kind: String,
-    /// The row's JSON, as `GET /v1/events` sends it as an event's data.
-    pub data: Arc<str>,
-}
-
 /// What [`Follower::next_stream`] yields next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Streamed {
-    /// The next rows, in order (never empty).
-    Rows(Vec<StreamRow>),
+    /// The next rows (at least one) as the bytes an event stream writes: one whole event per
+    /// row, in order ([`sse_frame`]; `id:` the seq, `event:` the kind, `data:` the row's JSON).
+    Events(Bytes),
     /// As [`Followed::Reset`].
     Reset {
         /// The position the follower asked for.
@@ -188,8 +178,8 @@ pub struct Follower {
     cursor: u64,
     live: broadcast::Receiver<LiveBatch>,
     behind: bool,
-    /// This follower's key in the daemon's live positions.
-    key: u64,
+    /// This follower's entry in the daemon's live positions.
+    position: LivePosition,
     /// Commits of any writer of the database ([`OutboxSource::commits`]); `None` once its
     /// sender is gone.
     commits: Option<watch::Receiver<u64>>,
@@ -200,7 +190,7 @@ pub struct Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
-        self.source.positions().remove(self.key);
+        self.source.positions().remove(self.position.key());
     }
 }
 
@@ -213,7 +203,7 @@ impl Follower {
         let live = source.subscribe();
         // Registered before the first read: rows above `after` are kept from now on (rows a
         // pass deleted just before are reported by a reset, see `next_event`).
-        let key = source.positions().register(after);
+        let position = source.positions().register(after);
         let mut commits = source.commits();
         commits.mark_unchanged();
         Follower {
@@ -222,14 +212,14 @@ impl Follower {
             cursor: after,
             live,
             behind: true,
-            key,
+            position,
             head_checked: false,
         }
     }
 
     fn advance(&mut self, to: u64) {
         self.cursor = to;
-        self.source.positions().set(self.key, to);
+        self.position.set(to);
     }
 
     /// The sequence number of the last row returned.
@@ -285,40 +275,24 @@ impl Follower {
         })
     }
 
-    /// [`Follower::next_event`] shaped for an event stream: each row as the JSON text it is
-    /// sent as. A live row's text is rendered once for every follower
-    /// ([`LiveRow::stream_data`]); a row read from the file is serialized here.
+    /// [`Follower::next_event`] shaped for an event stream: the rows as the events it writes,
+    /// all of them in one buffer. A live row's event is rendered once for every follower
+    /// ([`LiveRow::sse_frame`]: a follower of a one-row commit writes the shared bytes
+    /// themselves); a row read from the file is serialized here.
     pub async fn next_stream(&mut self) -> Result<Streamed, FollowError> {
         let next = self.next_any().await?;
         let t = std::time::Instant::now();
         let out = match next {
-            Next::File(rows) => Streamed::Rows(
-                rows.into_iter()
-                    .map(|row| {
-                        let data = serde_json::to_string(&row)
-                            .map_err(|e| FollowError::Read(e.to_string()))?;
-                        Ok(StreamRow {
-                            seq: row.seq,
-                            kind: row.kind,
-                            data: data.into(),
-                        })
-                    })
-                    .collect::<Result<_, FollowError>>()?,
-            ),
-            Next::Live(batch, from) => Streamed::Rows(
+            Next::File(rows) => Streamed::Events(joined(rows.iter().map(|row| {
+                let data =
+                    serde_json::to_string(row).map_err(|e| FollowError::Read(e.to_string()))?;
+                sse_frame(row.seq, &row.kind, &data).map_err(|e| FollowError::Read(e.to_string()))
+            }))?),
+            Next::Live(batch, from) => Streamed::Events(joined(
                 batch[from..]
                     .iter()
-                    .map(|r| {
-                        Ok(StreamRow {
-                            seq: r.seq,
-                            kind: r.kind.to_string(),
-                            data: r
-                                .stream_data()
-                                .map_err(|e| FollowError::Read(e.to_string()))?,
-                        })
-                    })
-                    .collect::<Result<_, FollowError>>()?,
-            ),
+                    .map(|r| r.sse_frame().map_err(|e| FollowError::Read(e.to_string()))),
+            )?),
             Next::Reset {
                 requested_after,
                 pruned_through,
@@ -407,6 +381,20 @@ impl Follower {
     }
 }
 
+/// The frames in one buffer: a single frame as it is (shared, not copied), several copied
+/// together once.
+fn joined(frames: impl Iterator<Item = Result<Bytes, FollowError>>) -> Result<Bytes, FollowError> {
+    let frames = frames.collect::<Result<Vec<Bytes>, FollowError>>()?;
+    if let [one] = frames.as_slice() {
+        return Ok(one.clone());
+    }
+    let mut buf = BytesMut::with_capacity(frames.iter().map(Bytes::len).sum());
+    for frame in &frames {
+        buf.extend_from_slice(frame);
+    }
+    Ok(buf.freeze())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,46 +410,82 @@ mod tests {
         )
     }
 
-    /// Issue 33: a live row's event-stream JSON is the JSON of its `OutboxRow`, as the stream
-    /// sent it when every follower serialized the row itself (ids with quotes and escapes
-    /// included).
+    /// The `data:` of one event frame, checked to be the frame's only data line.
+    fn data_of(frame: &[u8], id: u64, event: &str) -> Value {
+        let text = std::str::from_utf8(frame).expect("utf-8");
+        let head = format!("id: {id}\nevent: {event}\ndata: ");
+        let data = text
+            .strip_prefix(&head)
+            .and_then(|t| t.strip_suffix("\n\n"))
+            .unwrap_or_else(|| panic!("not one event: {text:?}"));
+        assert!(!data.contains(['\n', '\r']), "one data line: {text:?}");
+        serde_json::from_str(data).expect("one JSON value")
+    }
+
+    /// Issue 33: a live row's event is the JSON of its `OutboxRow`, as the stream sent it when
+    /// every follower serialized the row itself (ids with quotes and escapes included); line
+    /// breaks between the stored payload's tokens do not split its `data:` line.
     #[test]
-    fn stream_data_is_the_outbox_row_json() {
+    fn sse_frame_is_the_outbox_row_json() {
         let payload = json!({"toolCallId": "c1", "name": "t=\"1\"\n", "n": [1, 2.5, null]});
-        let r = row(&payload.to_string());
-        let data = r.stream_data().expect("rendered");
-        let parsed: Value = serde_json::from_str(&data).expect("one JSON value");
         let expected = serde_json::to_value(OutboxRow {
             seq: 7,
             kind: "toolCall".into(),
             root_agent_session_id: "root \"quoted\" \u{e9}".into(),
             workspace_id: "w\\1".into(),
-            payload,
+            payload: payload.clone(),
         })
         .expect("row");
-        assert_eq!(parsed, expected);
+        let pretty = serde_json::to_string_pretty(&payload)
+            .expect("pretty")
+            .replace("\n", "\r\n");
+        for stored in [payload.to_string(), pretty] {
+            let frame = row(&stored).sse_frame().expect("rendered");
+            assert_eq!(data_of(&frame, 7, "toolCall"), expected, "{stored:?}");
+        }
     }
 
     /// Issue 33: "serializing an outbox row once for all followers": every follower of a commit
-    /// shares one batch, and a row's text is rendered once, then shared (the same allocation).
+    /// shares one batch, and a row's event is rendered once, then shared (the same bytes).
     #[test]
-    fn stream_data_is_rendered_once_for_all_followers() {
+    fn sse_frame_is_rendered_once_for_all_followers() {
         let batch: LiveBatch = Arc::new(vec![row(r#"{"a":1}"#)]);
         let (one, two) = (batch.clone(), batch.clone());
-        let a = one[0].stream_data().expect("rendered");
-        let b = two[0].stream_data().expect("rendered");
-        assert!(Arc::ptr_eq(&a, &b));
+        let a = one[0].sse_frame().expect("rendered");
+        let b = two[0].sse_frame().expect("rendered");
+        assert_eq!(a.as_ptr(), b.as_ptr());
+        // One frame goes out as it is; several are joined in order.
+        let single = joined([Ok(a.clone())].into_iter()).expect("joined");
+        assert_eq!(single.as_ptr(), a.as_ptr());
+        let other = LiveRow::new(8, "message", "r".into(), "w".into(), "{}".into());
+        let both = joined(
+            [
+                Ok(a.clone()),
+                other.sse_frame().map_err(|e| FollowError::Read(e.0)),
+            ]
+            .into_iter(),
+        )
+        .expect("joined");
+        assert_eq!(&both[..a.len()], &a[..]);
+        assert_eq!(data_of(&both[a.len()..], 8, "message")["seq"], 8);
     }
 
     /// A payload that is not one JSON value is a storage error for every follower (as when the
-    /// followers parsed it), never a malformed event.
+    /// followers parsed it), never a malformed event; so is an event name with a line break
+    /// (a kind read from a damaged file).
     #[test]
-    fn stream_data_of_a_bad_payload_is_an_error() {
+    fn sse_frame_of_a_bad_payload_is_an_error() {
         for bad in ["", "{\"a\":", "1 2", "{} x"] {
             let r = row(bad);
             for _ in 0..2 {
-                assert!(matches!(r.stream_data(), Err(BadPayload(_))), "{bad:?}");
+                assert!(matches!(r.sse_frame(), Err(BadPayload(_))), "{bad:?}");
             }
+        }
+        for name in ["a\nb", "a\r", "\n"] {
+            assert_eq!(
+                sse_frame(1, name, "{}"),
+                Err(BadEventName { len: name.len() })
+            );
         }
     }
 }

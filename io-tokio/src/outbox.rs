@@ -3,13 +3,14 @@
 //! daemon's engine thread produces these and the followers consume them; neither needs the
 //! other to name them.
 
+use bytes::Bytes;
 use std::sync::{Arc, OnceLock};
 use tutti_core::model::Id;
 
 /// One outbox row as a commit wrote it (the payload is the stored JSON text).
 ///
 /// Every live follower gets the same `LiveRow` (one [`LiveBatch`] per commit, shared), so what
-/// an event stream sends for it is rendered once for all of them ([`LiveRow::stream_data`],
+/// an event stream sends for it is rendered once for all of them ([`LiveRow::sse_frame`],
 /// issue 33: "serializing an outbox row once for all followers").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveRow {
@@ -23,8 +24,8 @@ pub struct LiveRow {
     pub workspace_id: Id,
     /// The entity's wire JSON, as stored.
     pub payload: String,
-    /// The row's event-stream JSON, once a follower asked for it.
-    rendered: OnceLock<Result<Arc<str>, String>>,
+    /// The row's event-stream frame, once a follower asked for it.
+    frame: OnceLock<Result<Bytes, String>>,
 }
 
 impl LiveRow {
@@ -42,26 +43,31 @@ impl LiveRow {
             root_agent_session_id,
             workspace_id,
             payload,
-            rendered: OnceLock::new(),
+            frame: OnceLock::new(),
         }
     }
 
-    /// The row as `GET /v1/events` sends it: the JSON of its [`OutboxRow`](tutti_core::store::OutboxRow) (`seq`, `kind`,
-    /// `rootAgentSessionId`, `workspaceId`, `payload`), rendered on the first call and shared by
-    /// every later caller. The payload is the stored text, checked once to be one JSON value
-    /// (a row whose payload is not is an error for every follower, as it is when parsed).
+    /// The row as `GET /v1/events` sends it, as one whole SSE event ([`sse_frame`]: `id:` the
+    /// seq, `event:` the kind, `data:` the JSON of its [`OutboxRow`](tutti_core::store::OutboxRow)
+    /// with `seq`, `kind`, `rootAgentSessionId`, `workspaceId` and `payload`), rendered on the
+    /// first call and shared by every later caller (the same bytes, not a copy). The payload is
+    /// the stored text, checked once to be one JSON value (a row whose payload is not is an
+    /// error for every follower, as it is when parsed).
     ///
     /// Choice: the payload's keys keep the order the store wrote them in; a row read back from
     /// the file is re-serialized from its parsed value instead, so the two may order keys
     /// differently (JSON objects are unordered; the values are equal).
-    pub fn stream_data(&self) -> Result<Arc<str>, BadPayload> {
-        self.rendered
-            .get_or_init(|| self.render())
+    pub fn sse_frame(&self) -> Result<Bytes, BadPayload> {
+        self.frame
+            .get_or_init(|| {
+                let data = self.render()?;
+                sse_frame(self.seq, self.kind, &data).map_err(|e| e.to_string())
+            })
             .clone()
             .map_err(BadPayload)
     }
 
-    fn render(&self) -> Result<Arc<str>, String> {
+    fn render(&self) -> Result<String, String> {
         serde_json::from_str::<serde::de::IgnoredAny>(&self.payload).map_err(|e| e.to_string())?;
         let text = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
         let mut out = String::with_capacity(self.payload.len() + 128);
@@ -76,8 +82,44 @@ impl LiveRow {
         out.push_str(",\"payload\":");
         out.push_str(self.payload.trim());
         out.push('}');
-        Ok(out.into())
+        Ok(out)
     }
+}
+
+/// An event name that cannot be sent (it would end the `event:` line early).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("an event name of {len} bytes holds a line break")]
+pub struct BadEventName {
+    /// The name's length (its text may be anything a database held: not logged).
+    pub len: usize,
+}
+
+/// One whole server-sent event, as the bytes an event stream writes: `id: {id}`, `event:
+/// {event}`, `data: {data}` and the blank line that ends the event.
+///
+/// `data` is one JSON text. A line break in it can only be insignificant whitespace (JSON
+/// strings hold line breaks escaped), so each is written as a space: the event has one `data:`
+/// line and its data parses to the same value. An `event` name with a line break is refused.
+pub fn sse_frame(id: u64, event: &str, data: &str) -> Result<Bytes, BadEventName> {
+    if event.bytes().any(|b| b == b'\n' || b == b'\r') {
+        return Err(BadEventName { len: event.len() });
+    }
+    let id = id.to_string();
+    let mut out = Vec::with_capacity(data.len() + event.len() + id.len() + 24);
+    out.extend_from_slice(b"id: ");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b"\nevent: ");
+    out.extend_from_slice(event.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    let at = out.len();
+    out.extend_from_slice(data.as_bytes());
+    for b in &mut out[at..] {
+        if *b == b'\n' || *b == b'\r' {
+            *b = b' ';
+        }
+    }
+    out.extend_from_slice(b"\n\n");
+    Ok(Bytes::from(out))
 }
 
 /// A live row whose stored payload is not one JSON value (the text says why). Every follower

@@ -17,7 +17,8 @@
 //!   position and the pass prunes at most up to the lowest.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use tutti_core::model::Id;
 use tutti_core::store::RetentionPolicy;
 
@@ -90,30 +91,49 @@ impl QuiescentTrees {
 }
 
 /// The positions of the live outbox followers: the last seq each has been given.
+///
+/// A follower moves its own position without the registry's lock ([`LivePosition::set`]: one
+/// atomic store per write, issue 33: a hundred followers of every commit no longer take turns
+/// on one lock); registering, leaving and [`LivePositions::lowest`] take the lock.
 #[derive(Debug, Default)]
 pub struct LivePositions {
-    inner: Mutex<(u64, BTreeMap<u64, u64>)>,
+    inner: Mutex<(u64, BTreeMap<u64, Arc<AtomicU64>>)>,
+}
+
+/// One follower's registered position (see [`LivePositions::register`]).
+#[derive(Debug)]
+pub struct LivePosition {
+    key: u64,
+    at: Arc<AtomicU64>,
+}
+
+impl LivePosition {
+    /// Moves the follower's position (it has been given every row up to `position`).
+    pub fn set(&self, position: u64) {
+        self.at.store(position, Ordering::SeqCst);
+    }
+
+    /// This follower's key (for [`LivePositions::remove`]).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
 }
 
 impl LivePositions {
-    /// Registers a follower at `position`; returns its key.
-    pub fn register(&self, position: u64) -> u64 {
-        let Ok(mut g) = self.inner.lock() else {
-            return 0;
-        };
-        g.0 += 1;
-        let key = g.0;
-        g.1.insert(key, position);
-        key
-    }
-
-    /// Moves a follower's position (it has been given every row up to `position`).
-    pub fn set(&self, key: u64, position: u64) {
-        if let Ok(mut g) = self.inner.lock() {
-            if let Some(p) = g.1.get_mut(&key) {
-                *p = position;
+    /// Registers a follower at `position`. A poisoned lock registers nothing (and then
+    /// [`LivePositions::lowest`] protects every row).
+    pub fn register(&self, position: u64) -> LivePosition {
+        let at = Arc::new(AtomicU64::new(position));
+        let key = match self.inner.lock() {
+            Ok(mut g) => {
+                g.0 += 1;
+                let key = g.0;
+                g.1.insert(key, at.clone());
+                key
             }
-        }
+            Err(_) => 0,
+        };
+        LivePosition { key, at }
     }
 
     /// The follower is gone.
@@ -132,7 +152,7 @@ impl LivePositions {
     /// not been given to that follower yet and must stay. A poisoned lock protects everything.
     pub fn lowest(&self) -> Option<u64> {
         match self.inner.lock() {
-            Ok(g) => g.1.values().min().copied(),
+            Ok(g) => g.1.values().map(|p| p.load(Ordering::SeqCst)).min(),
             Err(_) => Some(0),
         }
     }
@@ -162,10 +182,11 @@ mod tests {
         assert_eq!(p.lowest(), None);
         let a = p.register(5);
         let b = p.register(9);
+        assert_ne!(a.key(), b.key());
         assert_eq!(p.lowest(), Some(5));
-        p.set(a, 12);
+        a.set(12);
         assert_eq!(p.lowest(), Some(9));
-        p.remove(b);
+        p.remove(b.key());
         assert_eq!(p.lowest(), Some(12));
     }
 }

@@ -194,3 +194,90 @@ async fn a_position_beyond_the_newest_row_is_a_reset_to_the_newest_row() {
     }
     d.shutdown().await;
 }
+
+/// One event of a stream as read off the wire: its `id:`, `event:` and `data:` lines, in the
+/// order they came.
+#[derive(Debug)]
+struct WireEvent {
+    lines: Vec<String>,
+}
+
+/// Issue 33 (events rendered once for all followers and written as pre-rendered frames): over
+/// real HTTP, every row is one whole event, `id:` its seq, `event:` its kind and one `data:`
+/// line holding its `OutboxRow` JSON, the same whether the row came from the file (written
+/// before the client connected) or live from its commit; two clients get the same events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_writes_each_row_as_one_event_from_the_file_and_live() {
+    use std::io::{BufRead, BufReader};
+    let (_dir, d) = start("wire");
+    for i in 0..5 {
+        create(&d, i).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    const TOKEN: &str = "follow-wire-token-0123456789abcdef0123";
+    let app = tutti_tokio::api::router_with_shutdown(d.clone(), TOKEN.into(), stop_rx.clone());
+    let server = tokio::spawn(tutti_tokio::connections::serve(
+        listener,
+        app,
+        tutti_tokio::connections::HttpLimits::default(),
+        stop_rx,
+    ));
+    const N: usize = 40;
+    let client = |n: usize| {
+        tokio::task::spawn_blocking(move || {
+            let resp = ureq::get(&format!("http://{addr}/v1/events"))
+                .set("authorization", &format!("Bearer {TOKEN}"))
+                .timeout(Duration::from_secs(20))
+                .call()
+                .expect("event stream");
+            assert_eq!(resp.header("content-type"), Some("text/event-stream"));
+            assert_eq!(resp.header("cache-control"), Some("no-cache"));
+            let mut events = Vec::new();
+            let mut lines = Vec::new();
+            for line in BufReader::new(resp.into_reader()).lines() {
+                let line = line.expect("line");
+                if line.is_empty() {
+                    events.push(WireEvent {
+                        lines: std::mem::take(&mut lines),
+                    });
+                    if events.len() == n {
+                        break;
+                    }
+                } else if !line.starts_with(':') {
+                    lines.push(line);
+                }
+            }
+            events
+        })
+    };
+    let (a, b) = (client(N), client(N));
+    // Both streams open and read the file's rows; the rest are committed while they follow.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 5..N {
+        create(&d, i).await;
+    }
+    let (a, b) = (a.await.expect("client a"), b.await.expect("client b"));
+    let rows = file_rows(&d);
+    assert_eq!(rows.len(), N);
+    for events in [&a, &b] {
+        assert_eq!(events.len(), N);
+        for (e, row) in events.iter().zip(&rows) {
+            let [id, event, data] = e.lines.as_slice() else {
+                panic!("one id, event and data line: {e:?}");
+            };
+            assert_eq!(id, &format!("id: {}", row.seq));
+            assert_eq!(event, &format!("event: {}", row.kind));
+            let data: serde_json::Value =
+                serde_json::from_str(data.strip_prefix("data: ").expect("data line"))
+                    .expect("JSON data");
+            assert_eq!(data, serde_json::to_value(row).expect("row JSON"), "{e:?}");
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    d.shutdown().await;
+}

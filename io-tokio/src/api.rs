@@ -48,7 +48,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
-
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -934,8 +933,7 @@ async fn events(
     // commit as one buffer: a live row's event is rendered once for all followers and a
     // one-row commit's bytes go out as they are (`LiveRow::sse_frame`). Interrupting a wait
     // for rows (keep-alive, stop) loses none: the follower's position moves only when it
-    // returns rows.
-    // The stop signal's wait is made once and kept (not a new one per write).
+    // returns rows. The stop signal's wait is made once and kept (not a new one per write).
     let stop: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
         let mut stop = stop;
         stopped(&mut stop).await

@@ -168,6 +168,71 @@ fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
     assert_eq!(got, on_a, "the same rows on both daemons");
 }
 
+/// Issue 21: "`GET /v1/events` on any daemon streams rows committed by any daemon, in sequence
+/// order", with both daemons committing at once: trees driven on A and on B together, so that
+/// each daemon's own rows (live) and the other's (woken by `LISTEN/NOTIFY`, read from the
+/// store) interleave; a stream on either yields every row of the database once, in order.
+/// (Shown to fail when a daemon's listener drops every notification.)
+#[test]
+fn a_follower_sees_its_own_daemons_rows_and_anothers_interleaved_once_in_order() {
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("database");
+    let env = [("TUTTI_DEMO_SPEED", "4")];
+    let a = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let on_b = follow(&b);
+    let on_a = follow(&a);
+    let ids: Vec<(&TestDaemon, String)> = (0..4)
+        .map(|i| {
+            let d = if i % 2 == 0 { &a } else { &b };
+            (d, d.create(WS, "demo"))
+        })
+        .collect();
+    for (d, id) in &ids {
+        d.submit(WS, id, "children=2 permission=0 fail=0 late=0");
+    }
+    for (d, id) in &ids {
+        d.wait_for(WS, id, 60, "tree settled", |v| {
+            turn_of(v, id).is_some_and(|t| t["outcome"] == "completed")
+                && v["session"].get("activeTurnId").is_none()
+        });
+    }
+    let all = a.events(Some(0), None, usize::MAX, 1);
+    assert!(all.len() > 40, "rows were published: {}", all.len());
+    let (from_a, from_b) = {
+        let owner = |v: &Value| v["rootAgentSessionId"].as_str().map(str::to_string);
+        let on = |d: &TestDaemon| {
+            all.iter()
+                .filter(|v| {
+                    ids.iter()
+                        .any(|(o, id)| std::ptr::eq(*o, d) && owner(v).as_deref() == Some(id))
+                })
+                .count()
+        };
+        (on(&a), on(&b))
+    };
+    assert!(
+        from_a > 10 && from_b > 10,
+        "both daemons committed rows: {from_a} and {from_b}"
+    );
+    for (name, rx) in [("A", &on_a), ("B", &on_b)] {
+        let mut got = Vec::new();
+        while got.len() < all.len() {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(v) => got.push(v),
+                Err(_) => panic!(
+                    "{name}'s stream stopped after {} of {} rows: {:?}",
+                    got.len(),
+                    all.len(),
+                    seqs(&got)
+                ),
+            }
+        }
+        assert_eq!(seqs(&got), seqs(&all), "{name}: each row once, in order");
+        assert_eq!(got, all, "{name}: the rows the database holds");
+    }
+}
+
 /// Issue 21, tree ownership: "Exactly one daemon runs the provider process of a root tree at a
 /// time: a lease row per live root (owner, epoch, expiry), claimed before the provider starts
 /// and renewed while it runs", and failover: a daemon that starts does not settle a live tree

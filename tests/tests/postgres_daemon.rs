@@ -130,6 +130,23 @@ fn follow(d: &TestDaemon) -> mpsc::Receiver<Value> {
     rx
 }
 
+/// The first `n` rows of a stream from [`follow`]; fails if the stream stops short (waiting up
+/// to a minute for each row).
+fn rows_of(rx: &mpsc::Receiver<Value>, n: usize, name: &str) -> Vec<Value> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(v) => got.push(v),
+            Err(_) => panic!(
+                "{name}'s stream stopped after {} of {n} rows: {:?}",
+                got.len(),
+                seqs(&got)
+            ),
+        }
+    }
+    got
+}
+
 /// Step 2, issue 21: "`GET /v1/events` on any daemon streams rows committed by any daemon, in
 /// sequence order". Two daemons on one database: a tree created and driven on A is readable on
 /// B, and an event stream opened on B before A commits anything (so only the cross-daemon wake
@@ -152,18 +169,7 @@ fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
     assert_eq!(tree(b.detail(WS, &id)), tree(settled), "B reads A's tree");
     let on_a = a.events(Some(0), None, usize::MAX, 1);
     assert!(on_a.len() > 10, "rows were published: {}", on_a.len());
-    let mut got = Vec::new();
-    while got.len() < on_a.len() {
-        match on_b.recv_timeout(Duration::from_secs(60)) {
-            Ok(v) => got.push(v),
-            Err(_) => panic!(
-                "B's stream stopped after {} of {} rows: {:?}",
-                got.len(),
-                on_a.len(),
-                seqs(&got)
-            ),
-        }
-    }
+    let got = rows_of(&on_b, on_a.len(), "B");
     assert_eq!(seqs(&got), seqs(&on_a), "each row once, in order");
     assert_eq!(got, on_a, "the same rows on both daemons");
 }
@@ -216,18 +222,7 @@ fn a_follower_sees_its_own_daemons_rows_and_anothers_interleaved_once_in_order()
         "both daemons committed rows: {from_a} and {from_b}"
     );
     for (name, rx) in [("A", &on_a), ("B", &on_b)] {
-        let mut got = Vec::new();
-        while got.len() < all.len() {
-            match rx.recv_timeout(Duration::from_secs(60)) {
-                Ok(v) => got.push(v),
-                Err(_) => panic!(
-                    "{name}'s stream stopped after {} of {} rows: {:?}",
-                    got.len(),
-                    all.len(),
-                    seqs(&got)
-                ),
-            }
-        }
+        let got = rows_of(rx, all.len(), name);
         assert_eq!(seqs(&got), seqs(&all), "{name}: each row once, in order");
         assert_eq!(got, all, "{name}: the rows the database holds");
     }

@@ -96,12 +96,12 @@ fn postgres_daemon_survives_a_restart_with_the_same_tree_and_stream() {
 
 /// A real server and two daemons on one database of it (demo provider at `speed`, the
 /// daemons' `config`): the server, the database URL, A and B.
-fn two_daemons(speed: &str, config: &str) -> (Server, String, TestDaemon, TestDaemon) {
+fn two_daemons(speed: &str, config: Option<&str>) -> (Server, String, TestDaemon, TestDaemon) {
     let server = Server::fast().expect("postgres server");
     let url = server.create_database().expect("database");
     let env = [("TUTTI_DEMO_SPEED", speed)];
-    let a = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), Some(config), &env);
+    let a = TestDaemon::start_with_db(EXE, Some(&url), config, &env);
+    let b = TestDaemon::start_with_db(EXE, Some(&url), config, &env);
     (server, url, a, b)
 }
 
@@ -153,11 +153,7 @@ fn rows_of(rx: &mpsc::Receiver<Value>, n: usize, name: &str) -> Vec<Value> {
 /// can bring the rows) yields each of A's rows once, in order, the same as A's own stream.
 #[test]
 fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
-    let server = Server::fast().expect("postgres server");
-    let url = server.create_database().expect("database");
-    let env = [("TUTTI_DEMO_SPEED", "4")];
-    let a = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let (_server, _url, a, b) = two_daemons("4", None);
     let on_b = follow(&b);
     let id = a.create(WS, "demo");
     a.submit(WS, &id, "children=2 permission=0 fail=0 late=0");
@@ -181,11 +177,7 @@ fn a_follower_on_another_daemon_sees_each_row_once_in_order() {
 /// (Shown to fail when a daemon's listener drops every notification.)
 #[test]
 fn a_follower_sees_its_own_daemons_rows_and_anothers_interleaved_once_in_order() {
-    let server = Server::fast().expect("postgres server");
-    let url = server.create_database().expect("database");
-    let env = [("TUTTI_DEMO_SPEED", "4")];
-    let a = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
-    let b = TestDaemon::start_with_db(EXE, Some(&url), None, &env);
+    let (_server, _url, a, b) = two_daemons("4", None);
     let on_b = follow(&b);
     let on_a = follow(&a);
     let ids: Vec<(&TestDaemon, String)> = (0..4)
@@ -316,7 +308,7 @@ fn a_starting_daemon_leaves_a_tree_owned_by_another_running_daemon_alone() {
 /// tutti-postgres` measures it).
 #[test]
 fn a_survivor_takes_over_the_tree_of_a_killed_daemon_after_its_lease_expired() {
-    let (_server, _url, mut a, b) = two_daemons("2", "lease_secs = 1\n");
+    let (_server, _url, mut a, b) = two_daemons("2", Some("lease_secs = 1\n"));
     let on_b = follow(&b);
     let on_a = follow(&a);
     let live = a.create(WS, "demo");
@@ -680,7 +672,7 @@ fn metric(d: &TestDaemon, name: &str) -> f64 {
 #[test]
 fn a_paused_owner_that_lost_its_tree_commits_nothing_more_for_it() {
     // Slow: the turn streams for many seconds, so the provider writes while A is paused.
-    let (_server, url, a, b) = two_daemons("0.3", "lease_secs = 1\n");
+    let (_server, url, a, b) = two_daemons("0.3", Some("lease_secs = 1\n"));
     let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
     let id = a.create(WS, "demo");
     a.submit(WS, &id, "children=3 permission=0 fail=0 late=0");
@@ -816,7 +808,7 @@ fn a_daemon_whose_lease_was_taken_over_has_its_next_commit_refused() {
 fn racing_commands_on_an_idle_tree_through_two_daemons_leave_one_consistent_tree() {
     use tutti_core::store::Store;
     // Providers stop 1 s after their tree went quiescent, releasing the lease.
-    let (_server, url, a, b) = two_daemons("4", "idle_timeout_secs = 1\nlease_secs = 2\n");
+    let (_server, url, a, b) = two_daemons("4", Some("idle_timeout_secs = 1\nlease_secs = 2\n"));
     let store = tutti_postgres::PostgresStore::connect(&url).expect("connect");
     let id = a.create(WS, "demo");
     let mut started = Vec::new();
@@ -1092,7 +1084,7 @@ fn a_daemon_survives_its_database_restarting_with_503_meanwhile_and_nothing_lost
 /// seconds), well before the old fixed wait.
 #[test]
 fn a_command_forwarded_to_a_paused_owner_is_answered_within_its_lease() {
-    let (_server, _url, a, b) = two_daemons("0.3", "lease_secs = 3\n");
+    let (_server, _url, a, b) = two_daemons("0.3", Some("lease_secs = 3\n"));
     let id = a.create(WS, "demo");
     let (_, turn) = a.submit(WS, &id, "children=1 hang=1 late=0");
     a.wait_for(WS, &id, 60, "a child running", |v| {
@@ -1318,7 +1310,7 @@ fn a_restarted_daemon_starts_when_a_tree_changed_between_its_load_and_its_claim(
 /// Now the lease is kept (unreleased) and the tree is settled again at the next renewal tick.
 #[test]
 fn a_takeover_whose_settling_step_fails_settles_the_tree_later_instead_of_releasing_it() {
-    let (_server, url, mut a, b) = two_daemons("2", "lease_secs = 1\n");
+    let (_server, url, mut a, b) = two_daemons("2", Some("lease_secs = 1\n"));
     let id = a.create(WS, "demo");
     let (_, turn) = a.submit(WS, &id, "children=1 hang=1 permission=0 fail=0 late=0");
     a.wait_for(WS, &id, 60, "child running", |v| {

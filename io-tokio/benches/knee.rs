@@ -37,9 +37,13 @@
 //! turning rows into SSE events), from the daemon's own stage counters
 //! (`tutti_stage_seconds_total`).
 //!
-//! Each step also prints (with `TUTTI_KNEE_VERBOSE=1`) the CPU time of the whole process per
-//! line (simulated agents and SSE clients included) and of the engine thread alone, and the
-//! group commits with their mean size. `TUTTI_KNEE_STEPS` bounds the steps, `TUTTI_KNEE_ALL=1`
+//! Each step also prints (with `TUTTI_KNEE_VERBOSE=1`) the CPU time per line of the whole
+//! process (simulated agents and SSE clients included), of the engine thread and of the commit
+//! thread; the rates that CPU time allows whatever the latency (`CPU bounds`: the whole process
+//! on all cores, each of those threads on one core; the knee line prints them too); the group
+//! commits with their mean size; and where the tail is (`tails`: the share of group commits,
+//! and of lines from the engine taking them to their commit, over 1.6 and 6.4 ms, from the
+//! daemon's histograms). `TUTTI_KNEE_STEPS` bounds the steps, `TUTTI_KNEE_ALL=1`
 //! runs the later steps after the knee too, `TUTTI_KNEE_ONLY=daemon` skips the ceilings, and
 //! `TUTTI_KNEE_ONLY=engine` runs only the engine thread's work without threads (see
 //! [`engine_only`]: decide, commit and acknowledge per line; for profilers).
@@ -410,7 +414,9 @@ enum Db<'a> {
 
 /// CPU time (seconds) of this process, and of its engine thread (`tutti-engine`), from `/proc`
 /// (clock ticks: coarse, but a step runs seconds). Zeros where `/proc` is missing.
-fn cpu_seconds() -> (f64, f64) {
+/// CPU seconds so far: the whole process, the engine thread and the commit thread (by their
+/// thread names).
+fn cpu_seconds() -> (f64, f64, f64) {
     let ticks = |stat: &str| -> Option<f64> {
         // Fields after the command name (which ends with the last ')'): utime is the 12th, stime
         // the 13th.
@@ -423,7 +429,7 @@ fn cpu_seconds() -> (f64, f64) {
         .ok()
         .and_then(|s| ticks(&s))
         .unwrap_or(0.0);
-    let mut engine = 0.0;
+    let (mut engine, mut commit) = (0.0, 0.0);
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
@@ -431,10 +437,12 @@ fn cpu_seconds() -> (f64, f64) {
             };
             if stat.contains("(tutti-engine)") {
                 engine += ticks(&stat).unwrap_or(0.0);
+            } else if stat.contains("(tutti-commit)") {
+                commit += ticks(&stat).unwrap_or(0.0);
             }
         }
     }
-    (total / hz, engine / hz)
+    (total / hz, engine / hz, commit / hz)
 }
 
 /// One step's figures.
@@ -447,14 +455,39 @@ struct StepResult {
     stages: Vec<(&'static str, f64)>,
     /// Group commits in the step, and their mean size (batches), from the daemon's metrics.
     groups: (f64, f64),
+    /// Where the tail is (`TUTTI_KNEE_VERBOSE=1`): the share of group commits, and of provider
+    /// lines from the engine taking them to their commit, that took over 1.6 and over 6.4 ms
+    /// (bucket bounds of the daemon's histograms).
+    tails: [(f64, f64); 2],
     /// CPU microseconds per line: the whole process (simulated agents and clients included),
-    /// and the engine thread alone.
-    cpu_us: (f64, f64),
+    /// the engine thread alone and the commit thread alone.
+    cpu_us: (f64, f64, f64),
 }
 
 impl StepResult {
     fn passed(&self) -> bool {
         self.complete && self.p99_ms * 1000.0 <= P99_LIMIT_US as f64
+    }
+
+    /// The rates (lines/s) this step's CPU time per line allows, whatever the latency: the whole
+    /// process on all the machine's cores, the engine thread on one core, the commit thread on
+    /// one core. A knee can be no higher than the lowest of them.
+    fn bounds(&self) -> (f64, f64, f64) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let rate = |us: f64| if us > 0.0 { 1e6 / us } else { f64::INFINITY };
+        (
+            cores * rate(self.cpu_us.0),
+            rate(self.cpu_us.1),
+            rate(self.cpu_us.2),
+        )
+    }
+
+    /// `bounds` as printed.
+    fn bounds_text(&self) -> String {
+        let (process, engine, commit) = self.bounds();
+        format!(
+            "CPU bounds: process {process:.0}/s, engine thread {engine:.0}/s, commit thread {commit:.0}/s"
+        )
     }
 }
 
@@ -543,7 +576,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
     // Let every client's stream open before the load starts.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stages_before = daemon.metrics().stage_seconds();
-    let (cpu_before, _) = cpu_seconds();
+    let (cpu_before, _, _) = cpu_seconds();
     let parse_before = PARSE_NS.load(Ordering::Relaxed);
     let started = epoch.elapsed().as_micros() as u64;
     for a in 0..agents {
@@ -573,20 +606,36 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         lat.extend(l);
     }
     let parse = (PARSE_NS.load(Ordering::Relaxed) - parse_before) as f64 / 1e9;
-    // The engine thread started with this step's daemon: all its time is this step's.
-    let (cpu_after, engine_cpu) = cpu_seconds();
+    // The engine and commit threads started with this step's daemon: all their time is this
+    // step's.
+    let (cpu_after, engine_cpu, commit_cpu) = cpu_seconds();
     let metric = |text: &str, name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or(0.0)
     };
-    let groups = match daemon.metrics_text().await {
-        Ok(t) => {
-            let n = metric(&t, "tutti_group_commit_batches_count");
-            (n, metric(&t, "tutti_group_commit_batches_sum") / n.max(1.0))
-        }
-        Err(_) => (0.0, 0.0),
+    let text = daemon.metrics_text().await.unwrap_or_default();
+    let n = metric(&text, "tutti_group_commit_batches_count");
+    let groups = (
+        n,
+        metric(&text, "tutti_group_commit_batches_sum") / n.max(1.0),
+    );
+    // The share of a seconds histogram's observations above the bucket bound `le`.
+    let over = |name: &str, le: &str| -> f64 {
+        let all = metric(&text, &format!("{name}_count"));
+        let within = metric(&text, &format!("{name}_bucket{{le=\"{le}\"}}"));
+        (all - within) / all.max(1.0)
     };
+    let tails = [
+        (
+            over("tutti_group_commit_seconds", "0.0016"),
+            over("tutti_group_commit_seconds", "0.0064"),
+        ),
+        (
+            over("tutti_provider_line_to_commit_seconds", "0.0016"),
+            over("tutti_provider_line_to_commit_seconds", "0.0064"),
+        ),
+    ];
     let after = daemon.metrics().stage_seconds();
     let _ = stop_tx.send(true);
     daemon.shutdown().await;
@@ -614,9 +663,11 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         complete,
         stages,
         groups,
+        tails,
         cpu_us: (
             (cpu_after - cpu_before) * 1e6 / lines,
             engine_cpu * 1e6 / lines,
+            commit_cpu * 1e6 / lines,
         ),
     }
 }
@@ -641,12 +692,21 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
         );
         if std::env::var_os("TUTTI_KNEE_VERBOSE").is_some() {
             println!(
-                "    time: {}; CPU {:.1} us/line (engine thread {:.1}); {:.0} group commits of {:.1} batches",
+                "    time: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}); {:.0} group commits of {:.1} batches",
                 shares(&r),
                 r.cpu_us.0,
                 r.cpu_us.1,
+                r.cpu_us.2,
                 r.groups.0,
                 r.groups.1
+            );
+            println!("    {}", r.bounds_text());
+            println!(
+                "    tails: commits over 1.6 / 6.4 ms {:.2} / {:.2} %; line to commit over 1.6 / 6.4 ms {:.2} / {:.2} %",
+                r.tails[0].0 * 100.0,
+                r.tails[0].1 * 100.0,
+                r.tails[1].0 * 100.0,
+                r.tails[1].1 * 100.0
             );
         }
         rate *= factor;
@@ -679,12 +739,14 @@ fn print_knee(label: &str, followers: usize, knee: &Option<StepResult>) -> f64 {
         return 0.0;
     };
     println!(
-        "knee ({label}, {followers} followers): {:.0} events/s (p99 {:.2} ms); time at the knee: {}; CPU {:.1} us/line (engine thread {:.1})",
+        "knee ({label}, {followers} followers): {:.0} events/s (p99 {:.2} ms); time at the knee: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}); {}",
         k.offered,
         k.p99_ms,
         shares(k),
         k.cpu_us.0,
-        k.cpu_us.1
+        k.cpu_us.1,
+        k.cpu_us.2,
+        k.bounds_text()
     );
     k.offered
 }

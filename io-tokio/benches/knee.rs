@@ -412,10 +412,10 @@ enum Db<'a> {
     Postgres(&'a tutti_pg_server::Server),
 }
 
-/// CPU time (seconds) of this process, and of its engine thread (`tutti-engine`), from `/proc`
-/// (clock ticks: coarse, but a step runs seconds). Zeros where `/proc` is missing.
-/// CPU seconds so far: the whole process, the engine thread and the commit thread (by their
-/// thread names).
+/// CPU time (seconds) so far of this process, of its engine thread (`tutti-engine`) and of its
+/// commit thread (`tutti-commit`: SQLite only, PostgreSQL commits on the engine thread, so its
+/// bound prints as `inf`), from `/proc` (clock ticks: coarse, but a step runs seconds). Zeros
+/// where `/proc` is missing.
 fn cpu_seconds() -> (f64, f64, f64) {
     let ticks = |stat: &str| -> Option<f64> {
         // Fields after the command name (which ends with the last ')'): utime is the 12th, stime

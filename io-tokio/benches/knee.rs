@@ -359,7 +359,7 @@ fn clients() -> &'static tokio::runtime::Handle {
 /// ends is written again as `interrupted`, still titled with the stamp of the line that opened
 /// it seconds before; that row is the turn end's, not the line's, and is skipped. (Before every
 /// tool call of [`line`]'s mix was completed, one in ten stayed open, and counting those rows
-/// put about 150 latencies of 0.2-3 s into every step, half of the 1 % the p99 may spend, and
+/// put about 150 latencies of 0.1-3 s into every step, half of the 1 % the p99 may spend, and
 /// let them stand in for real rows in the count of `expected`.)
 async fn sse_client(
     addr: SocketAddr,

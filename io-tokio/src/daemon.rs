@@ -17,7 +17,7 @@
 
 use crate::clock::now_ms;
 use crate::metrics::{phase_name, Metrics, Stage, StateGauges};
-use crate::outbox::{LiveBatch, LiveRow, LIVE_CAPACITY};
+use crate::outbox::{LiveBatch, LiveRow, LiveRows, LIVE_CAPACITY};
 use crate::pipeline::{BatchOutcome, GroupOutcome, Pipeline};
 use crate::reads::Reads;
 use crate::retention::{LivePositions, QuiescentTrees, Retention};
@@ -1955,7 +1955,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
         if !self.pending_live.is_empty() {
             let t = std::time::Instant::now();
             let rows = std::mem::take(&mut self.pending_live);
-            let _ = self.live.send(Arc::new(rows));
+            let _ = self.live.send(Arc::new(LiveRows::new(rows)));
             let took = t.elapsed();
             self.round_io += took;
             self.metrics.stage(Stage::Publish, took);

@@ -32,7 +32,9 @@
 //! implements the trait (issue 30: "`follow` over a narrow read-and-subscribe trait with its own
 //! error").
 
-pub use crate::outbox::{sse_frame, BadEventName, BadPayload, LiveBatch, LiveRow, LIVE_CAPACITY};
+pub use crate::outbox::{
+    sse_frame, BadEventName, BadPayload, LiveBatch, LiveRow, LiveRows, LIVE_CAPACITY,
+};
 use crate::reads::{ReadError, Reads};
 use crate::retention::{LivePosition, LivePositions};
 use bytes::{Bytes, BytesMut};
@@ -288,11 +290,11 @@ impl Follower {
                     serde_json::to_string(row).map_err(|e| FollowError::Read(e.to_string()))?;
                 sse_frame(row.seq, &row.kind, &data).map_err(|e| FollowError::Read(e.to_string()))
             }))?),
-            Next::Live(batch, from) => Streamed::Events(joined(
-                batch[from..]
-                    .iter()
-                    .map(|r| r.sse_frame().map_err(|e| FollowError::Read(e.to_string()))),
-            )?),
+            Next::Live(batch, from) => Streamed::Events(
+                batch
+                    .frames_from(from)
+                    .map_err(|e| FollowError::Read(e.to_string()))?,
+            ),
             Next::Reset {
                 requested_after,
                 pruned_through,
@@ -449,7 +451,7 @@ mod tests {
     /// shares one batch, and a row's event is rendered once, then shared (the same bytes).
     #[test]
     fn sse_frame_is_rendered_once_for_all_followers() {
-        let batch: LiveBatch = Arc::new(vec![row(r#"{"a":1}"#)]);
+        let batch: LiveBatch = Arc::new(vec![row(r#"{"a":1}"#)].into());
         let (one, two) = (batch.clone(), batch.clone());
         let a = one[0].sse_frame().expect("rendered");
         let b = two[0].sse_frame().expect("rendered");
@@ -468,6 +470,59 @@ mod tests {
         .expect("joined");
         assert_eq!(&both[..a.len()], &a[..]);
         assert_eq!(data_of(&both[a.len()..], 8, "message")["seq"], 8);
+    }
+
+    /// Issue 33: the frames of a live batch are joined once for all its followers: each gets a
+    /// slice of the same buffer (the same bytes, whatever row it starts from), equal to its
+    /// rows' frames one after the other; nothing past the end.
+    #[test]
+    fn a_live_batch_is_joined_once_for_all_followers() {
+        let rows: Vec<LiveRow> = (1..=3)
+            .map(|seq| {
+                LiveRow::new(
+                    seq,
+                    "message",
+                    "r".into(),
+                    "w".into(),
+                    format!("{{\"n\":{seq}}}"),
+                )
+            })
+            .collect();
+        let frames: Vec<Bytes> = rows.iter().map(|r| r.sse_frame().expect("frame")).collect();
+        let batch = LiveRows::new(rows);
+        let all = batch.frames_from(0).expect("joined");
+        assert_eq!(&all[..], &frames.concat()[..]);
+        let again = batch.frames_from(0).expect("joined");
+        assert_eq!(
+            all.as_ptr(),
+            again.as_ptr(),
+            "one buffer for every follower"
+        );
+        let tail = batch.frames_from(1).expect("joined");
+        assert_eq!(&tail[..], &frames[1..].concat()[..]);
+        assert_eq!(
+            tail.as_ptr(),
+            all[frames[0].len()..].as_ptr(),
+            "a slice, not a copy"
+        );
+        assert_eq!(
+            data_of(&batch.frames_from(2).expect("last"), 3, "message")["seq"],
+            3
+        );
+        assert!(batch.frames_from(3).expect("past the end").is_empty());
+    }
+
+    /// A batch with a bad row: a follower whose rows hold it gets the row's error; one that
+    /// starts after it gets its rows' frames.
+    #[test]
+    fn a_bad_row_of_a_live_batch_fails_only_the_followers_that_send_it() {
+        let good = |seq| LiveRow::new(seq, "message", "r".into(), "w".into(), "{}".into());
+        let batch = LiveRows::new(vec![good(1), row("{\"a\":"), good(8)]);
+        for from in [0, 1] {
+            assert!(batch.frames_from(from).is_err(), "{from}");
+        }
+        let last = batch.frames_from(2).expect("the good row after it");
+        assert_eq!(data_of(&last, 8, "message")["seq"], 8);
     }
 
     /// A payload that is not one JSON value is a storage error for every follower (as when the

@@ -59,12 +59,22 @@ impl LiveRow {
     /// differently (JSON objects are unordered; the values are equal).
     pub fn sse_frame(&self) -> Result<Bytes, BadPayload> {
         self.frame
-            .get_or_init(|| {
-                let data = self.render()?;
-                sse_frame(self.seq, self.kind, &data).map_err(|e| e.to_string())
-            })
+            .get_or_init(|| self.render_frame())
             .clone()
             .map_err(BadPayload)
+    }
+
+    /// The frame, rendered now unless it was already (not kept: see [`LiveRows::frames_from`]).
+    fn frame_once(&self) -> Result<Bytes, String> {
+        match self.frame.get() {
+            Some(f) => f.clone(),
+            None => self.render_frame(),
+        }
+    }
+
+    fn render_frame(&self) -> Result<Bytes, String> {
+        let data = self.render()?;
+        sse_frame(self.seq, self.kind, &data).map_err(|e| e.to_string())
     }
 
     fn render(&self) -> Result<String, String> {
@@ -128,8 +138,84 @@ pub fn sse_frame(id: u64, event: &str, data: &str) -> Result<Bytes, BadEventName
 #[error("outbox row payload is not JSON: {0}")]
 pub struct BadPayload(pub String);
 
-/// The rows of one commit, in sequence order.
-pub type LiveBatch = Arc<Vec<LiveRow>>;
+/// The rows of the commits one pass of the engine thread announced, in sequence order, shared
+/// by every live follower.
+pub type LiveBatch = Arc<LiveRows>;
+
+/// The rows of one live announcement (a [`LiveBatch`]), read as a slice of [`LiveRow`]s, with
+/// their event-stream frames joined into one buffer the first time a follower asks for them
+/// ([`LiveRows::frames_from`]), so that every follower of the batch writes the same bytes: no
+/// copy and no per-row work per follower (issue 33: with 100 followers, copying each batch's
+/// frames into a buffer of each follower's own was the largest part of their CPU time that
+/// grew with their number).
+#[derive(Debug)]
+pub struct LiveRows {
+    rows: Vec<LiveRow>,
+    /// The frames of all rows in one buffer, with where each row's frame starts; `None` when
+    /// a row's frame is an error (then each follower joins the frames it sends itself, and
+    /// gets that error only if the row is among them).
+    joined: OnceLock<Option<(Bytes, Vec<usize>)>>,
+}
+
+impl LiveRows {
+    /// The rows, in sequence order.
+    pub fn new(rows: Vec<LiveRow>) -> LiveRows {
+        LiveRows {
+            rows,
+            joined: OnceLock::new(),
+        }
+    }
+
+    /// The frames of the rows from index `from` on, as one buffer: a slice of the batch's
+    /// joined frames (shared by every follower, rendered once), or, when a row's payload is
+    /// bad, the frames of these rows joined here (an error if one of them is bad). Empty past
+    /// the end.
+    pub fn frames_from(&self, from: usize) -> Result<Bytes, BadPayload> {
+        let joined = self.joined.get_or_init(|| {
+            let frames = self
+                .rows
+                .iter()
+                .map(LiveRow::frame_once)
+                .collect::<Result<Vec<Bytes>, String>>()
+                .ok()?;
+            if let [one] = frames.as_slice() {
+                return Some((one.clone(), vec![0]));
+            }
+            let mut buf = bytes::BytesMut::with_capacity(frames.iter().map(Bytes::len).sum());
+            let mut starts = Vec::with_capacity(frames.len());
+            for frame in &frames {
+                starts.push(buf.len());
+                buf.extend_from_slice(frame);
+            }
+            Some((buf.freeze(), starts))
+        });
+        match joined {
+            Some((all, starts)) => Ok(all.slice(starts.get(from).copied().unwrap_or(all.len())..)),
+            None => {
+                let rows = self.rows.get(from..).unwrap_or_default();
+                let frames = rows
+                    .iter()
+                    .map(LiveRow::sse_frame)
+                    .collect::<Result<Vec<Bytes>, BadPayload>>()?;
+                Ok(frames.concat().into())
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for LiveRows {
+    type Target = [LiveRow];
+
+    fn deref(&self) -> &[LiveRow] {
+        &self.rows
+    }
+}
+
+impl From<Vec<LiveRow>> for LiveRows {
+    fn from(rows: Vec<LiveRow>) -> LiveRows {
+        LiveRows::new(rows)
+    }
+}
 
 /// How many commits the live channel holds for a slow follower before it falls back to the file.
 pub const LIVE_CAPACITY: usize = 1024;

@@ -43,9 +43,10 @@
 //! on all cores, each of those threads on one core; the knee line prints them too); the group
 //! commits with their mean size; and where the tail is (`tails`: the share of group commits,
 //! and of lines from the engine taking them to their commit, over 1.6 and 6.4 ms, from the
-//! daemon's histograms). `TUTTI_KNEE_STEPS` bounds the steps, `TUTTI_KNEE_ALL=1`
-//! runs the later steps after the knee too, `TUTTI_KNEE_ONLY=daemon` skips the ceilings, and
-//! `TUTTI_KNEE_ONLY=engine` runs only the engine thread's work without threads (see
+//! daemon's histograms); and, on SQLite, the pages the group commits wrote per b-tree (`pages
+//! per group commit`, read from the `-wal` file, see [`wal_pages`]). `TUTTI_KNEE_STEPS` bounds
+//! the steps, `TUTTI_KNEE_ALL=1` runs the later steps after the knee too,
+//! `TUTTI_KNEE_ONLY=daemon` skips the ceilings, and `TUTTI_KNEE_ONLY=engine` runs only the engine thread's work without threads (see
 //! [`engine_only`]: decide, commit and acknowledge per line; for profilers).
 //!
 //! Nothing is asserted: the bench prints figures. The machine is shared and has 2 cores: compare
@@ -498,6 +499,9 @@ struct StepResult {
     /// CPU microseconds per line: the whole process (simulated agents and clients included),
     /// the engine thread alone and the commit thread alone.
     cpu_us: (f64, f64, f64),
+    /// SQLite only, with `TUTTI_KNEE_VERBOSE=1`: the pages group commits wrote, per b-tree
+    /// (see [`wal_pages`]).
+    wal: Option<String>,
 }
 
 impl StepResult {
@@ -551,6 +555,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         idle_timeout: None,
         retention: Default::default(),
     };
+    let mut sqlite_path = None;
     let daemon = match db {
         Db::Sqlite(dir) => {
             // A new file per step (a name from the time since `epoch` could repeat, and a stale
@@ -560,6 +565,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
             for ext in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
             }
+            sqlite_path = Some(path.clone());
             Daemon::start(opts(path)).expect("daemon starts")
         }
         Db::Postgres(server) => {
@@ -673,6 +679,10 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         ),
     ];
     let after = daemon.metrics().stage_seconds();
+    // Read while the daemon still runs: at its shutdown the WAL is checkpointed and starts over.
+    let wal = sqlite_path
+        .filter(|_| std::env::var_os("TUTTI_KNEE_VERBOSE").is_some())
+        .map(|p| wal_pages(&p).unwrap_or_else(|e| format!("not read ({e})")));
     let _ = stop_tx.send(true);
     daemon.shutdown().await;
     server.abort();
@@ -705,7 +715,65 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
             engine_cpu * 1e6 / lines,
             commit_cpu * 1e6 / lines,
         ),
+        wal,
     }
+}
+
+/// The pages the group commits of a step wrote, per b-tree: what makes a small group commit
+/// cost more per row than the store's ceiling (every commit writes each page it changed whole;
+/// appends to one index in many places, one per session or tree, change many pages).
+///
+/// It reads the frames still in the database's `-wal` file (each names the page it holds, and
+/// the last frame of a commit is marked; after the WAL started over, the file holds the newest
+/// commits followed by older ones it has not overwritten yet, all of this step) and names each
+/// page's b-tree from SQLite's `dbstat` table on the database as it is now.
+fn wal_pages(db: &std::path::Path) -> Result<String, String> {
+    let bytes = std::fs::read(format!("{}-wal", db.display())).map_err(|e| e.to_string())?;
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+    };
+    let page_size = word(8).ok_or("no WAL header")? as usize;
+    let (mut at, mut commits, mut frames) = (32, 0usize, Vec::new());
+    while at + 24 + page_size <= bytes.len() {
+        let (Some(page), Some(commit)) = (word(at), word(at + 4)) else {
+            break;
+        };
+        if page == 0 {
+            break;
+        }
+        frames.push(page);
+        commits += usize::from(commit != 0);
+        at += 24 + page_size;
+    }
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| e.to_string())?;
+    let names: std::collections::HashMap<u32, String> = conn
+        .prepare("SELECT pageno, name FROM dbstat")
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(|e| e.to_string())?;
+    let mut by_tree: std::collections::HashMap<&str, usize> = Default::default();
+    for page in &frames {
+        *by_tree
+            .entry(names.get(page).map_or("(freed)", |n| n.as_str()))
+            .or_default() += 1;
+    }
+    let mut by_tree: Vec<_> = by_tree.into_iter().collect();
+    by_tree.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let per = |n: usize| n as f64 / commits.max(1) as f64;
+    let top: Vec<String> = by_tree
+        .iter()
+        .take(6)
+        .map(|(name, n)| format!("{name} {:.1}", per(*n)))
+        .collect();
+    Ok(format!(
+        "pages per group commit {:.1} ({commits} commits in the -wal): {}",
+        per(frames.len()),
+        top.join(", ")
+    ))
 }
 
 /// Ramps the offered rate until a step fails; returns the last step that passed.
@@ -744,6 +812,9 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
                 r.tails[1].0 * 100.0,
                 r.tails[1].1 * 100.0
             );
+            if let Some(wal) = &r.wal {
+                println!("    {wal}");
+            }
         }
         rate *= factor;
         if r.passed() && !failed {

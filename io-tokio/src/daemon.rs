@@ -695,9 +695,14 @@ impl Daemon {
         let pipeline = match committer {
             Some(c) => {
                 let wake = tx.clone();
-                Some(Pipeline::start(c, metrics.clone(), move || {
-                    let _ = wake.send(Msg::Written);
-                })?)
+                Some(Pipeline::start(
+                    c,
+                    metrics.clone(),
+                    live.downgrade(),
+                    move || {
+                        let _ = wake.send(Msg::Written);
+                    },
+                )?)
             }
             None => None,
         };
@@ -1924,11 +1929,17 @@ impl<S: HostStore + Send + 'static> Core<S> {
     /// Takes a commit's rows into the pass's live batch: the commits released in one pass of
     /// [`Core::settle`] reach each live follower as one batch (one wake-up per follower per pass
     /// instead of one per commit). A batch stays gap-free: rows that do not follow the pending
-    /// ones, or a commit whose rows are not sent live, first send what is pending.
+    /// ones, or a commit whose rows are not sent live, first send what is pending. With the
+    /// [`Pipeline`] the commit thread announced the rows already (see
+    /// [`crate::pipeline::announce`]); only the committed seq moves here.
     fn publish_rows(&mut self, p: Publication) {
         let Some(max) = p.rows.iter().map(|r| r.seq).max() else {
             return;
         };
+        if self.pipeline.is_some() {
+            self.pending_seq = Some(self.pending_seq.map_or(max, |s| s.max(max)));
+            return;
+        }
         let live = match (p.root_agent_session_id, p.workspace_id) {
             (Some(root), Some(ws)) if self.live.receiver_count() > 0 => Some((root, ws)),
             _ => None,

@@ -16,15 +16,27 @@
 //! batches wait for a commit is never evicted or read back from the store (a tree is reloaded
 //! only after its failed batch was acknowledged, when none of its batches is in flight).
 //!
+//! The commit thread also announces each group's rows to the live followers itself, as soon as
+//! they are durable ([`announce`]), instead of the engine thread after it acknowledged the
+//! group: a row then reaches the followers without waiting for the engine thread to finish the
+//! round it is deciding and to be scheduled again. That keeps the promises the engine thread's
+//! announcement kept: rows are announced in seq order (one group in flight, written by the only
+//! handle that writes outbox rows), each announced batch is gap-free, and a commit's rows go
+//! out before anything it released (replies included), which the engine thread sends only after
+//! it acknowledged the group. The engine thread still moves the committed seq
+//! ([`crate::daemon`]'s commits watch) when it acknowledges, after the rows went out.
+//!
 //! Choice: the pipeline runs only for stores without tree leases (SQLite, opened a second time
 //! by [`crate::daemon::Daemon::start`]). With leases (PostgreSQL) a batch's fence and the lease
 //! state live on the engine thread, next to the claims and renewals that move them, so those
 //! commits stay inline.
 
 use crate::metrics::{Metrics, Stage};
+use crate::outbox::{LiveBatch, LiveRow, LiveRows};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::broadcast;
 use tracing::warn;
 use tutti_core::driver::BatchId;
 use tutti_core::model::Id;
@@ -140,6 +152,43 @@ pub(crate) fn commit_group<S: HostStore>(
     (out, Some(group_error))
 }
 
+/// The rows of a written group, as the live followers get them: one [`LiveRows`] per gap-free
+/// run of seqs (a committed batch without a tree or workspace is not sent live, and its rows
+/// leave a gap that followers fill from the store). Each row's payload moves from the outcome
+/// into its live row: the engine thread, which gets the outcomes, no longer announces rows.
+pub(crate) fn announce(batches: &[PersistBatch], results: &mut [BatchOutcome]) -> Vec<LiveRows> {
+    let mut out = Vec::new();
+    let mut run: Vec<LiveRow> = Vec::new();
+    for (batch, result) in batches.iter().zip(results.iter_mut()) {
+        let BatchOutcome::Committed(published) = result else {
+            continue;
+        };
+        let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
+            continue;
+        };
+        for p in published.iter_mut() {
+            let Some(row) = batch.rows.get(p.row as usize) else {
+                continue;
+            };
+            if run.last().is_some_and(|last| last.seq + 1 != p.seq) {
+                out.push(LiveRows::new(std::mem::take(&mut run)));
+            }
+            let payload = std::mem::take(&mut p.payload);
+            run.push(LiveRow::new(
+                p.seq,
+                row.kind(),
+                root.clone(),
+                ws.clone(),
+                payload,
+            ));
+        }
+    }
+    if !run.is_empty() {
+        out.push(LiveRows::new(run));
+    }
+    out
+}
+
 /// One group on its way to the commit thread.
 struct Group {
     batches: Vec<PersistBatch>,
@@ -163,10 +212,12 @@ pub(crate) struct Pipeline {
 
 impl Pipeline {
     /// Starts the commit thread on `store` (a handle of its own on the engine thread's data);
+    /// `live` is the live followers' channel it announces committed rows on ([`announce`]), and
     /// `wake` tells the engine thread an outcome is ready.
     pub(crate) fn start<S: HostStore + Send + 'static>(
         mut store: S,
         metrics: Arc<Metrics>,
+        live: broadcast::WeakSender<LiveBatch>,
         wake: impl Fn() + Send + 'static,
     ) -> std::io::Result<Pipeline> {
         let (to_commit, groups) = mpsc::channel::<Group>();
@@ -178,12 +229,19 @@ impl Pipeline {
                 while let Ok(group) = groups.recv() {
                     let refs: Vec<&PersistBatch> = group.batches.iter().collect();
                     let t = Instant::now();
-                    let (results, group_error) =
+                    let (mut results, group_error) =
                         commit_group::<S>(&refs, &group.epochs, &mut |b, _| {
                             store.apply_group(b, true)
                         });
                     let took = t.elapsed();
                     metrics.stage(Stage::Commit, took);
+                    let t = Instant::now();
+                    if let Some(live) = live.upgrade().filter(|l| l.receiver_count() > 0) {
+                        for rows in announce(&group.batches, &mut results) {
+                            let _ = live.send(Arc::new(rows));
+                        }
+                        metrics.stage(Stage::Publish, t.elapsed());
+                    }
                     let w = Written {
                         results,
                         group_error,
@@ -281,6 +339,66 @@ mod tests {
             capabilities: None,
         });
         engine.handle(1_000, &input).expect("create").persist
+    }
+
+    /// The rows a written group announces: in seq order, one gap-free run per batch of live
+    /// rows, each row's kind from its batch row and its payload moved out of the outcome; a
+    /// failed or skipped batch, and a batch with no tree, announce nothing, and a gap in the
+    /// seqs starts a new run.
+    #[test]
+    fn a_written_group_announces_its_committed_rows_in_gap_free_runs() {
+        let mut engine = Engine::new();
+        let a = create(&mut engine, "a");
+        let b = create(&mut engine, "b");
+        let c = create(&mut engine, "c");
+        let mut treeless = c.clone();
+        treeless.root_agent_session_id = None;
+        let rows = |first: u64, batch: &PersistBatch| -> Vec<Published> {
+            (0..batch.rows.len())
+                .map(|i| Published {
+                    seq: first + i as u64,
+                    row: i as u32,
+                    payload: format!("{{\"n\":{}}}", first + i as u64),
+                })
+                .collect()
+        };
+        let (na, nb) = (a.rows.len() as u64, b.rows.len() as u64);
+        assert!(na > 0 && nb > 0, "a creation writes rows");
+        let batches = vec![a.clone(), b.clone(), c.clone(), treeless, a.clone()];
+        let mut results = vec![
+            BatchOutcome::Committed(rows(1, &a)),
+            BatchOutcome::Committed(rows(1 + na, &b)),
+            BatchOutcome::Failed(CommitError {
+                message: "guard".into(),
+                guard: true,
+                fenced: false,
+                unavailable: false,
+            }),
+            // Committed but not live: its seqs leave a gap.
+            BatchOutcome::Committed(rows(1 + na + nb, &c)),
+            BatchOutcome::Committed(rows(1 + na + nb + c.rows.len() as u64, &a)),
+        ];
+        let runs = announce(&batches, &mut results);
+        let seqs: Vec<Vec<u64>> = runs
+            .iter()
+            .map(|r| r.iter().map(|row| row.seq).collect())
+            .collect();
+        let first_run: Vec<u64> = (1..=na + nb).collect();
+        let after_gap = 1 + na + nb + c.rows.len() as u64;
+        let second_run: Vec<u64> = (after_gap..after_gap + na).collect();
+        assert_eq!(seqs, vec![first_run, second_run]);
+        let first = &runs[0][0];
+        assert_eq!(first.kind, a.rows[0].kind());
+        assert_eq!(&*first.root_agent_session_id, "a");
+        assert_eq!(first.payload, "{\"n\":1}");
+        assert!(
+            matches!(&results[0], BatchOutcome::Committed(p) if p.iter().all(|p| p.payload.is_empty())),
+            "the payloads moved into the live rows"
+        );
+        assert!(
+            matches!(&results[3], BatchOutcome::Committed(p) if p.iter().all(|p| !p.payload.is_empty())),
+            "a batch that is not live keeps its payloads"
+        );
     }
 
     /// A failed group is written batch by batch: the failing batch is named by its store's

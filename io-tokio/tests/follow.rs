@@ -281,3 +281,42 @@ async fn the_event_stream_writes_each_row_as_one_event_from_the_file_and_live() 
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     d.shutdown().await;
 }
+
+/// A commit's rows are on the live channel before the reply to the command that made them: a
+/// client that got its reply and then reads the live channel finds them there, in order, with
+/// the payloads the file holds (issue 33: the commit thread announces them as soon as they are
+/// durable, the engine thread replies after it acknowledged the commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commits_rows_are_live_before_its_reply() {
+    let (_dir, d) = start("before-reply");
+    let mut live = d.live();
+    let mut seen = Vec::new();
+    for i in 0..50 {
+        create(&d, i).await;
+        let head = *d.outbox_watch().borrow();
+        let mut got = Vec::new();
+        while let Ok(batch) = live.try_recv() {
+            got.extend(batch.iter().map(|r| {
+                let payload: serde_json::Value =
+                    serde_json::from_str(&r.payload).expect("a live payload is JSON");
+                (r.seq, payload)
+            }));
+        }
+        assert!(
+            !got.is_empty(),
+            "session {i}: its rows were not live when its reply came"
+        );
+        assert_eq!(
+            got.last().map(|r| r.0),
+            Some(head),
+            "session {i}: the live rows reach the committed seq"
+        );
+        seen.extend(got);
+    }
+    let file: Vec<(u64, serde_json::Value)> = file_rows(&d)
+        .into_iter()
+        .map(|r| (r.seq, r.payload))
+        .collect();
+    assert_eq!(seen, file, "every row once, in order, as stored");
+    d.shutdown().await;
+}

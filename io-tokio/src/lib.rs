@@ -23,10 +23,12 @@
 //!    store). On SQLite the group goes to a commit thread with a writer handle of its own (the
 //!    commit pipeline, issue 33): the engine thread goes back to step 1 at once, and reports
 //!    the group when the commit thread wakes it; the next group is every batch decided
-//!    meanwhile;
+//!    meanwhile. The commit thread sends a written group's outbox rows to the live followers
+//!    itself, before it wakes the engine thread (so before anything the group released);
 //! 3. carry out the outputs those commits released: `Launch` a provider process, `Transmit`
 //!    native messages to one, `Publish` the committed outbox rows to the live followers of the
-//!    event stream, send each `Reply`, log each `Diagnostic`; repeat 2-3 until the driver is
+//!    event stream (on SQLite only the committed seq: the commit thread sent the rows), send
+//!    each `Reply`, log each `Diagnostic`; repeat 2-3 until the driver is
 //!    quiet.
 //!
 //! Nothing leaves the daemon before the batch that caused it is durable. On SQLite, commits

@@ -138,8 +138,8 @@ pub fn sse_frame(id: u64, event: &str, data: &str) -> Result<Bytes, BadEventName
 #[error("outbox row payload is not JSON: {0}")]
 pub struct BadPayload(pub String);
 
-/// The rows of the commits one pass of the engine thread announced, in sequence order, shared
-/// by every live follower.
+/// The rows of the commits one announcement carries (one group of the commit thread, or on
+/// PostgreSQL one pass of the engine thread), in sequence order, shared by every live follower.
 pub type LiveBatch = Arc<LiveRows>;
 
 /// The rows of one live announcement (a [`LiveBatch`]), read as a slice of [`LiveRow`]s, with

@@ -13,8 +13,8 @@
 //! of its own (issue 33, see [`Pipeline`]): the engine thread hands a group over, goes on
 //! deciding, and acknowledges the group when the commit thread wakes it ([`Msg::Written`]); the
 //! next group is everything decided meanwhile. The commit thread announces the group's rows to
-//! the live followers itself, as soon as they are durable. On PostgreSQL (leases, fences) commits stay on
-//! the engine thread.
+//! the live followers itself, as soon as they are durable. On PostgreSQL (leases, fences)
+//! commits stay on the engine thread.
 
 use crate::clock::now_ms;
 use crate::metrics::{phase_name, Metrics, Stage, StateGauges};

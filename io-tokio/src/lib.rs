@@ -28,8 +28,7 @@
 //! 3. carry out the outputs those commits released: `Launch` a provider process, `Transmit`
 //!    native messages to one, `Publish` the committed outbox rows to the live followers of the
 //!    event stream (on SQLite only the committed seq: the commit thread sent the rows), send
-//!    each `Reply`, log each `Diagnostic`; repeat 2-3 until the driver is
-//!    quiet.
+//!    each `Reply`, log each `Diagnostic`; repeat 2-3 until the driver is quiet.
 //!
 //! Nothing leaves the daemon before the batch that caused it is durable. On SQLite, commits
 //! never checkpoint the WAL: a checkpoint thread of its own does, and asks the engine thread

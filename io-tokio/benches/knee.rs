@@ -46,8 +46,9 @@
 //! daemon's histograms); and, on SQLite, the pages the group commits wrote per b-tree (`pages
 //! per group commit`, read from the `-wal` file, see [`wal_pages`]). `TUTTI_KNEE_STEPS` bounds
 //! the steps, `TUTTI_KNEE_ALL=1` runs the later steps after the knee too,
-//! `TUTTI_KNEE_ONLY=daemon` skips the ceilings, and `TUTTI_KNEE_ONLY=engine` runs only the engine thread's work without threads (see
-//! [`engine_only`]: decide, commit and acknowledge per line; for profilers).
+//! `TUTTI_KNEE_ONLY=daemon` skips the ceilings, and `TUTTI_KNEE_ONLY=engine` runs only the
+//! engine thread's work without threads (see [`engine_only`]: decide, commit and acknowledge
+//! per line; for profilers).
 //!
 //! Nothing is asserted: the bench prints figures. The machine is shared and has 2 cores: compare
 //! figures within one run.

@@ -18,7 +18,7 @@ use crate::Cache;
 use postgres::types::ToSql;
 use postgres::{GenericClient, Statement, Transaction};
 use serde::Serialize;
-use tutti_core::model::{CancelState, SessionKind};
+use tutti_core::model::{CancelState, Id, Message, SessionKind};
 use tutti_core::step::{Guard, PersistBatch, Row};
 use tutti_core::store::Published;
 
@@ -57,12 +57,36 @@ const UPSERT_INTERACTION: &str = "INSERT INTO interactions (turn_id, request_id,
      agent_session_id, version, json) VALUES ($1, $2, $3, $4, $5) \
      ON CONFLICT (turn_id, request_id) DO UPDATE SET version = excluded.version, \
      json = excluded.json WHERE excluded.version > interactions.version";
-const UPSERT_TOOL_CALL: &str = "INSERT INTO tool_calls (agent_session_id, tool_call_id, \
-     version, json) VALUES ($1, $2, $3, $4) \
-     ON CONFLICT (agent_session_id, tool_call_id) DO UPDATE SET version = excluded.version, \
-     json = excluded.json WHERE excluded.version > tool_calls.version";
-const INSERT_MESSAGE: &str = "INSERT INTO messages (agent_session_id, seq, message_id, json) \
-     VALUES ($1, $2, $3, $4) ON CONFLICT (agent_session_id, seq) DO NOTHING";
+macro_rules! upsert_tool_call {
+    () => {
+        "INSERT INTO tool_calls (agent_session_id, tool_call_id, version, json) \
+         VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (agent_session_id, tool_call_id) DO UPDATE SET version = excluded.version, \
+         json = excluded.json WHERE excluded.version > tool_calls.version"
+    };
+}
+macro_rules! insert_message {
+    () => {
+        "INSERT INTO messages (agent_session_id, seq, message_id, json) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT (agent_session_id, seq) DO NOTHING"
+    };
+}
+/// The outbox row of a row written by the statement `w` of a `WITH w AS (... RETURNING 1)`
+/// whose own parameters are `$1`-`$4`: inserted only when `w` wrote its row (see
+/// [`Writer::apply`]).
+macro_rules! outbox_of_w {
+    () => {
+        " RETURNING 1) INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, \
+         payload) SELECT $5::bigint, $6::text, $7::text, $8::text, $4 FROM w"
+    };
+}
+const UPSERT_TOOL_CALL: &str = upsert_tool_call!();
+const INSERT_MESSAGE: &str = insert_message!();
+/// [`UPSERT_TOOL_CALL`] and, when it wrote, its outbox row: one round trip.
+const UPSERT_TOOL_CALL_PUBLISHED: &str =
+    concat!("WITH w AS (", upsert_tool_call!(), outbox_of_w!());
+/// [`INSERT_MESSAGE`] and, when it wrote, its outbox row: one round trip.
+const INSERT_MESSAGE_PUBLISHED: &str = concat!("WITH w AS (", insert_message!(), outbox_of_w!());
 const MESSAGE_AT: &str = "SELECT json FROM messages WHERE agent_session_id = $1 AND seq = $2";
 const PURGE: [&str; 4] = [
     "DELETE FROM turns WHERE agent_session_id = $1",
@@ -97,8 +121,8 @@ const OP_GUARD: &str = "SELECT version, json FROM cancel_operations WHERE id = $
 const SESSION_EXISTS: &str = "SELECT 1 FROM sessions WHERE id = $1";
 const TURN_CLOSED: &str = "SELECT child_creation_closed FROM turns WHERE id = $1 FOR SHARE";
 
-const LEASE_EPOCH: &str =
-    "SELECT epoch FROM tree_leases WHERE root_agent_session_id = $1 FOR SHARE";
+const LEASE_EPOCHS: &str = "SELECT root_agent_session_id, epoch FROM tree_leases \
+     WHERE root_agent_session_id = ANY($1) FOR SHARE";
 
 const SET_MARK: &str = "INSERT INTO commit_marks (writer, n) VALUES ($1, $2) \
      ON CONFLICT (writer) DO UPDATE SET n = excluded.n";
@@ -106,12 +130,19 @@ const SET_MARK: &str = "INSERT INTO commit_marks (writer, n) VALUES ($1, $2) \
 /// Locks the outbox counter row until the transaction ends and reads the next seq.
 pub(crate) const NEXT_SEQ_LOCK: &str =
     "SELECT value FROM meta WHERE key = 'outbox_next_seq' FOR UPDATE";
-const SET_NEXT_SEQ: &str = "UPDATE meta SET value = $1 WHERE key = 'outbox_next_seq'";
-/// Tells every listener the last published seq (see [`crate::notify`]); PostgreSQL delivers it
-/// when, and only if, the transaction commits.
+/// The end of a transaction that published rows, in one round trip (issue 33: each round trip
+/// costs the engine thread tens of microseconds): the advanced counter (`$1`), the writer's
+/// commit mark (`$3`, `$4`, as [`SET_MARK`]) and the notification of the last published seq
+/// (`$2`) that tells every listener (see [`crate::notify`]); PostgreSQL delivers it when, and
+/// only if, the transaction commits. The statements of a `WITH` run once each whether or not
+/// the query reads them.
 /// The payload names the schema: the channel is per database, and stores in several schemas of
 /// one database must not wake each other's followers with foreign seqs.
-const NOTIFY_SEQ: &str = "SELECT pg_notify('tutti_outbox', current_schema() || ':' || $1)";
+const FINISH_MARKED: &str = "WITH next_seq AS (UPDATE meta SET value = $1 \
+     WHERE key = 'outbox_next_seq'), \
+     mark AS (INSERT INTO commit_marks (writer, n) VALUES ($3, $4) \
+     ON CONFLICT (writer) DO UPDATE SET n = excluded.n) \
+     SELECT pg_notify('tutti_outbox', current_schema() || ':' || $2)";
 
 /// Prepares a statement once per connection.
 pub(crate) fn prep(
@@ -209,43 +240,67 @@ impl<'a, 't> Writer<'a, 't> {
         Ok(n)
     }
 
-    /// Writes the advanced counter back; call once, after the last batch, before committing.
-    pub(crate) fn finish(&mut self) -> Result<(), PgError> {
-        if let (Some(n), Some(first)) = (self.next_seq, self.first_seq) {
-            if n != first {
+    /// Ends the transaction's writes; call once, after the last batch, before committing:
+    /// writes the advanced counter back and notifies the listeners when rows were published,
+    /// and stores `mark` as `writer`'s last commit (see
+    /// [`crate::PostgresStore::read_back_commit`]), in one round trip ([`FINISH_MARKED`]) when
+    /// there is a counter to write.
+    pub(crate) fn finish(&mut self, writer: &str, mark: u64) -> Result<(), PgError> {
+        let mark = to_i64("commit mark", mark)?;
+        match (self.next_seq, self.first_seq) {
+            (Some(n), Some(first)) if n != first => {
                 let v = to_i64("outbox seq", n)?;
-                self.exec(SET_NEXT_SEQ, &[&v])?;
                 let last = (n - 1).to_string();
-                self.exec(NOTIFY_SEQ, &[&last])?;
+                let s = self.stmt(FINISH_MARKED)?;
+                self.tx.query(&s, &[&v, &last, &writer, &mark])?;
+            }
+            _ => {
+                self.exec(SET_MARK, &[&writer, &mark])?;
             }
         }
         Ok(())
     }
 
-    /// Stores `mark` as `writer`'s last commit inside this transaction (see
-    /// [`crate::PostgresStore::read_back_commit`]).
-    pub(crate) fn mark(&mut self, writer: &str, mark: u64) -> Result<(), PgError> {
-        let n = to_i64("commit mark", mark)?;
-        self.exec(SET_MARK, &[&writer, &n])?;
-        Ok(())
-    }
-
-    /// The fencing check of a tree fenced at `epoch` on this handle (see [`crate::lease`]): the
-    /// lease row, read `FOR SHARE` so that no claim changes it before this transaction ends,
-    /// must still hold `epoch`.
-    pub(crate) fn check_fence(&mut self, root: &str, epoch: u64) -> Result<(), PgError> {
-        let s = self.stmt(LEASE_EPOCH)?;
-        let stored: Option<i64> = self.tx.query_opt(&s, &[&root])?.map(|r| r.get(0));
-        let current = stored.map(|v| to_u64("lease epoch", v)).transpose()?;
-        if current == Some(epoch) {
-            Ok(())
-        } else {
-            Err(PgError::Fenced {
-                root: root.to_string(),
-                epoch,
-                current,
-            })
+    /// The fencing checks of a group (see [`crate::lease`]), in one round trip: `fenced` holds
+    /// (batch index, tree, epoch) for each fenced batch, in order; each tree's lease row, read
+    /// `FOR SHARE` so that no claim changes it before this transaction ends, must still hold
+    /// the epoch the batch was decided under. `Err` names the first batch whose fence does not
+    /// hold.
+    pub(crate) fn check_fences(
+        &mut self,
+        fenced: &[(usize, &Id, u64)],
+    ) -> Result<(), (usize, PgError)> {
+        let Some(&(first, ..)) = fenced.first() else {
+            return Ok(());
+        };
+        let mut roots: Vec<&str> = fenced.iter().map(|(_, r, _)| &***r).collect();
+        roots.sort_unstable();
+        roots.dedup();
+        let stored: std::collections::HashMap<String, i64> = self
+            .stmt(LEASE_EPOCHS)
+            .and_then(|s| Ok(self.tx.query(&s, &[&roots])?))
+            .map_err(|e| (first, e))?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        for &(index, root, epoch) in fenced {
+            let current = stored
+                .get(&**root)
+                .map(|v| to_u64("lease epoch", *v))
+                .transpose()
+                .map_err(|e| (index, e))?;
+            if current != Some(epoch) {
+                return Err((
+                    index,
+                    PgError::Fenced {
+                        root: root.to_string(),
+                        epoch,
+                        current,
+                    },
+                ));
+            }
         }
+        Ok(())
     }
 
     /// Applies one batch. On an error the caller rolls the transaction back.
@@ -263,15 +318,40 @@ impl<'a, 't> Writer<'a, 't> {
                 return Err(PgError::GuardFailed(g.clone()));
             }
         }
+        // Issue 33: the outbox row of each published row is written right after its row (for
+        // a message or a tool call, by the same statement: one round trip instead of two),
+        // unless the batch purges sessions (their kept outbox rows are redacted first, before
+        // the batch's own are written) or lists its published rows out of order. The outbox
+        // rows are numbered in the same order either way. (The outbox counter row is then
+        // locked at the batch's first published row rather than after its last row: the rows
+        // in between are its own tree's, which one daemon writes at a time under its lease.)
+        let interleave = match (&batch.root_agent_session_id, &batch.workspace_id) {
+            (Some(root), Some(ws))
+                if batch.outbox.windows(2).all(|p| p[0] < p[1])
+                    && !batch
+                        .rows
+                        .iter()
+                        .any(|r| matches!(r, Row::PurgeSession { .. })) =>
+            {
+                Some((&**root, &**ws))
+            }
+            _ => None,
+        };
+        let mut to_publish = batch.outbox.iter().peekable();
+        let mut out = Vec::new();
         let mut written: Vec<Option<String>> = Vec::with_capacity(batch.rows.len());
-        for (row, guard) in batch.rows.iter().zip(&folded) {
+        for (i, (row, guard)) in batch.rows.iter().zip(&folded).enumerate() {
             let at = guard.map(|g| match g {
                 Guard::SessionVersion { version, .. }
                 | Guard::TurnVersion { version, .. }
                 | Guard::CancelVersion { version, .. } => *version,
                 Guard::ChildCreationOpen { .. } => 0,
             });
-            let w = self.write(row, at)?;
+            let publish = interleave.filter(|_| to_publish.next_if_eq(&&(i as u32)).is_some());
+            let w = match publish {
+                Some((root, ws)) => self.write_published(row, at, i as u32, root, ws, &mut out)?,
+                None => self.write(row, at)?,
+            };
             if let (None, Some(g)) = (&w, guard) {
                 // Not stored at the guarded version: only a replay of this batch may pass.
                 if !self.check(batch, g)? {
@@ -280,7 +360,9 @@ impl<'a, 't> Writer<'a, 't> {
             }
             written.push(w);
         }
-        let mut out = Vec::new();
+        if interleave.is_some() {
+            return Ok(out);
+        }
         let (Some(root), Some(ws)) = (&batch.root_agent_session_id, &batch.workspace_id) else {
             return Ok(out);
         };
@@ -301,23 +383,132 @@ impl<'a, 't> Writer<'a, 't> {
             else {
                 continue;
             };
-            let seq = self.next_seq()?;
-            let seq_i = to_i64("outbox seq", seq)?;
-            let s = self.stmt(INSERT_OUTBOX)?;
-            self.tx
-                .execute(&s, &[&seq_i, &row.kind(), &&**root, &&**ws, json])?;
-            self.next_seq = Some(seq + 1);
-            out.push(Published {
-                seq,
-                row: i,
-                payload: if self.capture {
-                    json.clone()
-                } else {
-                    String::new()
-                },
-            });
+            let published = self.publish(row, i, root, ws, json)?;
+            out.push(published);
         }
         Ok(out)
+    }
+
+    /// Writes the outbox row of row `i` of a batch (written as `json`), numbered next.
+    fn publish(
+        &mut self,
+        row: &Row,
+        i: u32,
+        root: &str,
+        ws: &str,
+        json: &str,
+    ) -> Result<Published, PgError> {
+        let seq = self.next_seq()?;
+        let seq_i = to_i64("outbox seq", seq)?;
+        let s = self.stmt(INSERT_OUTBOX)?;
+        self.tx
+            .execute(&s, &[&seq_i, &row.kind(), &root, &ws, &json])?;
+        self.next_seq = Some(seq + 1);
+        Ok(self.published(seq, i, json))
+    }
+
+    fn published(&self, seq: u64, row: u32, json: &str) -> Published {
+        Published {
+            seq,
+            row,
+            payload: if self.capture {
+                json.to_string()
+            } else {
+                String::new()
+            },
+        }
+    }
+
+    /// [`Writer::write`] for row `i` of a batch that is published, with its outbox row (pushed
+    /// to `out`) when it wrote: a message or a tool call and its outbox row in one statement
+    /// ([`INSERT_MESSAGE_PUBLISHED`], [`UPSERT_TOOL_CALL_PUBLISHED`]), the other rows with a
+    /// second one.
+    fn write_published(
+        &mut self,
+        row: &Row,
+        at: Option<u64>,
+        i: u32,
+        root: &str,
+        ws: &str,
+        out: &mut Vec<Published>,
+    ) -> Result<Option<String>, PgError> {
+        let (json, n) = match row {
+            Row::ToolCall(c) => {
+                let json = encode(&**c)?;
+                let v = to_i64("version", c.version)?;
+                let seq = self.next_seq()?;
+                let seq_i = to_i64("outbox seq", seq)?;
+                let n = self.exec(
+                    UPSERT_TOOL_CALL_PUBLISHED,
+                    &[
+                        &&*c.agent_session_id,
+                        &&*c.tool_call_id,
+                        &v,
+                        &json,
+                        &seq_i,
+                        &row.kind(),
+                        &root,
+                        &ws,
+                    ],
+                )?;
+                (json, n)
+            }
+            Row::Message(m) => {
+                let json = encode(m)?;
+                let seq = to_i64("message seq", m.seq)?;
+                let next = self.next_seq()?;
+                let next_i = to_i64("outbox seq", next)?;
+                let n = self.exec(
+                    INSERT_MESSAGE_PUBLISHED,
+                    &[
+                        &&*m.agent_session_id,
+                        &seq,
+                        &&*m.message_id,
+                        &json,
+                        &next_i,
+                        &row.kind(),
+                        &root,
+                        &ws,
+                    ],
+                )?;
+                if n == 0 {
+                    self.message_replayed(m, seq, &json)?;
+                }
+                (json, n)
+            }
+            _ => {
+                let Some(json) = self.write(row, at)? else {
+                    return Ok(None);
+                };
+                out.push(self.publish(row, i, root, ws, &json)?);
+                return Ok(Some(json));
+            }
+        };
+        if n == 0 {
+            return Ok(None);
+        }
+        let seq = self.next_seq()?;
+        self.next_seq = Some(seq + 1);
+        out.push(self.published(seq, i, &json));
+        Ok(Some(json))
+    }
+
+    /// Issue 34: a message at a taken (session, seq) is never dropped silently inside a batch
+    /// that otherwise commits: only a replay of this very row (stored as `json`) passes;
+    /// another message there refuses the whole batch.
+    fn message_replayed(&mut self, m: &Message, seq: i64, json: &str) -> Result<(), PgError> {
+        let s = self.stmt(MESSAGE_AT)?;
+        let stored: Option<String> = self
+            .tx
+            .query_opt(&s, &[&&*m.agent_session_id, &seq])?
+            .map(|r| r.get(0));
+        if stored.as_deref() != Some(json) {
+            return Err(PgError::RowConflict {
+                table: "messages",
+                key: format!("{} seq {}", m.agent_session_id, m.seq),
+            });
+        }
+        Ok(())
     }
 
     /// Writes one row (with its folded guard's expected version `at`); returns its JSON when
@@ -444,20 +635,7 @@ impl<'a, 't> Writer<'a, 't> {
                     &[&&*m.agent_session_id, &seq, &&*m.message_id, &json],
                 )?;
                 if n == 0 {
-                    // Issue 34: a message at a taken (session, seq) is never dropped silently
-                    // inside a batch that otherwise commits: only a replay of this very row
-                    // passes; another message there refuses the whole batch.
-                    let s = self.stmt(MESSAGE_AT)?;
-                    let stored: Option<String> = self
-                        .tx
-                        .query_opt(&s, &[&&*m.agent_session_id, &seq])?
-                        .map(|r| r.get(0));
-                    if stored.as_deref() != Some(json.as_str()) {
-                        return Err(PgError::RowConflict {
-                            table: "messages",
-                            key: format!("{} seq {}", m.agent_session_id, m.seq),
-                        });
-                    }
+                    self.message_replayed(m, seq, &json)?;
                 }
                 (json, n)
             }

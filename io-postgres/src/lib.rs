@@ -349,23 +349,30 @@ fn transact(
     let mut out = Vec::with_capacity(batches.len());
     {
         let mut w = apply::Writer::new(&mut tx, cache, capture);
+        let fenced: Vec<(usize, &Id, u64)> = batches
+            .iter()
+            .enumerate()
+            .filter_map(|(index, b)| {
+                b.root_agent_session_id.as_ref().and_then(|r| {
+                    decided
+                        .get(index)
+                        .copied()
+                        .flatten()
+                        .or_else(|| fences.get(r).copied())
+                        .map(|e| (index, r, e))
+                })
+            })
+            .collect();
+        // Every fence of the group in one round trip, before any batch is applied; the
+        // first batch whose fence does not hold fails the transaction (as it would have when
+        // checked just before it: nothing of the group commits either way).
+        w.check_fences(&fenced)
+            .map_err(|(index, e)| Attempt::Failed(Some(index), e))?;
         for (index, b) in batches.iter().enumerate() {
-            let fence = b.root_agent_session_id.as_ref().and_then(|r| {
-                decided
-                    .get(index)
-                    .copied()
-                    .flatten()
-                    .or_else(|| fences.get(r).copied())
-                    .map(|e| (r, e))
-            });
-            if let Some((root, epoch)) = fence {
-                w.check_fence(root, epoch)
-                    .map_err(|e| Attempt::Failed(Some(index), e))?;
-            }
             out.push(w.apply(b).map_err(|e| Attempt::Failed(Some(index), e))?);
         }
-        w.finish().map_err(|e| Attempt::Failed(None, e))?;
-        w.mark(writer, mark).map_err(|e| Attempt::Failed(None, e))?;
+        w.finish(writer, mark)
+            .map_err(|e| Attempt::Failed(None, e))?;
     }
     match tx.commit() {
         Ok(()) => Ok(out),

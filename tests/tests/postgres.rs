@@ -468,6 +468,35 @@ fn a_batch_decided_under_a_lost_lease_is_refused_after_the_tree_is_reclaimed() {
     a.group_decided(&[&new], &[Some(3)], true)
         .expect("decided under the current lease");
     assert_eq!(b.messages("C-R", None, 100).expect("messages").len(), 2);
+    // One group, two batches of the tree: the first decided under the current epoch, the
+    // second under the lost one. The group's fences are checked in one round trip; the
+    // refusal names the second batch, and the first is not written either.
+    let current = decide(
+        &mut fresh,
+        4_002,
+        json!({"type": "messageAppended", "agentSessionId": "C-R", "turnId": "CT-R", "messageId": "decided-at-3-again", "role": "assistant", "text": "x"}),
+    );
+    let before = b.outbox_after(0, usize::MAX).expect("outbox");
+    match a.group_decided(&[&current, &old], &[Some(3), Some(1)], true) {
+        Err((
+            Some(1),
+            PgError::Fenced {
+                epoch: 1,
+                current: Some(3),
+                ..
+            },
+        )) => {}
+        other => panic!("the second batch of the group is fenced: {other:?}"),
+    }
+    assert_eq!(
+        b.outbox_after(0, usize::MAX).expect("outbox"),
+        before,
+        "nothing of the group written"
+    );
+    assert_eq!(b.messages("C-R", None, 100).expect("messages").len(), 2);
+    a.group_decided(&[&current], &[Some(3)], true)
+        .expect("alone, the batch of the current epoch commits");
+    assert_eq!(b.messages("C-R", None, 100).expect("messages").len(), 3);
 }
 
 /// "Schema migrations with a version table": a database of version 1 (with data) is migrated to

@@ -80,6 +80,21 @@ macro_rules! outbox_of_w {
          payload) SELECT $5::bigint, $6::text, $7::text, $8::text, $4 FROM w"
     };
 }
+/// [`outbox_of_w`] for the transaction's first outbox row: the seq is the counter's, read from
+/// the counter row `c`, which the statement locks `FOR UPDATE` as [`NEXT_SEQ_LOCK`] does
+/// (`$5`-`$7`: kind, tree, workspace); returns the seq, or no row when `w` wrote nothing (then
+/// the counter may not have been read, and the next published row locks it again).
+macro_rules! first_outbox_of_w {
+    () => {
+        " RETURNING 1) INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, \
+         payload) SELECT c.value, $5::text, $6::text, $7::text, $4 FROM w, c RETURNING seq"
+    };
+}
+macro_rules! with_counter {
+    () => {
+        "WITH c AS (SELECT value FROM meta WHERE key = 'outbox_next_seq' FOR UPDATE), w AS ("
+    };
+}
 const UPSERT_TOOL_CALL: &str = upsert_tool_call!();
 const INSERT_MESSAGE: &str = insert_message!();
 /// [`UPSERT_TOOL_CALL`] and, when it wrote, its outbox row: one round trip.
@@ -87,6 +102,12 @@ const UPSERT_TOOL_CALL_PUBLISHED: &str =
     concat!("WITH w AS (", upsert_tool_call!(), outbox_of_w!());
 /// [`INSERT_MESSAGE`] and, when it wrote, its outbox row: one round trip.
 const INSERT_MESSAGE_PUBLISHED: &str = concat!("WITH w AS (", insert_message!(), outbox_of_w!());
+/// [`UPSERT_TOOL_CALL_PUBLISHED`] that also locks and reads the outbox counter.
+const UPSERT_TOOL_CALL_FIRST_PUBLISHED: &str =
+    concat!(with_counter!(), upsert_tool_call!(), first_outbox_of_w!());
+/// [`INSERT_MESSAGE_PUBLISHED`] that also locks and reads the outbox counter.
+const INSERT_MESSAGE_FIRST_PUBLISHED: &str =
+    concat!(with_counter!(), insert_message!(), first_outbox_of_w!());
 const MESSAGE_AT: &str = "SELECT json FROM messages WHERE agent_session_id = $1 AND seq = $2";
 const PURGE: [&str; 4] = [
     "DELETE FROM turns WHERE agent_session_id = $1",
@@ -432,49 +453,34 @@ impl<'a, 't> Writer<'a, 't> {
         ws: &str,
         out: &mut Vec<Published>,
     ) -> Result<Option<String>, PgError> {
-        let (json, n) = match row {
+        let kind = row.kind();
+        let (json, seq) = match row {
             Row::ToolCall(c) => {
                 let json = encode(&**c)?;
                 let v = to_i64("version", c.version)?;
-                let seq = self.next_seq()?;
-                let seq_i = to_i64("outbox seq", seq)?;
-                let n = self.exec(
-                    UPSERT_TOOL_CALL_PUBLISHED,
-                    &[
-                        &&*c.agent_session_id,
-                        &&*c.tool_call_id,
-                        &v,
-                        &json,
-                        &seq_i,
-                        &row.kind(),
-                        &root,
-                        &ws,
-                    ],
+                let seq = self.exec_published(
+                    [UPSERT_TOOL_CALL_PUBLISHED, UPSERT_TOOL_CALL_FIRST_PUBLISHED],
+                    [&&*c.agent_session_id, &&*c.tool_call_id, &v, &json],
+                    kind,
+                    root,
+                    ws,
                 )?;
-                (json, n)
+                (json, seq)
             }
             Row::Message(m) => {
                 let json = encode(m)?;
-                let seq = to_i64("message seq", m.seq)?;
-                let next = self.next_seq()?;
-                let next_i = to_i64("outbox seq", next)?;
-                let n = self.exec(
-                    INSERT_MESSAGE_PUBLISHED,
-                    &[
-                        &&*m.agent_session_id,
-                        &seq,
-                        &&*m.message_id,
-                        &json,
-                        &next_i,
-                        &row.kind(),
-                        &root,
-                        &ws,
-                    ],
+                let at_seq = to_i64("message seq", m.seq)?;
+                let seq = self.exec_published(
+                    [INSERT_MESSAGE_PUBLISHED, INSERT_MESSAGE_FIRST_PUBLISHED],
+                    [&&*m.agent_session_id, &at_seq, &&*m.message_id, &json],
+                    kind,
+                    root,
+                    ws,
                 )?;
-                if n == 0 {
-                    self.message_replayed(m, seq, &json)?;
+                if seq.is_none() {
+                    self.message_replayed(m, at_seq, &json)?;
                 }
-                (json, n)
+                (json, seq)
             }
             _ => {
                 let Some(json) = self.write(row, at)? else {
@@ -484,13 +490,45 @@ impl<'a, 't> Writer<'a, 't> {
                 return Ok(Some(json));
             }
         };
-        if n == 0 {
+        let Some(seq) = seq else {
             return Ok(None);
-        }
-        let seq = self.next_seq()?;
-        self.next_seq = Some(seq + 1);
+        };
         out.push(self.published(seq, i, &json));
         Ok(Some(json))
+    }
+
+    /// Runs a row's statement together with its outbox row (`sql[0]`, see [`outbox_of_w`];
+    /// `row`: the statement's own parameters, `$1`-`$4`): the seq of the outbox row written, or
+    /// `None` when the row was not written (nothing published). Until the transaction has
+    /// locked the outbox counter, the statement locks and reads it too (`sql[1]`, see
+    /// [`first_outbox_of_w`]): one round trip less per transaction.
+    fn exec_published(
+        &mut self,
+        sql: [&'static str; 2],
+        row: [&(dyn ToSql + Sync); 4],
+        kind: &str,
+        root: &str,
+        ws: &str,
+    ) -> Result<Option<u64>, PgError> {
+        let [a, b, c, d] = row;
+        if let Some(seq) = self.next_seq {
+            let seq_i = to_i64("outbox seq", seq)?;
+            let n = self.exec(sql[0], &[a, b, c, d, &seq_i, &kind, &root, &ws])?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.next_seq = Some(seq + 1);
+            return Ok(Some(seq));
+        }
+        let s = self.stmt(sql[1])?;
+        let rows = self.tx.query(&s, &[a, b, c, d, &kind, &root, &ws])?;
+        let Some(r) = rows.first() else {
+            return Ok(None);
+        };
+        let seq = to_u64("outbox seq", r.get::<_, i64>(0))?;
+        self.first_seq = Some(seq);
+        self.next_seq = Some(seq + 1);
+        Ok(Some(seq))
     }
 
     /// Issue 34: a message at a taken (session, seq) is never dropped silently inside a batch

@@ -26,6 +26,7 @@
 use crate::error::PgError;
 use crate::Cache;
 use postgres::{Client, NoTls};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -182,6 +183,9 @@ pub(crate) struct Conn {
     backoff: Duration,
     retry_at: Option<Instant>,
     backend: Option<Backend>,
+    /// The process id of `backend` (0 while disconnected), shared with whoever asked for it
+    /// ([`Conn::backend_pid`]).
+    pid: Arc<AtomicI32>,
     reconnects: u64,
 }
 
@@ -218,6 +222,7 @@ impl Conn {
             health,
             backoff: BACKOFF_MIN,
             retry_at: None,
+            pid: Arc::new(AtomicI32::new(backend.0)),
             backend: Some(backend),
             reconnects: 0,
         })
@@ -233,6 +238,12 @@ impl Conn {
         self.backend.as_ref()
     }
 
+    /// The process id of the current connection's backend, kept current across reconnects (0
+    /// while disconnected).
+    pub(crate) fn backend_pid(&self) -> Arc<AtomicI32> {
+        self.pid.clone()
+    }
+
     /// Drops the current connection (the next use reconnects at once, backoff permitting).
     pub(crate) fn drop_connection(&mut self) {
         if self.client.take().is_some() {
@@ -240,6 +251,7 @@ impl Conn {
         }
         self.cache.clear();
         self.backend = None;
+        self.pid.store(0, Ordering::Relaxed);
     }
 
     /// How many times this connection was replaced by a working one.
@@ -288,6 +300,7 @@ impl Conn {
         match open(&self.config) {
             Ok((client, backend)) => {
                 self.client = Some(client);
+                self.pid.store(backend.0, Ordering::Relaxed);
                 self.backend = Some(backend);
                 self.cache.clear();
                 self.backoff = BACKOFF_MIN;

@@ -178,6 +178,13 @@ impl PostgresStore {
         }
     }
 
+    /// [`PostgresStore::backend_pid`] as a shared value kept current across reconnects (0
+    /// while disconnected). The notifications of this handle's commits carry it (see
+    /// [`OutboxListener::skipping`]).
+    pub fn backend_pid_watch(&self) -> Arc<std::sync::atomic::AtomicI32> {
+        self.conn.borrow().backend_pid()
+    }
+
     /// The name of the database this store is connected to.
     pub fn database_name(&self) -> Result<String, PgError> {
         self.with_client(|c, _| Ok(c.query_one("SELECT current_database()::text", &[])?.get(0)))

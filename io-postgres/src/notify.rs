@@ -14,8 +14,9 @@ use crate::conn::Health;
 use crate::error::{to_u64, PgError};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The notification channel of committed outbox rows (payload: the commit's last seq).
 pub const OUTBOX_CHANNEL: &str = "tutti_outbox";
@@ -26,6 +27,8 @@ pub struct OutboxListener {
     health: Arc<Health>,
     /// `<current schema>:`, the prefix of this store's payloads.
     prefix: String,
+    /// The backend whose notifications are not wake-ups (see [`OutboxListener::skipping`]).
+    own: Option<Arc<AtomicI32>>,
 }
 
 impl std::fmt::Debug for OutboxListener {
@@ -74,7 +77,20 @@ impl OutboxListener {
             client,
             health,
             prefix: format!("{schema}:"),
+            own: None,
         })
+    }
+
+    /// Issue 33: notifications sent by the backend whose process id `own` holds (a daemon's
+    /// own writer, see [`crate::PostgresStore::backend_pid_watch`]; 0: none) are not wake-ups:
+    /// [`OutboxListener::wait`] goes on waiting after them. A daemon hands its own commits'
+    /// rows to its followers itself; woken by their notification, which may arrive before
+    /// those rows do, every follower would read the rows from the database instead. A
+    /// notification from the writer's previous backend (before a reconnect) still wakes, and
+    /// the polling fallback ([`Wake::Quiet`]) still reports every commit.
+    pub fn skipping(mut self, own: Arc<AtomicI32>) -> OutboxListener {
+        self.own = Some(own);
+        self
     }
 
     /// The last seq in the counter row (what every follower must catch up to).
@@ -101,8 +117,8 @@ impl OutboxListener {
     }
 
     /// Waits up to `timeout` for notifications; returns the highest notified seq, or, when
-    /// none came (or only other schemas' or malformed payloads), the last seq read from the
-    /// database.
+    /// none came within `timeout` (or only other schemas', malformed or skipped ones, see
+    /// [`OutboxListener::skipping`]), the last seq read from the database.
     pub fn wait(&mut self, timeout: Duration) -> Result<Wake, PgError> {
         let r = self.wait_inner(timeout);
         self.saw(&r);
@@ -110,30 +126,46 @@ impl OutboxListener {
     }
 
     fn wait_inner(&mut self, timeout: Duration) -> Result<Wake, PgError> {
-        let mut best: Option<u64> = None;
-        {
-            let mut n = self.client.notifications();
+        let deadline = Instant::now() + timeout;
+        let own = self
+            .own
+            .as_ref()
+            .map(|p| p.load(Ordering::Relaxed))
+            .filter(|p| *p != 0);
+        let prefix = self.prefix.as_str();
+        let mut n = self.client.notifications();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
             // The first notification (or the timeout), then whatever else is already here.
-            let first = n.timeout_iter(timeout).next()?;
-            if let Some(first) = first {
-                let mut take = |payload: &str| {
-                    if let Some(seq) = payload
-                        .strip_prefix(self.prefix.as_str())
-                        .and_then(|s| s.parse::<u64>().ok())
-                    {
-                        best = Some(best.map_or(seq, |b| b.max(seq)));
-                    }
-                };
-                take(first.payload());
-                let mut rest = n.iter();
-                while let Some(more) = rest.next()? {
-                    take(more.payload());
+            let Some(first) = n.timeout_iter(left).next()? else {
+                break;
+            };
+            let mut best: Option<u64> = None;
+            let mut take = |note: &postgres::Notification| {
+                if own == Some(note.process_id()) {
+                    return;
                 }
+                if let Some(seq) = note
+                    .payload()
+                    .strip_prefix(prefix)
+                    .and_then(|s| s.parse::<u64>().ok())
+                {
+                    best = Some(best.map_or(seq, |b| b.max(seq)));
+                }
+            };
+            take(&first);
+            let mut rest = n.iter();
+            while let Some(more) = rest.next()? {
+                take(&more);
+            }
+            if let Some(seq) = best {
+                return Ok(Wake::Committed(seq));
             }
         }
-        match best {
-            Some(seq) => Ok(Wake::Committed(seq)),
-            None => Ok(Wake::Quiet(self.last_seq_inner()?)),
-        }
+        drop(n);
+        Ok(Wake::Quiet(self.last_seq_inner()?))
     }
 }

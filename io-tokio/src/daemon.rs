@@ -435,7 +435,7 @@ pub struct Daemon {
     providers: Arc<dyn ProviderFactory>,
     db: PathBuf,
     positions: Arc<LivePositions>,
-    /// The highest outbox seq known to be committed by any writer of the database (see
+    /// The highest outbox seq known to be committed by another writer of the database (see
     /// [`Daemon::with_commits_from`]); never changes for a store that only this daemon writes.
     commits: watch::Receiver<u64>,
     metrics: Arc<Metrics>,
@@ -774,8 +774,11 @@ impl Daemon {
     }
 
     /// Issue 21: "`GET /v1/events` on any daemon streams rows committed by any daemon". `commits`
-    /// carries the highest outbox seq committed to the database by any writer (for PostgreSQL,
-    /// woken by `LISTEN/NOTIFY`, see [`crate::postgres`]); each time it rises above a follower's
+    /// carries the highest outbox seq committed to the database by the other writers (for
+    /// PostgreSQL, woken by `LISTEN/NOTIFY`, see [`crate::postgres`]; it may include this
+    /// daemon's own seqs, which its polling fallback reads from the counter, but need not:
+    /// issue 33, its own rows reach its followers on the live channel, and a follower sent to
+    /// the store for them would only read them twice); each time it rises above a follower's
     /// position the follower reads the store again, so rows another daemon committed are
     /// streamed in sequence order, once each, interleaved with this daemon's own.
     pub fn with_commits_from(mut self, commits: watch::Receiver<u64>) -> Daemon {

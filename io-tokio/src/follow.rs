@@ -48,8 +48,9 @@ use tutti_core::store::OutboxRow;
 pub trait OutboxSource: Send + Sync + 'static {
     /// A receiver of the batches of rows each commit of this daemon publishes, from now on.
     fn subscribe(&self) -> broadcast::Receiver<LiveBatch>;
-    /// The newest outbox seq committed by any writer of the database (rows other daemons
-    /// commit never pass through this daemon's live channel).
+    /// The newest outbox seq committed by another writer of the database (rows other daemons
+    /// commit never pass through this daemon's live channel; it may include this daemon's
+    /// own seqs).
     fn commits(&self) -> watch::Receiver<u64>;
     /// The positions of the live followers: retention never deletes a row above one.
     fn positions(&self) -> &LivePositions;

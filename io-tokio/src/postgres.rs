@@ -33,6 +33,7 @@ use crate::daemon::{
     Acquired, Daemon, DaemonOptions, Housekeeping, Ownership, StartError, StoreCheckpoint,
 };
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicI32;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -315,7 +316,12 @@ fn start_here(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, 
         .map_err(StartError::store)?;
     let cluster = crate::auth::Cluster::new(secret, leases.address.clone());
     let reader = PostgresStore::connect_with(url, health.clone()).map_err(StartError::store)?;
-    let listener = OutboxListener::connect_with(url, health.clone()).map_err(StartError::store)?;
+    // Issue 33: the writer's own commits reach this daemon's followers on the live channel;
+    // their notifications would only send the followers to the database for the same rows.
+    let own = writer.backend_pid_watch();
+    let listener = OutboxListener::connect_with(url, health.clone())
+        .map_err(StartError::store)?
+        .skipping(own.clone());
     let last = reader.last_outbox_seq().map_err(StartError::store)?;
     let daemon = Daemon::start_on(writer, Box::new(reader), Box::new(leases), opts)?;
     let (tx, rx) = watch::channel(last);
@@ -323,7 +329,7 @@ fn start_here(url: &str, opts: DaemonOptions, leases: Leases) -> Result<Daemon, 
     let listen_health = health.clone();
     std::thread::Builder::new()
         .name("tutti-pg-listen".into())
-        .spawn(move || listen(&url, listener, &tx, &listen_health))?;
+        .spawn(move || listen(&url, listener, &own, &tx, &listen_health))?;
     tokio::runtime::Handle::current().spawn(watch_health(health.clone()));
     Ok(daemon
         .with_commits_from(rx)
@@ -373,12 +379,20 @@ fn raise(tx: &watch::Sender<u64>, seq: u64) {
     });
 }
 
-/// The listener thread: raises `tx` to every notified (or polled) last seq; reconnects after an
-/// error (backoff from [`conn::BACKOFF_MIN`] doubling to [`conn::BACKOFF_MAX`]), `LISTEN`s
-/// again and reads the counter row at once, so followers catch up on the rows committed while
-/// nobody listened (they read rows from the table after their last seq: nothing is missed);
-/// ends once no daemon handle holds the receiver.
-fn listen(url: &str, mut listener: OutboxListener, tx: &watch::Sender<u64>, health: &Arc<Health>) {
+/// The listener thread: raises `tx` to every notified (or polled) last seq, except the
+/// notifications of this daemon's own writer (its backend's process id is `own`: see
+/// [`OutboxListener::skipping`]); reconnects after an error (backoff from [`conn::BACKOFF_MIN`]
+/// doubling to [`conn::BACKOFF_MAX`]), `LISTEN`s again and reads the counter row at once, so
+/// followers catch up on the rows committed while nobody listened (they read rows from the
+/// table after their last seq: nothing is missed); ends once no daemon handle holds the
+/// receiver.
+fn listen(
+    url: &str,
+    mut listener: OutboxListener,
+    own: &Arc<AtomicI32>,
+    tx: &watch::Sender<u64>,
+    health: &Arc<Health>,
+) {
     loop {
         while !tx.is_closed() {
             match listener.wait(POLL) {
@@ -403,14 +417,17 @@ fn listen(url: &str, mut listener: OutboxListener, tx: &watch::Sender<u64>, heal
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(conn::BACKOFF_MAX);
             match OutboxListener::connect_with(url, health.clone()) {
-                Ok(mut l) => match l.last_seq() {
-                    Ok(seq) => {
-                        raise(tx, seq);
-                        listener = l;
-                        break;
+                Ok(l) => {
+                    let mut l = l.skipping(own.clone());
+                    match l.last_seq() {
+                        Ok(seq) => {
+                            raise(tx, seq);
+                            listener = l;
+                            break;
+                        }
+                        Err(e) => debug!(error = %e, "outbox listener cannot read the counter"),
                     }
-                    Err(e) => debug!(error = %e, "outbox listener cannot read the counter"),
-                },
+                }
                 Err(e) => debug!(error = %e, "outbox listener cannot reconnect"),
             }
         }

@@ -631,6 +631,67 @@ fn a_commit_notifies_the_listeners_of_its_store_with_its_last_seq() {
     );
 }
 
+/// Issue 33: a daemon's listener skips the notifications of its own writer (their rows reach
+/// its followers on the live channel): the writer's commits do not wake it, another writer's
+/// do, and after the writer's connection was replaced (a new backend) its commits still do not;
+/// the polling fallback still reports the last seq, whoever committed it.
+#[test]
+fn a_listener_skipping_its_own_writer_is_woken_only_by_other_writers() {
+    use std::time::Duration;
+    use tutti_postgres::{OutboxListener, Wake};
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut own = PostgresStore::connect(&url).expect("own writer");
+    let mut other = PostgresStore::connect(&url).expect("other writer");
+    let mut listen = OutboxListener::connect(&url)
+        .expect("listener")
+        .skipping(own.backend_pid_watch());
+    let create = |id: &str| json!({"type": "createSession", "agentSessionId": id, "workspaceId": "W", "provider": "codex"});
+    let mine = own
+        .apply(&decide(&mut Engine::new(), 1, create("R1")))
+        .expect("own commit");
+    let mine_last = *mine.last().expect("published");
+    assert_eq!(
+        listen.wait(Duration::from_millis(300)).expect("wait"),
+        Wake::Quiet(mine_last),
+        "the own writer's commit does not wake the listener; the poll still reads its seq"
+    );
+    let theirs = other
+        .apply(&decide(&mut Engine::new(), 1, create("R2")))
+        .expect("other commit");
+    let theirs_last = *theirs.last().expect("published");
+    assert!(theirs_last > mine_last);
+    assert_eq!(
+        listen.wait(Duration::from_secs(30)).expect("wait"),
+        Wake::Committed(theirs_last),
+        "another writer's commit wakes it"
+    );
+    // The own writer's connection is replaced: its new backend is skipped too.
+    let old = own.backend_pid().expect("connected");
+    terminate(&url, old);
+    let again = own
+        .apply(&decide(&mut Engine::new(), 2, create("R3")))
+        .expect("own commit on a new connection");
+    assert_ne!(own.backend_pid(), Some(old), "a new backend");
+    let again_last = *again.last().expect("published");
+    assert_eq!(
+        listen.wait(Duration::from_millis(300)).expect("wait"),
+        Wake::Quiet(again_last),
+        "the own writer's new backend is skipped as well"
+    );
+    // Without skipping, the same commit wakes a listener.
+    let mut plain = OutboxListener::connect(&url).expect("plain listener");
+    let last = *own
+        .apply(&decide(&mut Engine::new(), 3, create("R4")))
+        .expect("own commit")
+        .last()
+        .expect("published");
+    assert_eq!(
+        plain.wait(Duration::from_secs(30)).expect("wait"),
+        Wake::Committed(last)
+    );
+}
+
 /// Ends the backend `pid` from another connection (`pg_terminate_backend`, what an operator or
 /// a failover does) and waits until it is gone.
 fn terminate(url: &str, pid: i32) {

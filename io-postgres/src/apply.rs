@@ -360,7 +360,8 @@ impl<'a, 't> Writer<'a, 't> {
         };
         let mut to_publish = batch.outbox.iter().peekable();
         let mut out = Vec::new();
-        let mut written: Vec<Option<String>> = Vec::with_capacity(batch.rows.len());
+        // The rows' JSON, for the outbox rows written after all rows (not interleaved).
+        let mut written: Vec<Option<String>> = Vec::new();
         for (i, (row, guard)) in batch.rows.iter().zip(&folded).enumerate() {
             let at = guard.map(|g| match g {
                 Guard::SessionVersion { version, .. }
@@ -379,7 +380,9 @@ impl<'a, 't> Writer<'a, 't> {
                     return Err(PgError::GuardFailed((*g).clone()));
                 }
             }
-            written.push(w);
+            if interleave.is_none() {
+                written.push(w);
+            }
         }
         if interleave.is_some() {
             return Ok(out);

@@ -81,7 +81,7 @@ pub mod schema;
 pub use apply::Published;
 pub use checkpointer::{CheckpointEvent, CheckpointPolicy, Checkpointer};
 pub use error::SqliteError;
-pub use open::{OpenOptions, ReplayRule, Synchronous};
+pub use open::{OpenOptions, ReplayRule, Synchronous, DEFAULT_CACHE_KIB};
 pub use retention::{PruneOutcome, RetentionPolicy};
 
 /// The most batches a driver should put in one group commit ([`SqliteStore::apply_many`]): the
@@ -274,6 +274,22 @@ impl SqliteStore {
             .conn
             .pragma_query_value(None, "page_size", |r| r.get(0))?;
         crate::error::to_u64("page size", n)
+    }
+
+    /// The most this connection's page cache holds, in KiB, as SQLite has it in effect
+    /// (`PRAGMA cache_size`; see [`OpenOptions::cache_kib`]).
+    pub fn cache_kib(&self) -> Result<u64, SqliteError> {
+        let n: i64 = self
+            .conn
+            .pragma_query_value(None, "cache_size", |r| r.get(0))?;
+        if n >= 0 {
+            // A size in pages.
+            return crate::error::to_u64(
+                "cache size",
+                n.saturating_mul(self.page_size()? as i64) / 1024,
+            );
+        }
+        crate::error::to_u64("cache size", n.saturating_neg())
     }
 
     /// `PRAGMA integrity_check`: the problems found (empty when the file is sound).

@@ -225,3 +225,29 @@ fn the_chosen_durability_is_the_synchronous_mode_in_effect() {
         assert_eq!(db.synchronous().expect("pragma"), Some(want));
     }
 }
+
+/// Issue 33: a store's page cache is as large as it was opened with (the default holds the
+/// per-session index leaves of many active sessions between group commits), read back from
+/// SQLite.
+#[test]
+fn the_page_cache_size_is_the_one_asked_for() {
+    let (_dir, path) = support::temp_db();
+    let db = SqliteStore::open(&path).expect("open");
+    assert_eq!(
+        db.cache_kib().expect("pragma"),
+        u64::from(tutti_sqlite::DEFAULT_CACHE_KIB)
+    );
+    // SQLite's own default, on a plain connection to the same file (negative: KiB).
+    let plain = rusqlite::Connection::open(&path).expect("plain");
+    let theirs: i64 = plain
+        .pragma_query_value(None, "cache_size", |r| r.get(0))
+        .expect("pragma");
+    assert!(
+        theirs < 0 && u64::from(tutti_sqlite::DEFAULT_CACHE_KIB) > theirs.unsigned_abs(),
+        "larger than SQLite's own default ({theirs})"
+    );
+    let db = SqliteStore::open_with(&path, &OpenOptions::new().cache_kib(4096)).expect("open");
+    assert_eq!(db.cache_kib().expect("pragma"), 4096);
+    let db = SqliteStore::open_with(&path, &OpenOptions::new().cache_kib(1)).expect("open");
+    assert_eq!(db.cache_kib().expect("pragma"), 64, "at least 64 KiB");
+}

@@ -13,7 +13,9 @@
 //! provider line → committed → streamed (every `tool_call` line carries its send time in its
 //! title; each client takes the time when it reads the row) crosses 5 ms, or fewer lines were
 //! delivered than offered (a step's last row reached every client more than half a second after
-//! its last line was sent). The knee is the highest rate that passed. Each step runs
+//! its last line was sent). The knee is the highest rate that passed; then `TUTTI_KNEE_REFINE`
+//! steps (default 2) bisect between it and the first rate that failed, so that a cost smaller
+//! than a whole step (the 100-follower goal is under 20 %, one step is 29 %) shows. Each step runs
 //! `TUTTI_KNEE_SECS` seconds (default 4: with 2 s steps the launch of 100 providers leaves a
 //! ~1.2 s tail on about one row in a hundred, which the warm-up does not cover) on a fresh
 //! database.
@@ -23,7 +25,11 @@
 //! it decided committed in groups of `MAX_GROUP` by `SqliteStore` and by raw rusqlite (the rows
 //! the store writes, plain prepared upserts: `cargo bench -p tutti-sqlite`'s baseline), both
 //! with the daemon's checkpoint thread; printed as events (provider lines) per second, with
-//! `knee / store ceiling` and `knee / raw ceiling`.
+//! `knee / store ceiling` and `knee / raw ceiling`. After each SQLite knee, `SqliteStore` again
+//! with the group size the daemon committed at that knee (`store in the knee's groups`): with
+//! tens of batches per group, most from different agents, nearly every line dirties a leaf of
+//! its own in each per-session index, which groups of `MAX_GROUP` share; the ratio to it shows
+//! how much of the gap is the commits' size and how much the rest of the daemon.
 //!
 //! Followers: 1, 10 and 100 (`TUTTI_KNEE_FOLLOWERS`, comma-separated). SQLite runs with
 //! `synchronous=NORMAL` (as the other daemon benchmarks, so the figures compare with the raw
@@ -46,7 +52,10 @@
 //! daemon's histograms); and, on SQLite, the pages the group commits wrote per b-tree (`pages
 //! per group commit`, read from the `-wal` file, see [`wal_pages`]). `TUTTI_KNEE_STEPS` bounds
 //! the steps, `TUTTI_KNEE_ALL=1` runs the later steps after the knee too,
-//! `TUTTI_KNEE_ONLY=daemon` skips the ceilings, and `TUTTI_KNEE_ONLY=engine` runs only the
+//! `TUTTI_KNEE_ONLY=daemon` skips the ceilings, `TUTTI_KNEE_ONLY=groups` prints only
+//! `SqliteStore`'s rate for the captured batches by group size (1 to `MAX_GROUP` batches: how
+//! the store's cost per line falls as a session's lines share their index leaves), and
+//! `TUTTI_KNEE_ONLY=engine` runs only the
 //! engine thread's work without threads (see [`engine_only`]: decide, commit and acknowledge
 //! per line; for profilers).
 //!
@@ -783,52 +792,76 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
     let secs = env_f("TUTTI_KNEE_SECS", 4.0).max(0.5);
     let factor = env_f("TUTTI_KNEE_STEP", 1.4).max(1.05);
     let mut rate = env_f("TUTTI_KNEE_START", 500.0).max(100.0);
-    let mut knee = None;
-    let mut failed = false;
+    let mut knee: Option<StepResult> = None;
+    // The first rate that failed after the last one that passed.
+    let mut first_failed: Option<f64> = None;
     for _ in 0..env_f("TUTTI_KNEE_STEPS", 20.0) as usize {
         let r = step(db, agents, followers, rate, secs).await;
-        println!(
-            "  {label}, {followers:>3} follower(s): offered {:>7.0}/s delivered {:>7.0}/s p50 {:>6.2} ms p99 {:>7.2} ms{}",
-            r.offered,
-            r.delivered,
-            r.p50_ms,
-            r.p99_ms,
-            if r.passed() { "" } else { "  <- past the knee" }
-        );
-        if std::env::var_os("TUTTI_KNEE_VERBOSE").is_some() {
-            println!(
-                "    time: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}); {:.0} group commits of {:.1} batches",
-                shares(&r),
-                r.cpu_us.0,
-                r.cpu_us.1,
-                r.cpu_us.2,
-                r.groups.0,
-                r.groups.1
-            );
-            println!("    {}", r.bounds_text());
-            println!(
-                "    tails: commits over 1.6 / 6.4 ms {:.2} / {:.2} %; line to commit over 1.6 / 6.4 ms {:.2} / {:.2} %",
-                r.tails[0].0 * 100.0,
-                r.tails[0].1 * 100.0,
-                r.tails[1].0 * 100.0,
-                r.tails[1].1 * 100.0
-            );
-            if let Some(wal) = &r.wal {
-                println!("    {wal}");
-            }
-        }
+        report(label, followers, &r);
         rate *= factor;
-        if r.passed() && !failed {
+        if r.passed() && first_failed.is_none() {
             knee = Some(r);
             continue;
         }
-        failed = true;
+        first_failed.get_or_insert(r.offered);
         // `TUTTI_KNEE_ALL=1`: the later steps run too (figures past the knee).
         if std::env::var_os("TUTTI_KNEE_ALL").is_none() {
             break;
         }
     }
+    // Refinement (`TUTTI_KNEE_REFINE` steps, default 2): bisect (geometrically) between the
+    // knee and the first step that failed, so that the knee is known to a factor of
+    // `TUTTI_KNEE_STEP^(1/2^n)` (1.09 by default) rather than to a whole step. A refinement
+    // step that passes raises the knee; one that fails lowers the upper bound.
+    if let (Some(mut failed), Some(mut passed)) = (first_failed, knee.as_ref().map(|k| k.offered)) {
+        for _ in 0..env_f("TUTTI_KNEE_REFINE", 2.0) as usize {
+            let mid = (passed * failed).sqrt();
+            let r = step(db, agents, followers, mid, secs).await;
+            report(label, followers, &r);
+            if r.passed() {
+                passed = mid;
+                knee = Some(r);
+            } else {
+                failed = mid;
+            }
+        }
+    }
     knee
+}
+
+/// Prints one step's figures (`TUTTI_KNEE_VERBOSE=1`: with CPU, tails and pages).
+fn report(label: &str, followers: usize, r: &StepResult) {
+    println!(
+        "  {label}, {followers:>3} follower(s): offered {:>7.0}/s delivered {:>7.0}/s p50 {:>6.2} ms p99 {:>7.2} ms{}",
+        r.offered,
+        r.delivered,
+        r.p50_ms,
+        r.p99_ms,
+        if r.passed() { "" } else { "  <- past the knee" }
+    );
+    if std::env::var_os("TUTTI_KNEE_VERBOSE").is_none() {
+        return;
+    }
+    println!(
+        "    time: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}); {:.0} group commits of {:.1} batches",
+        shares(r),
+        r.cpu_us.0,
+        r.cpu_us.1,
+        r.cpu_us.2,
+        r.groups.0,
+        r.groups.1
+    );
+    println!("    {}", r.bounds_text());
+    println!(
+        "    tails: commits over 1.6 / 6.4 ms {:.2} / {:.2} %; line to commit over 1.6 / 6.4 ms {:.2} / {:.2} %",
+        r.tails[0].0 * 100.0,
+        r.tails[0].1 * 100.0,
+        r.tails[1].0 * 100.0,
+        r.tails[1].1 * 100.0
+    );
+    if let Some(wal) = &r.wal {
+        println!("    {wal}");
+    }
 }
 
 /// Each stage's share of the time of a step, and its seconds.
@@ -1126,9 +1159,8 @@ fn measured_commit(
 }
 
 /// The store's ceiling for the captured batches: `SqliteStore` and raw rusqlite, events (lines)
-/// per second, best of three.
-fn ceilings(dir: &std::path::Path) -> (f64, f64, usize) {
-    let (batches, lines) = capture(100, 200, dir);
+/// per second, best of three, in groups of `MAX_GROUP`.
+fn ceilings(dir: &std::path::Path, batches: &[PersistBatch], lines: usize) -> (f64, f64) {
     let group = tutti_sqlite::MAX_GROUP;
     let mut seq = 0i64;
     let raw: Vec<Vec<raw_rows::RawOp>> = batches
@@ -1139,9 +1171,27 @@ fn ceilings(dir: &std::path::Path) -> (f64, f64, usize) {
                 .collect()
         })
         .collect();
-    let (mut store_best, mut raw_best) = (f64::MAX, f64::MAX);
+    let mut raw_best = f64::MAX;
     for round in 0..3 {
-        let p = dir.join(format!("ceiling-store-{round}.db"));
+        let p = dir.join(format!("ceiling-raw-{round}.db"));
+        if let Ok(t) = raw_rows::raw_run(&p, &raw, raw_rows::Checkpoints::Thread) {
+            raw_best = raw_best.min(t.wall);
+        }
+    }
+    (
+        store_rate(dir, batches, lines, group),
+        lines as f64 / raw_best,
+    )
+}
+
+/// `SqliteStore` committing the captured batches in groups of `group`, with the daemon's
+/// checkpoint thread: events (lines) per second, best of three. With the daemon's group size at
+/// a knee (tens of batches, most of them from different agents) nearly every line dirties its
+/// own leaf in each per-session index; with `MAX_GROUP` a session's lines share their leaves.
+fn store_rate(dir: &std::path::Path, batches: &[PersistBatch], lines: usize, group: usize) -> f64 {
+    let mut best = f64::MAX;
+    for round in 0..3 {
+        let p = dir.join(format!("ceiling-store-{group}-{round}.db"));
         let mut store = SqliteStore::open_with(
             &p,
             &OpenOptions::new()
@@ -1152,7 +1202,7 @@ fn ceilings(dir: &std::path::Path) -> (f64, f64, usize) {
         let thread =
             Checkpointer::start(&p, CheckpointPolicy::default(), |_| {}).expect("checkpointer");
         let t = Instant::now();
-        for g in batches.chunks(group) {
+        for g in batches.chunks(group.max(1)) {
             let refs: Vec<&PersistBatch> = g.iter().collect();
             store.apply_group(&refs, true).expect("ceiling commit");
             thread.committed();
@@ -1161,18 +1211,15 @@ fn ceilings(dir: &std::path::Path) -> (f64, f64, usize) {
                 thread.restarted();
             }
         }
-        store_best = store_best.min(t.elapsed().as_secs_f64());
+        best = best.min(t.elapsed().as_secs_f64());
         drop(thread);
-        let p = dir.join(format!("ceiling-raw-{round}.db"));
-        if let Ok(t) = raw_rows::raw_run(&p, &raw, raw_rows::Checkpoints::Thread) {
-            raw_best = raw_best.min(t.wall);
+        drop(store);
+        for ext in ["", "-wal", "-shm"] {
+            let _ =
+                std::fs::remove_file(dir.join(format!("ceiling-store-{group}-{round}.db{ext}")));
         }
     }
-    (
-        lines as f64 / store_best,
-        lines as f64 / raw_best,
-        batches.len(),
-    )
+    lines as f64 / best
 }
 
 fn main() {
@@ -1216,14 +1263,30 @@ fn main() {
             .join(" ")
     );
     // `TUTTI_KNEE_ONLY=daemon`: the ramp alone (for profilers; the ratios print as NaN).
-    let (store_ceiling, raw_ceiling, nbatches) =
-        if std::env::var("TUTTI_KNEE_ONLY").as_deref() == Ok("daemon") {
-            (f64::NAN, f64::NAN, 0)
-        } else {
-            ceilings(&dir)
-        };
+    let only_daemon = std::env::var("TUTTI_KNEE_ONLY").as_deref() == Ok("daemon");
+    let (batches, lines) = if only_daemon {
+        (Vec::new(), 0)
+    } else {
+        capture(100, 200, &dir)
+    };
+    if std::env::var("TUTTI_KNEE_ONLY").as_deref() == Ok("groups") {
+        for g in [1, 4, 10, 21, 50, 100, 300, 1000, tutti_sqlite::MAX_GROUP] {
+            let r = store_rate(&dir, &batches, lines, g);
+            println!(
+                "SqliteStore in groups of {g:>4} batches: {r:>7.0} events/s, {:.2} us/line",
+                1e6 / r
+            );
+        }
+        return;
+    }
+    let (store_ceiling, raw_ceiling) = if only_daemon {
+        (f64::NAN, f64::NAN)
+    } else {
+        ceilings(&dir, &batches, lines)
+    };
     println!(
-        "store ceiling (same lines, {nbatches} batches, groups of {}): SqliteStore {store_ceiling:.0} events/s, raw rusqlite {raw_ceiling:.0} events/s",
+        "store ceiling (same lines, {} batches, groups of {}): SqliteStore {store_ceiling:.0} events/s, raw rusqlite {raw_ceiling:.0} events/s",
+        batches.len(),
         tutti_sqlite::MAX_GROUP
     );
     let mut knees = Vec::new();
@@ -1235,6 +1298,16 @@ fn main() {
             eps / store_ceiling,
             eps / raw_ceiling
         );
+        // The same store with the group size the daemon committed at its knee: what the
+        // commits alone allow at the latency the knee keeps.
+        if let Some(k) = k.as_ref().filter(|_| !only_daemon) {
+            let group = k.groups.1.round().max(1.0) as usize;
+            let at = store_rate(&dir, &batches, lines, group);
+            println!(
+                "store in the knee's groups ({group} batches): SqliteStore {at:.0} events/s; knee / that: {:.2}",
+                eps / at
+            );
+        }
         knees.push((f, eps));
     }
     if let (Some((1, one)), Some(&(n, many))) = (knees.first().copied(), knees.last()) {

@@ -29,7 +29,10 @@
 //! with the group size the daemon committed at that knee (`store in the knee's groups`): with
 //! tens of batches per group, most from different agents, nearly every line dirties a leaf of
 //! its own in each per-session index, which groups of `MAX_GROUP` share; the ratio to it shows
-//! how much of the gap is the commits' size and how much the rest of the daemon.
+//! how much of the gap is the commits' size and how much the rest of the daemon. The captured
+//! lines are 200 per agent (20,000 in all; `TUTTI_KNEE_CAPTURE_LINES` per agent changes it): a
+//! fresh, small database, as `cargo bench -p tutti-sqlite` writes, where a knee step's database
+//! holds about 100,000 lines, whose deeper b-trees make each commit dearer.
 //!
 //! Followers: 1, 10 and 100 (`TUTTI_KNEE_FOLLOWERS`, comma-separated). SQLite runs with
 //! `synchronous=NORMAL` (as the other daemon benchmarks, so the figures compare with the raw
@@ -1267,7 +1270,7 @@ fn main() {
     let (batches, lines) = if only_daemon {
         (Vec::new(), 0)
     } else {
-        capture(100, 200, &dir)
+        capture(100, env_f("TUTTI_KNEE_CAPTURE_LINES", 200.0) as usize, &dir)
     };
     if std::env::var("TUTTI_KNEE_ONLY").as_deref() == Ok("groups") {
         for g in [1, 4, 10, 21, 50, 100, 300, 1000, tutti_sqlite::MAX_GROUP] {

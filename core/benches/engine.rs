@@ -23,8 +23,11 @@
 //! to process, with the same instructions per event; with mimalloc, 0.94-1.18 (twenty runs).
 //! The cause of the difference is not established: cutting the measured events' allocations
 //! from 0.6 to 0.4 per event (guards kept inline) did not change the glibc figure, and the heap
-//! that building the large tree leaves behind is the likely suspect. The reference daemon keeps
-//! the C library's allocator: with mimalloc, its load benchmark's p99 latency was higher.
+//! that building the large tree leaves behind is the likely suspect. The reference daemon
+//! allocates with mimalloc too (issue 33, see `io-tokio/src/bin/tuttid.rs`). An earlier trial
+//! kept the C library's allocator because the load benchmark's p99 was higher with mimalloc;
+//! that p99 was then decided by rows the benchmark wrongly counted (tool calls settled as
+//! `interrupted` at the turn's end, seconds after their line), since fixed.
 //!
 //! Instructions per event are equal in the two trees (callgrind, see the README). In one run
 //! with mimalloc, most of the remaining difference sat in a few chunks of the large tree's run

@@ -65,6 +65,10 @@
 //! Nothing is asserted: the bench prints figures. The machine is shared and has 2 cores: compare
 //! figures within one run.
 
+/// The daemon's allocator (see `src/bin/tuttid.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "../../io-sqlite/benches/shared/raw_rows.rs"]
 mod raw_rows;
 

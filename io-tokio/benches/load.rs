@@ -4,6 +4,10 @@
 //! carries its send time; the SSE client measures provider line → committed → streamed latency.
 //! Prints p50/p99/max latency and events/s, for a baseline rate and the target rate, in one run.
 
+/// The daemon's allocator (see `src/bin/tuttid.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -141,7 +145,10 @@ async fn run(agents: usize, rate_total: f64, secs: f64) -> (f64, Vec<u128>) {
             };
             let now = epoch.elapsed().as_micros();
             for row in rows {
-                if row.kind == "toolCall" {
+                // A tool call still open when its turn ends is settled as `interrupted`: a
+                // second row with the same name (send time), which is not a delivery of the
+                // line and would count the whole turn as its latency.
+                if row.kind == "toolCall" && row.payload["status"] != "interrupted" {
                     if let Some(t) = row.payload["name"]
                         .as_str()
                         .and_then(|n| n.strip_prefix("t="))

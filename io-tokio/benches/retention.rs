@@ -17,6 +17,10 @@
 //! `TUTTI_BENCH_SESSIONS=N` changes 10,000; `TUTTI_BENCH_ONLY=rss-default|rss-off|startup` runs one part. The
 //! files go under the system temporary directory (`TMPDIR`).
 
+/// The daemon's allocator (see `src/bin/tuttid.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

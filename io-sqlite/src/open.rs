@@ -72,9 +72,10 @@ pub struct OpenOptions {
 /// Choice (issue 33): a group commit of a few tens of batches from many agents dirties a leaf of
 /// its own per active session in each per-session index (messages, tool calls, the outbox by
 /// root); with 2 MiB (256 pages of 8 KiB) those leaves of 100 active sessions did not stay
-/// cached between commits, and the commit thread spent about 7 % of its time re-reading them
-/// from the operating system. The cache grows only as pages are read, so a small database
-/// uses little; a daemon holds four connections, so at most 64 MiB.
+/// cached between commits, and the commit thread spent 7-9 % of its time re-reading them from
+/// the operating system. The cache grows only as pages are read, so a small database uses
+/// little; the daemon opens three connections this way (its checkpoint thread's own keeps
+/// SQLite's default), so at most 48 MiB.
 pub const DEFAULT_CACHE_KIB: u32 = 16 * 1024;
 
 impl Default for OpenOptions {

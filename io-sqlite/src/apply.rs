@@ -739,7 +739,10 @@ impl<'c> Writer<'c> {
         stmt.execute(params![seq_i, row.kind(), root, ws, payload, message])?;
         self.next_seq = Some(seq + 1);
         let payload = if self.capture {
-            String::from_utf8_lossy(&self.arena[span]).into_owned()
+            // serde_json writes UTF-8, so the strict check passes; it is faster than the lossy
+            // decoder, which stays as the fallback.
+            String::from_utf8(self.arena[span].to_vec())
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
         } else {
             String::new()
         };

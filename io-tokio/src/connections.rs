@@ -639,6 +639,29 @@ impl AsyncWrite for Watched {
         Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
+    /// Vectored, so that hyper queues a response's head and body chunks and writes them with
+    /// one `writev` instead of copying every chunk into its own buffer first (it flattens for a
+    /// socket that does not write vectored). An event stream's chunks are the same bytes for
+    /// every follower, so that copy was paid once per follower per commit. hyper's bare error
+    /// answer is a head without a body: one buffer, replaced as in `poll_write`.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let mut filled = bufs.iter().filter(|b| !b.is_empty());
+        if let (Some(only), None) = (filled.next(), filled.next()) {
+            return self.poll_write(cx, only);
+        }
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         ready!(this.poll_replacement(cx))?;
@@ -663,6 +686,58 @@ mod tests {
         assert_eq!(fd_bounded_cap(1024, Some(1 << 20)), 1024);
         assert_eq!(fd_bounded_cap(1024, Some(10)), MIN_CONNECTIONS);
         assert_eq!(fd_bounded_cap(4, Some(256)), 4);
+    }
+
+    /// The socket hyper writes to is vectored (so hyper does not copy body chunks into a
+    /// buffer of its own), passes several buffers through as they are, and still replaces a
+    /// bare error answer that comes as the only buffer.
+    #[tokio::test]
+    async fn vectored_writes_pass_through_and_bare_errors_are_still_replaced() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"));
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        let (mut client, (server, _)) = (client.expect("connect"), accepted.expect("accept"));
+        let mut w = Watched {
+            inner: server,
+            state: Arc::new(ConnState {
+                start: Instant::now(),
+                in_flight: AtomicUsize::new(0),
+                served: AtomicU64::new(0),
+                head_since: AtomicU64::new(NONE),
+                idle_since: AtomicU64::new(0),
+                changed: Notify::new(),
+            }),
+            replacement: None,
+        };
+        assert!(w.is_write_vectored());
+        let parts: [&[u8]; 3] = [b"5\r\n", b"hello", b"\r\n"];
+        let slices: Vec<io::IoSlice<'_>> = parts.iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut sent = 0;
+        while sent < 10 {
+            let n = std::future::poll_fn(|cx| Pin::new(&mut w).poll_write_vectored(cx, &slices))
+                .await
+                .expect("write");
+            assert!(n > 0);
+            sent += n;
+        }
+        let bare = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n";
+        let one = [io::IoSlice::new(&[]), io::IoSlice::new(bare)];
+        let n = std::future::poll_fn(|cx| Pin::new(&mut w).poll_write_vectored(cx, &one))
+            .await
+            .expect("write");
+        assert_eq!(n, bare.len(), "the bare answer is taken whole");
+        w.flush().await.expect("flush");
+        w.shutdown().await.expect("shutdown");
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.expect("read");
+        let got = String::from_utf8(got).expect("utf8");
+        let (chunk, answer) = got.split_at(10);
+        assert_eq!(chunk, "5\r\nhello\r\n");
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+        assert!(answer.contains("headers_too_large"), "{answer}");
     }
 
     #[test]

@@ -79,7 +79,7 @@ mod retention;
 pub mod schema;
 
 pub use apply::Published;
-pub use checkpointer::{CheckpointEvent, CheckpointPolicy, Checkpointer};
+pub use checkpointer::{CheckpointEvent, CheckpointPolicy, Checkpointer, CHECKPOINT_NICE};
 pub use error::SqliteError;
 pub use open::{OpenOptions, ReplayRule, Synchronous, DEFAULT_CACHE_KIB};
 pub use retention::{PruneOutcome, RetentionPolicy};

@@ -237,3 +237,56 @@ fn after_a_large_deletion_the_quiet_thread_truncates_the_wal_file() {
     assert_eq!(n, 0);
     assert!(db.integrity_check().expect("check").is_empty());
 }
+
+/// The nice values of this process's threads named `tutti-checkpoint` (Linux `/proc`).
+#[cfg(target_os = "linux")]
+fn checkpoint_thread_nices() -> Vec<i64> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("tasks")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        // The kernel keeps 15 bytes of a thread's name.
+        if comm.trim() != "tutti-checkpoin" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesized name: state is field 3, nice is field 19.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if let Some(nice) = rest.split_whitespace().nth(16).and_then(|n| n.parse().ok()) {
+            out.push(nice);
+        }
+    }
+    out
+}
+
+/// Checkpoints are background work: the thread runs at `CHECKPOINT_NICE`, below the threads a
+/// provider line waits for, which stay at the default.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_checkpoint_thread_runs_below_the_default_priority() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("t.db");
+    let _db = SqliteStore::open(&path).expect("open");
+    let thread = Checkpointer::start(&path, policy(1 << 20), |_| {}).expect("start");
+    assert!(tutti_sqlite::CHECKPOINT_NICE > 0);
+    eventually("the checkpoint thread took its nice value", || {
+        let nices = checkpoint_thread_nices();
+        !nices.is_empty()
+            && nices
+                .iter()
+                .all(|&n| n == tutti_sqlite::CHECKPOINT_NICE as i64)
+    });
+    // The calling thread keeps the default.
+    let own = std::fs::read_to_string("/proc/thread-self/stat").expect("own stat");
+    let own_nice: i64 = own
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(16))
+        .and_then(|n| n.parse().ok())
+        .expect("own nice");
+    assert_eq!(own_nice, 0);
+    drop(thread);
+}

@@ -272,7 +272,7 @@ fn the_checkpoint_thread_runs_below_the_default_priority() {
     let path = dir.path().join("t.db");
     let _db = SqliteStore::open(&path).expect("open");
     let thread = Checkpointer::start(&path, policy(1 << 20), |_| {}).expect("start");
-    assert!(tutti_sqlite::CHECKPOINT_NICE > 0);
+    const { assert!(tutti_sqlite::CHECKPOINT_NICE > 0) };
     eventually("the checkpoint thread took its nice value", || {
         let nices = checkpoint_thread_nices();
         !nices.is_empty()

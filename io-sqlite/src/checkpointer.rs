@@ -123,31 +123,64 @@ pub struct Checkpointer {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The nice value the checkpoint thread runs at (Linux; 0 is the default of every thread).
+/// How many nice steps the checkpoint thread runs below the thread that starts it (Linux): a
+/// daemon at the default nice 0 checkpoints at 10, one started under `nice -n 5` at 15 (never
+/// past 19, the lowest priority).
 ///
 /// Checkpoints are background work that comes in bursts (every pass copies what the commits
 /// wrote since the last one), and on a machine of few cores a burst takes a core from the
 /// threads a provider line waits for (the engine thread, the commit thread, the runtime's
-/// workers). At nice 10 the scheduler prefers those threads while they are runnable and gives
+/// workers). Below them, the scheduler prefers those threads while they are runnable and gives
 /// the checkpoint thread the cores they leave idle; it never starves (the scheduler still gives
 /// it a share while every core is busy), and a WAL that grows meanwhile is restarted as before.
-/// Measured with the knee bench (README, Benchmarks). Raising a thread's own nice value needs
-/// no privilege; where it is refused, the thread runs at the default.
+/// Relative rather than absolute, so that the thread is never put above a daemon an operator
+/// started at a low priority. Measured with the knee bench (README, Benchmarks). Lowering a
+/// thread's own priority needs no privilege; where it is refused, the thread keeps the
+/// starting thread's.
 pub const CHECKPOINT_NICE: i32 = 10;
 
-/// Gives the calling thread [`CHECKPOINT_NICE`].
-fn lower_priority() {
+/// The nice value the checkpoint thread takes, given the starting thread's.
+pub(crate) fn checkpoint_nice(starting: i32) -> i32 {
+    starting
+        .saturating_add(CHECKPOINT_NICE)
+        .min(19)
+        .max(starting)
+}
+
+/// The calling thread's nice value (Linux; `None` where it cannot be read).
+fn own_nice() -> Option<i32> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: gettid(2) has no preconditions; setpriority(2) on the calling thread's own id
-        // only changes its scheduling weight, and an error is ignored (the default stays).
+        // SAFETY: gettid(2) has no preconditions; getpriority(2) only reads the calling
+        // thread's scheduling value. -1 is a valid nice value, so errors are told apart by
+        // errno, cleared first.
         unsafe {
-            let tid = libc::gettid();
-            if let Ok(tid) = libc::id_t::try_from(tid) {
-                let _ = libc::setpriority(libc::PRIO_PROCESS, tid, CHECKPOINT_NICE);
+            let tid = libc::id_t::try_from(libc::gettid()).ok()?;
+            *libc::__errno_location() = 0;
+            let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
+            (*libc::__errno_location() == 0).then_some(nice)
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// Gives the calling thread `nice` (Linux; an error leaves it as it is).
+fn set_own_nice(nice: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: setpriority(2) on the calling thread's own id only changes its scheduling
+        // weight, and an error is ignored (the value stays).
+        unsafe {
+            if let Ok(tid) = libc::id_t::try_from(libc::gettid()) {
+                let _ = libc::setpriority(libc::PRIO_PROCESS, tid, nice);
             }
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 impl Checkpointer {
@@ -171,10 +204,14 @@ impl Checkpointer {
         let page = u64::try_from(page).unwrap_or(4096).max(512);
         let shared = Arc::new(Shared::default());
         let inner = shared.clone();
+        // Read here, on the starting thread: a new thread starts with its creator's value.
+        let nice = own_nice().map(checkpoint_nice);
         let thread = std::thread::Builder::new()
             .name("tutti-checkpoint".into())
             .spawn(move || {
-                lower_priority();
+                if let Some(nice) = nice {
+                    set_own_nice(nice);
+                }
                 run(conn, &wal, page, policy, &inner, observe)
             })
             .map_err(|source| SqliteError::Io {
@@ -321,4 +358,18 @@ fn run(
     }
     // The writer is done: one last checkpoint so the WAL is small for the next start.
     pass(CheckpointMode::Restart, &mut observe);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checkpoint_nice;
+
+    #[test]
+    fn the_checkpoint_nice_is_below_the_starting_threads_and_never_past_19() {
+        assert_eq!(checkpoint_nice(0), 10);
+        assert_eq!(checkpoint_nice(5), 15);
+        assert_eq!(checkpoint_nice(-5), 5);
+        assert_eq!(checkpoint_nice(15), 19);
+        assert_eq!(checkpoint_nice(19), 19);
+    }
 }

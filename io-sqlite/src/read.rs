@@ -200,10 +200,10 @@ impl SqliteStore {
         Ok(out)
     }
 
-    /// The live trees ([`SqliteStore::live_trees`]) without their message ids: for a daemon's
-    /// start-up recovery, whose settle step (`providerExited`) appends no message. Such a tree
-    /// numbers new messages wrongly, so it must be evicted right after that step (the next
-    /// input then loads the whole tree). With a million stored messages this saves reading and
+    /// The live trees (as [`Store::load_live_trees`](tutti_core::store::Store::load_live_trees)
+    /// reads them) without their message ids: for a daemon's start-up recovery, whose settle
+    /// step (`providerExited`) appends no message. Such a tree numbers new messages wrongly, so
+    /// it must be evicted right after that step (the next input then loads the whole tree). With a million stored messages this saves reading and
     /// indexing every message id at start-up.
     pub fn load_live_trees_without_messages(&self) -> Result<Vec<TreeSnapshot>, SqliteError> {
         let tx = self.read_tx()?;

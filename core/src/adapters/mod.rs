@@ -20,6 +20,7 @@
 pub mod acp;
 pub mod claude;
 pub mod codex;
+pub mod fields;
 pub mod response;
 
 use crate::input::{NormalizedEvent, RuntimeAnswer};

@@ -52,6 +52,7 @@
 mod by_session;
 pub mod subagents;
 
+use super::fields::Fields;
 use super::{Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
 use crate::model::{Id, Millis, Outcome, Target, Text};
@@ -354,12 +355,12 @@ impl AcpAdapter {
                 .push(format!("acp: response to unknown request {id}"));
             return;
         };
-        let result = msg.get("result");
-        let error = msg.get("error");
+        let result = msg.field("result");
+        let error = msg.field("error");
         match kind {
             Pending::Initialize => {
                 let load = result
-                    .and_then(|r| r.pointer("/agentCapabilities/loadSession"))
+                    .and_then(|r| r.at(&["agentCapabilities", "loadSession"]))
                     .and_then(Value::as_bool)
                     .unwrap_or(false);
                 let cwd = self.cfg.cwd.clone();
@@ -400,12 +401,12 @@ impl AcpAdapter {
             }
             Pending::NewSession => {
                 let Some(sid) = result
-                    .and_then(|r| r.get("sessionId"))
+                    .and_then(|r| r.field("sessionId"))
                     .and_then(Value::as_str)
                 else {
                     out.diagnostics.push("acp: session/new failed".into());
                     let why = error
-                        .and_then(|e| e.get("message"))
+                        .and_then(|e| e.field("message"))
                         .and_then(Value::as_str)
                         .unwrap_or("no session id in the answer");
                     self.fail_queued(out, format!("the agent could not start a session: {why}"));
@@ -435,7 +436,7 @@ impl AcpAdapter {
                 // Children's tool calls may go on after the prompt; the root's may not.
                 self.tool_payloads.retain_sessions(|n| n != root_native);
                 let stop = result
-                    .and_then(|r| r.get("stopReason"))
+                    .and_then(|r| r.field("stopReason"))
                     .and_then(Value::as_str);
                 if stop == Some("cancelled") {
                     if let Some(turn) = self.root_turn.clone() {
@@ -457,7 +458,7 @@ impl AcpAdapter {
                     (_, Some(e)) => (
                         Outcome::Failed,
                         Some(
-                            e.get("message")
+                            e.field("message")
                                 .and_then(Value::as_str)
                                 .unwrap_or("prompt failed")
                                 .to_string(),
@@ -489,19 +490,19 @@ impl AcpAdapter {
 
     fn on_update(&mut self, out: &mut AdapterOutput, params: &Value) -> Result<(), AdapterError> {
         let native = params
-            .get("sessionId")
+            .field("sessionId")
             .and_then(Value::as_str)
             .ok_or(AdapterError::MissingField {
                 method: "session/update".into(),
                 field: "sessionId",
             })?
             .to_string();
-        let update = params.get("update").ok_or(AdapterError::MissingField {
+        let update = params.field("update").ok_or(AdapterError::MissingField {
             method: "session/update".into(),
             field: "update",
         })?;
         let kind = update
-            .get("sessionUpdate")
+            .field("sessionUpdate")
             .and_then(Value::as_str)
             .unwrap_or_default();
         if kind == "subagent_update" {
@@ -538,8 +539,8 @@ impl AcpAdapter {
                     "thought"
                 };
                 let text = update
-                    .get("content")
-                    .and_then(|c| c.get("text"))
+                    .field("content")
+                    .and_then(|c| c.field("text"))
                     .and_then(Value::as_str)
                     .unwrap_or_default();
                 self.chunks.get_or_default(&native, role).push_str(text);
@@ -547,14 +548,14 @@ impl AcpAdapter {
             "session_message" => self.on_session_message(out, &native, session, turn, update),
             "tool_call" | "tool_call_update" => {
                 self.flush(out, &native);
-                let Some(call) = update.get("toolCallId").and_then(Value::as_str) else {
+                let Some(call) = update.field("toolCallId").and_then(Value::as_str) else {
                     return Err(AdapterError::MissingField {
                         method: kind.into(),
                         field: "toolCallId",
                     });
                 };
                 self.tool_calls.insert_new(&native, call, ());
-                let status = update.get("status").and_then(Value::as_str).unwrap_or(
+                let status = update.field("status").and_then(Value::as_str).unwrap_or(
                     if kind == "tool_call" {
                         "pending"
                     } else {
@@ -567,9 +568,12 @@ impl AcpAdapter {
                     agent_session_id: session,
                     turn_id: turn,
                     tool_call_id: call.into(),
-                    name: update.get("title").and_then(Value::as_str).map(Text::from),
+                    name: update
+                        .field("title")
+                        .and_then(Value::as_str)
+                        .map(Text::from),
                     status: status.into(),
-                    kind: update.get("kind").cloned(),
+                    kind: update.field("kind").cloned(),
                     payload,
                 });
             }
@@ -593,12 +597,12 @@ impl AcpAdapter {
         const KEYS: [&str; 4] = ["rawInput", "rawOutput", "content", "locations"];
         let merge = |entry: &mut serde_json::Map<String, Value>| {
             for k in KEYS {
-                if let Some(v) = update.get(k) {
+                if let Some(v) = update.field(k) {
                     entry.insert(k.to_string(), v.clone());
                 }
             }
         };
-        let carries = KEYS.iter().any(|k| update.get(*k).is_some());
+        let carries = KEYS.iter().any(|k| update.field(k).is_some());
         if last {
             // Taken out rather than copied: nothing reads it again.
             let recorded = self.tool_payloads.remove(native, call);
@@ -619,7 +623,7 @@ impl AcpAdapter {
 
     fn on_permission(&mut self, out: &mut AdapterOutput, id: &Value, params: &Value) {
         let native = params
-            .get("sessionId")
+            .field("sessionId")
             .and_then(Value::as_str)
             .unwrap_or_default();
         let owner = self
@@ -636,7 +640,7 @@ impl AcpAdapter {
             other => other.to_string(),
         };
         let options = params
-            .get("options")
+            .field("options")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
@@ -653,13 +657,13 @@ impl AcpAdapter {
         // call and its end (`interrupted` when the turn settles first). One already reported
         // is left as the agent last reported it.
         if let Some(call) = params
-            .pointer("/toolCall/toolCallId")
+            .at(&["toolCall", "toolCallId"])
             .and_then(Value::as_str)
         {
             if self.tool_calls.insert_new(native, call, ()) {
                 self.flush(out, native);
-                let tool = params.get("toolCall");
-                let field = |k: &str| tool.and_then(|t| t.get(k));
+                let tool = params.field("toolCall");
+                let field = |k: &str| tool.and_then(|t| t.field(k));
                 out.events.push(NormalizedEvent::ToolCallUpdated {
                     agent_session_id: session.clone(),
                     turn_id: turn.clone(),
@@ -680,7 +684,7 @@ impl AcpAdapter {
             request_id: request_id.into(),
             provider_turn_id: self.prompt.map(|p| format!("prompt-{p}")),
             kind: json!("permission"),
-            payload: json!({"toolCall": params.get("toolCall"), "options": params.get("options")}),
+            payload: json!({"toolCall": params.field("toolCall"), "options": params.field("options")}),
         });
     }
 
@@ -889,8 +893,8 @@ impl Adapter for AcpAdapter {
             .as_object()
             .ok_or_else(|| AdapterError::Malformed("not a JSON object".into()))?;
         self.settle_announcements(&mut out, msg);
-        let method = obj.get("method").and_then(Value::as_str);
-        let id = obj.get("id");
+        let method = obj.field("method").and_then(Value::as_str);
+        let id = obj.field("id");
         match (method, id) {
             (None, Some(id)) => {
                 let id = id
@@ -899,14 +903,14 @@ impl Adapter for AcpAdapter {
                 self.on_response(&mut out, id, msg);
             }
             (Some("session/update"), None) => {
-                let params = obj.get("params").ok_or(AdapterError::MissingField {
+                let params = obj.field("params").ok_or(AdapterError::MissingField {
                     method: "session/update".into(),
                     field: "params",
                 })?;
                 self.on_update(&mut out, params)?;
             }
             (Some("session/request_permission"), Some(id)) => {
-                let params = obj.get("params").cloned().unwrap_or(Value::Null);
+                let params = obj.field("params").cloned().unwrap_or(Value::Null);
                 self.on_permission(&mut out, id, &params);
             }
             (Some(m), Some(id)) => {
@@ -983,13 +987,13 @@ fn message_id(turn: &Id, n: u64) -> Id {
 /// context window) and the optional cumulative `cost`. A field that is not a count (or a cost
 /// without a finite amount and a short currency code) is left out: nothing is guessed.
 fn usage_of(update: &Value) -> crate::model::TokenUsage {
-    let cost = update.get("cost").and_then(|c| {
+    let cost = update.field("cost").and_then(|c| {
         let amount = c
-            .get("amount")
+            .field("amount")
             .and_then(Value::as_f64)
             .filter(|a| a.is_finite())?;
         let currency = c
-            .get("currency")
+            .field("currency")
             .and_then(Value::as_str)
             .filter(|c| !c.is_empty() && c.len() <= 8)?;
         Some(crate::model::Cost {
@@ -999,8 +1003,8 @@ fn usage_of(update: &Value) -> crate::model::TokenUsage {
     });
     crate::model::TokenUsage {
         total_tokens: None,
-        context_tokens: update.get("used").and_then(Value::as_u64),
-        context_window: update.get("size").and_then(Value::as_u64),
+        context_tokens: update.field("used").and_then(Value::as_u64),
+        context_window: update.field("size").and_then(Value::as_u64),
         cost,
     }
 }

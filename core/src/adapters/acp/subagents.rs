@@ -56,6 +56,7 @@
 //!   an agent that does not).
 
 use super::AcpAdapter;
+use crate::adapters::fields::Fields;
 use crate::adapters::{child_ids, AdapterOutput};
 use crate::input::NormalizedEvent;
 use crate::model::{Id, Outcome, ProviderAliases, Target};
@@ -95,16 +96,16 @@ enum ChildState {
 }
 
 fn parse_state(v: &Value) -> Option<ChildState> {
-    match v.get("state")?.as_str()? {
+    match v.field("state")?.as_str()? {
         "running" => Some(ChildState::Running),
         "requires_action" => Some(ChildState::RequiresAction),
         "idle" => Some(ChildState::Idle {
-            stop: match v.get("stopReason") {
+            stop: match v.field("stopReason") {
                 None | Some(Value::Null) => "end_turn".to_string(),
                 Some(s) => s.as_str()?.to_string(),
             },
             error: v
-                .pointer("/error/message")
+                .at(&["error", "message"])
                 .and_then(Value::as_str)
                 .map(String::from),
         }),
@@ -115,28 +116,28 @@ fn parse_state(v: &Value) -> Option<ChildState> {
 /// What links a held announcement to its delegation: (parent native, child native, id, whether
 /// the id names no tool call the agent showed).
 fn link_of(msg: &Value) -> Option<(String, String, String, bool)> {
-    if msg.get("method").and_then(Value::as_str) != Some("session/update") {
+    if msg.field("method").and_then(Value::as_str) != Some("session/update") {
         return None;
     }
-    let outer = msg.pointer("/params/sessionId")?.as_str()?;
-    let update = msg.pointer("/params/update")?;
-    match update.get("sessionUpdate")?.as_str()? {
+    let outer = msg.at(&["params", "sessionId"])?.as_str()?;
+    let update = msg.at(&["params", "update"])?;
+    match update.field("sessionUpdate")?.as_str()? {
         "session_message" => {
-            if update.get("senderSessionId")?.as_str()? != outer {
+            if update.field("senderSessionId")?.as_str()? != outer {
                 return None;
             }
-            let child = update.get("recipientSessionId")?.as_str()?;
-            let id = update.get("messageId")?.as_str()?;
+            let child = update.field("recipientSessionId")?.as_str()?;
+            let id = update.field("messageId")?.as_str()?;
             Some((outer.into(), child.into(), id.into(), true))
         }
         "tool_call" | "tool_call_update" => {
-            let call = update.get("toolCallId")?.as_str()?;
+            let call = update.field("toolCallId")?.as_str()?;
             let child = update
-                .get("content")?
+                .field("content")?
                 .as_array()?
                 .iter()
-                .find(|c| c.get("type").and_then(Value::as_str) == Some("session"))?
-                .get("sessionId")?
+                .find(|c| c.field("type").and_then(Value::as_str) == Some("session"))?
+                .field("sessionId")?
                 .as_str()?;
             Some((outer.into(), child.into(), call.into(), false))
         }
@@ -146,26 +147,26 @@ fn link_of(msg: &Value) -> Option<(String, String, String, bool)> {
 
 /// The child id a `subagent_update` message names, if `msg` is one.
 fn announced_child(msg: &Value) -> Option<&str> {
-    if msg.get("method").and_then(Value::as_str) != Some("session/update") {
+    if msg.field("method").and_then(Value::as_str) != Some("session/update") {
         return None;
     }
-    let update = msg.pointer("/params/update")?;
-    if update.get("sessionUpdate")?.as_str()? != "subagent_update" {
+    let update = msg.at(&["params", "update"])?;
+    if update.field("sessionUpdate")?.as_str()? != "subagent_update" {
         return None;
     }
-    update.get("sessionId")?.as_str()
+    update.field("sessionId")?.as_str()
 }
 
 fn title_of(update: &Value) -> Option<String> {
     update
-        .get("title")
+        .field("title")
         .and_then(Value::as_str)
-        .or_else(|| update.get("description").and_then(Value::as_str))
+        .or_else(|| update.field("description").and_then(Value::as_str))
         .map(String::from)
 }
 
 fn can_cancel(update: &Value) -> bool {
-    update.pointer("/capabilities/cancel").is_some()
+    update.at(&["capabilities", "cancel"]).is_some()
 }
 
 impl AcpAdapter {
@@ -280,7 +281,7 @@ impl AcpAdapter {
                 can_cancel: can_cancel(&a.update),
             },
         );
-        if let Some(state) = a.update.get("state").and_then(parse_state) {
+        if let Some(state) = a.update.field("state").and_then(parse_state) {
             self.apply_state(out, &a.child_native, state);
         }
     }
@@ -292,13 +293,13 @@ impl AcpAdapter {
         parent_native: &str,
         update: &Value,
     ) {
-        let Some(child) = update.get("sessionId").and_then(Value::as_str) else {
+        let Some(child) = update.field("sessionId").and_then(Value::as_str) else {
             out.diagnostics
                 .push("acp: subagent_update without a sessionId dropped".into());
             return;
         };
         let child = child.to_string();
-        let state = match update.get("state") {
+        let state = match update.field("state") {
             None | Some(Value::Null) => None,
             Some(s) => match parse_state(s) {
                 Some(st) => Some(st),
@@ -334,11 +335,11 @@ impl AcpAdapter {
                 );
                 return;
             }
-            if update.get("capabilities").is_some() {
+            if update.field("capabilities").is_some() {
                 c.can_cancel = can_cancel(update);
             }
             let session = c.session.clone();
-            match update.get("title") {
+            match update.field("title") {
                 Some(Value::String(t)) => out.events.push(NormalizedEvent::ChildSessionUpdated {
                     agent_session_id: session,
                     title: Some(t.clone()),
@@ -490,7 +491,7 @@ impl AcpAdapter {
         turn: Id,
         update: &Value,
     ) {
-        let field = |k: &str| update.get(k).and_then(Value::as_str);
+        let field = |k: &str| update.field(k).and_then(Value::as_str);
         let (Some(sender), Some(recipient)) =
             (field("senderSessionId"), field("recipientSessionId"))
         else {
@@ -513,12 +514,12 @@ impl AcpAdapter {
             return;
         };
         let text: String = update
-            .get("content")
+            .field("content")
             .and_then(Value::as_array)
             .map(|blocks| {
                 blocks
                     .iter()
-                    .filter_map(|b| b.get("text").and_then(Value::as_str))
+                    .filter_map(|b| b.field("text").and_then(Value::as_str))
                     .collect()
             })
             .unwrap_or_default();

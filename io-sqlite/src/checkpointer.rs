@@ -140,6 +140,7 @@ pub struct Checkpointer {
 pub const CHECKPOINT_NICE: i32 = 10;
 
 /// The nice value the checkpoint thread takes, given the starting thread's.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) fn checkpoint_nice(starting: i32) -> i32 {
     starting
         .saturating_add(CHECKPOINT_NICE)
@@ -147,30 +148,25 @@ pub(crate) fn checkpoint_nice(starting: i32) -> i32 {
         .max(starting)
 }
 
-/// The calling thread's nice value (Linux; `None` where it cannot be read).
+/// The calling thread's nice value (`None` where it cannot be read).
+#[cfg(target_os = "linux")]
 fn own_nice() -> Option<i32> {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid(2) has no preconditions; getpriority(2) only reads the calling
-        // thread's scheduling value. -1 is a valid nice value, so errors are told apart by
-        // errno, cleared first.
-        unsafe {
-            let tid = libc::id_t::try_from(libc::gettid()).ok()?;
-            *libc::__errno_location() = 0;
-            let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
-            (*libc::__errno_location() == 0).then_some(nice)
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        None
+    // SAFETY: gettid(2) has no preconditions; getpriority(2) only reads the calling thread's
+    // scheduling value. -1 is a valid nice value, so errors are told apart by errno, cleared
+    // first.
+    unsafe {
+        let tid = libc::id_t::try_from(libc::gettid()).ok()?;
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
+        (*libc::__errno_location() == 0).then_some(nice)
     }
 }
 
-/// Gives the calling thread `nice` (Linux; an error leaves it as it is).
-fn set_own_nice(nice: i32) {
+/// Moves the calling thread [`CHECKPOINT_NICE`] steps below the value it started with (a new
+/// thread starts with its creator's). Linux; an error leaves the value as it is.
+fn lower_priority() {
     #[cfg(target_os = "linux")]
-    {
+    if let Some(nice) = own_nice().map(checkpoint_nice) {
         // SAFETY: setpriority(2) on the calling thread's own id only changes its scheduling
         // weight, and an error is ignored (the value stays).
         unsafe {
@@ -179,8 +175,6 @@ fn set_own_nice(nice: i32) {
             }
         }
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = nice;
 }
 
 impl Checkpointer {
@@ -204,14 +198,10 @@ impl Checkpointer {
         let page = u64::try_from(page).unwrap_or(4096).max(512);
         let shared = Arc::new(Shared::default());
         let inner = shared.clone();
-        // Read here, on the starting thread: a new thread starts with its creator's value.
-        let nice = own_nice().map(checkpoint_nice);
         let thread = std::thread::Builder::new()
             .name("tutti-checkpoint".into())
             .spawn(move || {
-                if let Some(nice) = nice {
-                    set_own_nice(nice);
-                }
+                lower_priority();
                 run(conn, &wal, page, policy, &inner, observe)
             })
             .map_err(|source| SqliteError::Io {

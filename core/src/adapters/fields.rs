@@ -45,6 +45,7 @@ impl Fields for Value {
     }
 }
 
+/// An object's map: an empty path names no value here (the map is not a `Value`).
 impl Fields for Map<String, Value> {
     fn field(&self, key: &str) -> Option<&Value> {
         in_map(self, key)

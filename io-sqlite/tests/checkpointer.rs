@@ -238,39 +238,34 @@ fn after_a_large_deletion_the_quiet_thread_truncates_the_wal_file() {
     assert!(db.integrity_check().expect("check").is_empty());
 }
 
+/// The nice value in a `/proc/.../stat` line: the fields after the parenthesized name start
+/// with the state (field 3), and nice is field 19.
+#[cfg(target_os = "linux")]
+fn nice_in_stat(stat: &str) -> Option<i64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(16)?.parse().ok()
+}
+
 /// The nice values of this process's threads named `tutti-checkpoint` (Linux `/proc`).
 #[cfg(target_os = "linux")]
 fn checkpoint_thread_nices() -> Vec<i64> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task")
+    std::fs::read_dir("/proc/self/task")
         .expect("tasks")
         .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
         // The kernel keeps 15 bytes of a thread's name.
-        if comm.trim() != "tutti-checkpoin" {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // Fields after the parenthesized name: state is field 3, nice is field 19.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        if let Some(nice) = rest.split_whitespace().nth(16).and_then(|n| n.parse().ok()) {
-            out.push(nice);
-        }
-    }
-    out
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim() == "tutti-checkpoin")
+        })
+        .filter_map(|task| nice_in_stat(&std::fs::read_to_string(task.path().join("stat")).ok()?))
+        .collect()
 }
 
 /// The nice value of the calling thread (Linux `/proc`).
 #[cfg(target_os = "linux")]
 fn own_nice() -> i64 {
     let own = std::fs::read_to_string("/proc/thread-self/stat").expect("own stat");
-    own.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(16))
-        .and_then(|n| n.parse().ok())
-        .expect("own nice")
+    nice_in_stat(&own).expect("own nice")
 }
 
 /// Checkpoints are background work: the thread runs `CHECKPOINT_NICE` steps below the thread

@@ -10,7 +10,8 @@
 //!
 //! - [`PostgresStore::claim_lease`] takes a lease that is free, expired or already this owner's;
 //!   every claim of a lease that was free or expired gets a new, higher epoch.
-//! - [`PostgresStore::renew_lease`] extends it, only while the stored epoch is still the caller's.
+//! - [`PostgresStore::renew_lease`] extends it, only while the stored epoch is still the caller's
+//!   ([`PostgresStore::renew_leases`]: many at once, as a daemon renews every lease it holds).
 //! - Fencing is store-side, per tree, instead of a new [`Guard`](tutti_core::step::Guard) kind
 //!   (a choice: the engine and the other stores stay as they are): a successful claim registers
 //!   the tree's epoch on this store handle, and every batch this handle applies for that tree
@@ -58,6 +59,22 @@ impl Lease {
     pub fn is_released(&self) -> bool {
         self.expires_at_ms == RELEASED
     }
+}
+
+/// The most leases [`PostgresStore::renew_leases`] and [`PostgresStore::release_leases`] write
+/// with one statement (each statement is its own transaction, so a few thousand leases do not
+/// hold their rows locked in one long one).
+pub const LEASES_PER_STATEMENT: usize = 1000;
+
+/// A list of (root, epoch) as the two arrays the batched lease statements take.
+fn lease_arrays(held: &[(&str, u64)]) -> Result<(Vec<String>, Vec<i64>), PgError> {
+    let mut roots = Vec::with_capacity(held.len());
+    let mut epochs = Vec::with_capacity(held.len());
+    for (root, epoch) in held {
+        roots.push((*root).to_string());
+        epochs.push(to_i64("lease epoch", *epoch)?);
+    }
+    Ok((roots, epochs))
 }
 
 const LEASE: &str = "SELECT root_agent_session_id, owner, owner_address, epoch, expires_at_ms \
@@ -185,6 +202,71 @@ impl PostgresStore {
             )?)
         })?;
         Ok(n == 1)
+    }
+
+    /// [`PostgresStore::renew_lease`] for many trees at once: extends each of `owner`'s leases
+    /// in `held` (root, epoch) until `now_ms + ttl_ms`, in one statement per
+    /// [`LEASES_PER_STATEMENT`] leases, and returns the roots whose lease was extended; a root
+    /// left out was taken over or removed (the caller no longer owns that tree).
+    ///
+    /// A daemon renews every lease it holds each third of the lease time; one statement (one
+    /// round trip and one commit) for each lease held stalled its engine thread for the sum of
+    /// those commits (about 50 ms with 100 trees on a local server, so every renewal tick put
+    /// about one row in a hundred over 5 ms; the knee bench found it). On an error the caller
+    /// counts none as renewed (the statements that went through before it did extend their
+    /// leases; the next renewal extends them again).
+    pub fn renew_leases(
+        &mut self,
+        owner: &str,
+        held: &[(&str, u64)],
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Vec<Id>, PgError> {
+        let expires = now_ms.saturating_add(ttl_ms);
+        let mut renewed = Vec::with_capacity(held.len());
+        for chunk in held.chunks(LEASES_PER_STATEMENT) {
+            let (roots, epochs) = lease_arrays(chunk)?;
+            let rows = self.with_client(|c, _| {
+                Ok(c.query(
+                    "UPDATE tree_leases AS l SET expires_at_ms = $4 \
+                     FROM unnest($1::text[], $2::bigint[]) AS h (root, epoch) \
+                     WHERE l.root_agent_session_id = h.root AND l.epoch = h.epoch \
+                     AND l.owner = $3 RETURNING l.root_agent_session_id",
+                    &[&roots, &epochs, &owner, &expires],
+                )?)
+            })?;
+            renewed.extend(rows.iter().map(|r| Id::from(r.get::<_, &str>(0))));
+        }
+        Ok(renewed)
+    }
+
+    /// [`PostgresStore::release_lease`] for many trees at once: gives up each of `owner`'s
+    /// leases in `held` (root, epoch), in one statement per [`LEASES_PER_STATEMENT`] leases, and
+    /// stops fencing those trees on this handle. Returns the roots whose lease was released (a
+    /// root left out was no longer `owner`'s at that epoch).
+    pub fn release_leases(
+        &mut self,
+        owner: &str,
+        held: &[(&str, u64)],
+    ) -> Result<Vec<Id>, PgError> {
+        for (root, _) in held {
+            self.fences.remove(*root);
+        }
+        let mut released = Vec::with_capacity(held.len());
+        for chunk in held.chunks(LEASES_PER_STATEMENT) {
+            let (roots, epochs) = lease_arrays(chunk)?;
+            let rows = self.with_client(|c, _| {
+                Ok(c.query(
+                    "UPDATE tree_leases AS l SET expires_at_ms = $4 \
+                     FROM unnest($1::text[], $2::bigint[]) AS h (root, epoch) \
+                     WHERE l.root_agent_session_id = h.root AND l.epoch = h.epoch \
+                     AND l.owner = $3 RETURNING l.root_agent_session_id",
+                    &[&roots, &epochs, &owner, &RELEASED],
+                )?)
+            })?;
+            released.extend(rows.iter().map(|r| Id::from(r.get::<_, &str>(0))));
+        }
+        Ok(released)
     }
 
     /// Gives up `owner`'s lease of `root` at `epoch` (it expires at once; the epoch stays, so the

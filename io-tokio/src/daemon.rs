@@ -130,6 +130,14 @@ pub trait Housekeeping<S>: Send {
     }
     /// Gives up the lease of `root` (its runtime stopped).
     fn release(&mut self, _store: &mut S, _root: &Id) {}
+    /// Gives up the leases of `roots` ([`Housekeeping::release`] for each; a store with leases
+    /// releases them together, so that a round that stopped many runtimes, or a shutdown, does
+    /// not hold the engine thread for one write per tree).
+    fn release_all(&mut self, store: &mut S, roots: &[Id]) {
+        for root in roots {
+            self.release(store, root);
+        }
+    }
     /// Issue 21: "Every batch a daemon commits for a tree carries a fencing guard on the lease
     /// epoch". Called before a command on `root` (create, submit, cancel, answer, delete) is
     /// handed to the engine, so that the command's batch, a new tree's first batch included, is
@@ -648,9 +656,7 @@ impl Daemon {
             "recovered live trees"
         );
         // Settled: no provider runs for them here, so their leases are given up at once.
-        for root in &claimed {
-            housekeeping.release(&mut store, root);
-        }
+        housekeeping.release_all(&mut store, &claimed);
         // Loaded without their message ids: none may stay (see above).
         for root in &recovered {
             engine.evict(root);
@@ -1248,6 +1254,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 self.review_runtime(root);
             }
             self.residency(touched);
+            let mut release = Vec::new();
             for root in std::mem::take(&mut self.to_release) {
                 if self.current.contains_key(&root) {
                     continue;
@@ -1261,7 +1268,7 @@ impl<S: HostStore + Send + 'static> Core<S> {
                         None => false,
                     };
                 if quiescent {
-                    self.housekeeping.release(&mut self.store, &root);
+                    release.push(root);
                     continue;
                 }
                 // Still live without a provider here: the step that was to settle it (a
@@ -1272,6 +1279,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 warn!(root = %root, "tree still live without a provider; its lease is kept and it is settled again");
                 self.housekeeping.forget(&root);
                 self.lapsed.insert(root);
+            }
+            if !release.is_empty() {
+                self.housekeeping.release_all(&mut self.store, &release);
             }
             if prune {
                 self.prune();
@@ -2231,8 +2241,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
             self.lease_watch.untrack(root);
             self.driver.detach(root);
             r.stop(Some(done_tx.clone()));
-            self.housekeeping.release(&mut self.store, root);
         }
+        let roots: Vec<Id> = runtimes.keys().cloned().collect();
+        self.housekeeping.release_all(&mut self.store, &roots);
         drop(done_tx);
         let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
         let mut stopped = 0;

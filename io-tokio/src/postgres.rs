@@ -172,29 +172,34 @@ impl Housekeeping<PostgresStore> for Leases {
     }
     fn renew(&mut self, store: &mut PostgresStore, now_ms: i64) -> Vec<Id> {
         let ttl = self.ttl_ms();
-        let mut lost = Vec::new();
-        let mut renewed = Vec::new();
-        for (root, held) in &self.held {
-            match store.renew_lease(root, &self.owner, held.epoch, now_ms, ttl) {
-                Ok(true) => renewed.push((root.clone(), self.held_from(held.epoch, now_ms))),
-                Ok(false) => lost.push(root.clone()),
-                // The database is unreachable (logged once, see `start`): the others wait for
-                // the next tick.
-                Err(e) if e.is_unavailable() => {
-                    debug!(error = %e, "tree leases not renewed: store unavailable");
-                    break;
-                }
-                // Not lost: the fence still refuses commits if another daemon took it over.
-                Err(e) => warn!(root = %root, error = %e, "tree lease not renewed"),
+        let held: Vec<(&str, u64)> = self.held.iter().map(|(r, h)| (&**r, h.epoch)).collect();
+        if held.is_empty() {
+            return Vec::new();
+        }
+        // One statement for all of them (see `PostgresStore::renew_leases`).
+        let renewed = match store.renew_leases(&self.owner, &held, now_ms, ttl) {
+            Ok(r) => r,
+            // The database is unreachable (logged once, see `start`): all wait for the next
+            // tick.
+            Err(e) if e.is_unavailable() => {
+                debug!(error = %e, "tree leases not renewed: store unavailable");
+                return Vec::new();
             }
-        }
-        for root in &lost {
-            self.held.remove(root);
-        }
-        for (root, held) in renewed {
+            // None lost: the fence still refuses commits if another daemon took one over.
+            Err(e) => {
+                warn!(leases = held.len(), error = %e, "tree leases not renewed");
+                return Vec::new();
+            }
+        };
+        let renewed: std::collections::HashSet<Id> = renewed.into_iter().collect();
+        let (kept, lost): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(root, _)| renewed.contains(root));
+        for (root, held) in kept {
+            let held = self.held_from(held.epoch, now_ms);
             self.held.insert(root, held);
         }
-        lost
+        lost.into_iter().map(|(root, _)| root).collect()
     }
     fn orphaned(&mut self, store: &mut PostgresStore, now_ms: i64) -> Vec<Id> {
         let expired = match store.expired_leases(&self.owner, now_ms, 100) {
@@ -214,10 +219,20 @@ impl Housekeeping<PostgresStore> for Leases {
             .collect()
     }
     fn release(&mut self, store: &mut PostgresStore, root: &Id) {
-        if let Some(held) = self.held.remove(root) {
-            if let Err(e) = store.release_lease(root, &self.owner, held.epoch) {
-                warn!(root = %root, error = %e, "tree lease not released");
-            }
+        Housekeeping::<PostgresStore>::release_all(self, store, std::slice::from_ref(root));
+    }
+    fn release_all(&mut self, store: &mut PostgresStore, roots: &[Id]) {
+        let held: Vec<(Id, u64)> = roots
+            .iter()
+            .filter_map(|r| Some((r.clone(), self.held.remove(r)?.epoch)))
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let held: Vec<(&str, u64)> = held.iter().map(|(r, e)| (&**r, *e)).collect();
+        // One statement for all of them (see `PostgresStore::release_leases`).
+        if let Err(e) = store.release_leases(&self.owner, &held) {
+            warn!(leases = held.len(), error = %e, "tree leases not released");
         }
     }
     fn acquire(&mut self, store: &mut PostgresStore, root: &Id, now_ms: i64) -> Acquired {

@@ -396,6 +396,88 @@ fn a_stale_owner_is_fenced_after_a_takeover() {
     assert_eq!(b.cluster_secret("secret-of-b").expect("secret"), first);
 }
 
+/// Issue 21, "renewed while it runs", for every tree a daemon holds at once: `renew_leases`
+/// extends exactly the leases still the caller's at the given epoch (one statement for all) and
+/// leaves out a tree another daemon took over and one never claimed;
+/// `release_leases` gives up exactly the caller's, stops fencing them, and leaves another
+/// owner's lease alone. More leases than one statement takes are all renewed.
+#[test]
+fn many_leases_are_renewed_and_released_together_and_only_the_callers() {
+    use tutti_postgres::lease::LEASES_PER_STATEMENT;
+    let server = Server::fast().expect("postgres server");
+    let url = server.create_database().expect("db");
+    let mut a = PostgresStore::connect(&url).expect("a");
+    let mut b = PostgresStore::connect(&url).expect("b");
+    let ttl = 1_000;
+    let roots: Vec<String> = (0..LEASES_PER_STATEMENT + 5)
+        .map(|i| format!("R{i}"))
+        .collect();
+    for r in &roots {
+        assert!(matches!(
+            a.claim_lease(r, "daemon-a", "127.0.0.1:1", 0, ttl).expect("claim"),
+            Claim::Owned(ref l) if l.epoch == 1
+        ));
+    }
+    // R1 is taken over by B once A's lease expired.
+    assert!(matches!(
+        b.claim_lease("R1", "daemon-b", "127.0.0.1:2", 1_500, ttl).expect("claim"),
+        Claim::Owned(ref l) if l.epoch == 2
+    ));
+    let mut held: Vec<(&str, u64)> = roots.iter().map(|r| (r.as_str(), 1)).collect();
+    held.push(("never-claimed", 1));
+    let renewed = a
+        .renew_leases("daemon-a", &held, 1_600, ttl)
+        .expect("renew");
+    let renewed: std::collections::BTreeSet<&str> = renewed.iter().map(|r| &**r).collect();
+    let expected: std::collections::BTreeSet<&str> = roots
+        .iter()
+        .map(String::as_str)
+        .filter(|r| *r != "R1")
+        .collect();
+    assert_eq!(renewed, expected, "exactly the leases still A's at epoch 1");
+    for r in ["R0", "R3", roots.last().expect("roots").as_str()] {
+        let l = a.lease(r).expect("lease").expect("row");
+        assert_eq!(
+            (l.owner.as_str(), l.expires_at_ms),
+            ("daemon-a", 2_600),
+            "{r}"
+        );
+    }
+    let r1 = a.lease("R1").expect("lease").expect("row");
+    assert_eq!(
+        (r1.owner.as_str(), r1.epoch, r1.expires_at_ms),
+        ("daemon-b", 2, 2_500)
+    );
+    assert!(a.lease("never-claimed").expect("lease").is_none());
+
+    // Released together: A's leases at epoch 1 (R1 is B's now and stays B's, live).
+    let release: Vec<(&str, u64)> = ["R0", "R1", "R3"].iter().map(|r| (*r, 1)).collect();
+    let released = a.release_leases("daemon-a", &release).expect("release");
+    let released: std::collections::BTreeSet<&str> = released.iter().map(|r| &**r).collect();
+    assert_eq!(released, ["R0", "R3"].into_iter().collect());
+    assert!(a.lease("R0").expect("lease").expect("row").is_released());
+    assert!(a.lease("R3").expect("lease").expect("row").is_released());
+    assert_eq!(
+        a.lease("R1").expect("lease").expect("row").expires_at_ms,
+        2_500
+    );
+    assert_eq!(
+        a.fenced_at("R0"),
+        None,
+        "a released tree is no longer fenced here"
+    );
+    assert_eq!(a.fenced_at("R4"), Some(1), "a held tree still is");
+    // Nothing to do is no error.
+    assert!(a
+        .renew_leases("daemon-a", &[], 1_700, ttl)
+        .expect("renew")
+        .is_empty());
+    assert!(a
+        .release_leases("daemon-a", &[])
+        .expect("release")
+        .is_empty());
+}
+
 /// Issue 34, per-batch lease-epoch fencing: "a batch is fenced by the lease epoch it was
 /// DECIDED under, not the one current at commit". A claims the tree at epoch 1 and decides a
 /// batch; its lease expires and B takes the tree (epoch 2); B's lease expires too and A claims

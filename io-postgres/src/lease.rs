@@ -222,22 +222,7 @@ impl PostgresStore {
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<Vec<Id>, PgError> {
-        let expires = now_ms.saturating_add(ttl_ms);
-        let mut renewed = Vec::with_capacity(held.len());
-        for chunk in held.chunks(LEASES_PER_STATEMENT) {
-            let (roots, epochs) = lease_arrays(chunk)?;
-            let rows = self.with_client(|c, _| {
-                Ok(c.query(
-                    "UPDATE tree_leases AS l SET expires_at_ms = $4 \
-                     FROM unnest($1::text[], $2::bigint[]) AS h (root, epoch) \
-                     WHERE l.root_agent_session_id = h.root AND l.epoch = h.epoch \
-                     AND l.owner = $3 RETURNING l.root_agent_session_id",
-                    &[&roots, &epochs, &owner, &expires],
-                )?)
-            })?;
-            renewed.extend(rows.iter().map(|r| Id::from(r.get::<_, &str>(0))));
-        }
-        Ok(renewed)
+        self.set_expiries(owner, held, now_ms.saturating_add(ttl_ms))
     }
 
     /// [`PostgresStore::release_lease`] for many trees at once: gives up each of `owner`'s
@@ -252,7 +237,18 @@ impl PostgresStore {
         for (root, _) in held {
             self.fences.remove(*root);
         }
-        let mut released = Vec::with_capacity(held.len());
+        self.set_expiries(owner, held, RELEASED)
+    }
+
+    /// Sets the expiry of each of `owner`'s leases in `held` (root, epoch) that is still at that
+    /// epoch, one statement per [`LEASES_PER_STATEMENT`] leases; returns the roots it set.
+    fn set_expiries(
+        &mut self,
+        owner: &str,
+        held: &[(&str, u64)],
+        expires_at_ms: i64,
+    ) -> Result<Vec<Id>, PgError> {
+        let mut set = Vec::with_capacity(held.len());
         for chunk in held.chunks(LEASES_PER_STATEMENT) {
             let (roots, epochs) = lease_arrays(chunk)?;
             let rows = self.with_client(|c, _| {
@@ -261,12 +257,12 @@ impl PostgresStore {
                      FROM unnest($1::text[], $2::bigint[]) AS h (root, epoch) \
                      WHERE l.root_agent_session_id = h.root AND l.epoch = h.epoch \
                      AND l.owner = $3 RETURNING l.root_agent_session_id",
-                    &[&roots, &epochs, &owner, &RELEASED],
+                    &[&roots, &epochs, &owner, &expires_at_ms],
                 )?)
             })?;
-            released.extend(rows.iter().map(|r| Id::from(r.get::<_, &str>(0))));
+            set.extend(rows.iter().map(|r| Id::from(r.get::<_, &str>(0))));
         }
-        Ok(released)
+        Ok(set)
     }
 
     /// Gives up `owner`'s lease of `root` at `epoch` (it expires at once; the epoch stays, so the

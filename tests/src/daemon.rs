@@ -72,12 +72,36 @@ impl TestDaemon {
         self.dir.path().join("tutti.db")
     }
 
+    /// Starts the daemon on a free port. A port found free can be taken by another test's
+    /// daemon before this one binds it (tests run in parallel): then this daemon exits and the
+    /// other one answers, refusing this daemon's token (a flaky 401 seen in a full run). Such a
+    /// start is retried on another port.
     fn spawn(&mut self) {
-        self.addr = format!("127.0.0.1:{}", free_port());
-        self.spawn_at();
+        for _ in 0..5 {
+            self.addr = format!("127.0.0.1:{}", free_port());
+            if self.try_spawn_at() {
+                return;
+            }
+            eprintln!(
+                "tuttid: {} answered by another process; another port",
+                self.addr
+            );
+            self.kill9();
+        }
+        panic!("tuttid found no port of its own");
     }
 
     fn spawn_at(&mut self) {
+        assert!(
+            self.try_spawn_at(),
+            "tuttid: {} answered by another process",
+            self.addr
+        );
+    }
+
+    /// Starts the daemon on `self.addr` and waits until it answers; `false` when what answers
+    /// is not this daemon (it exited, or the answer refuses its token).
+    fn try_spawn_at(&mut self) -> bool {
         let token_file = self.dir.path().join("token");
         let mut cmd = Command::new(&self.exe);
         let db = match &self.db_arg {
@@ -104,6 +128,9 @@ impl TestDaemon {
         self.child = Some(cmd.spawn().expect("start tuttid"));
         let start = Instant::now();
         loop {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return false;
+            }
             if let Ok(r) = ureq::get(&format!("http://{}/healthz", self.addr)).call() {
                 if r.status() == 200 {
                     break;
@@ -115,10 +142,11 @@ impl TestDaemon {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.token = std::fs::read_to_string(&token_file)
-            .expect("token file")
-            .trim()
-            .to_string();
+        let Ok(token) = std::fs::read_to_string(&token_file) else {
+            return false;
+        };
+        self.token = token.trim().to_string();
+        self.call("GET", "/v1/providers", None).0 != 401
     }
 
     /// SIGKILLs the daemon (its provider processes die with their pipes).

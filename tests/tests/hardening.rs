@@ -34,21 +34,41 @@ struct Proc {
 
 impl Proc {
     /// `tuttid serve` on loopback; stdout and stderr go to files in the temp dir.
+    /// A port found free can be taken by another test's daemon before this one binds it (the
+    /// tests run in parallel): such a start is retried on another port (see
+    /// [`Proc::came_up`]).
     fn serve(extra: &[&str], env: &[(&str, &str)]) -> Proc {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let child = spawn(dir.path(), "serve", &addr, extra, env);
-        let mut p = Proc {
-            child,
-            dir,
-            addr,
-            token: String::new(),
-        };
-        p.wait_up();
-        p
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let addr = format!("127.0.0.1:{}", free_port());
+            let child = spawn(dir.path(), "serve", &addr, extra, env);
+            let mut p = Proc {
+                child,
+                dir,
+                addr,
+                token: String::new(),
+            };
+            if p.came_up() {
+                return p;
+            }
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        panic!("tuttid found no port of its own");
     }
 
     fn wait_up(&mut self) {
+        assert!(
+            self.came_up(),
+            "{} is another process's; stderr: {}",
+            self.addr,
+            self.stderr()
+        );
+    }
+
+    /// Waits until the daemon answers; `false` when the port is another process's (this daemon
+    /// could not listen on it, or what answers refuses this daemon's token).
+    fn came_up(&mut self) -> bool {
         let start = Instant::now();
         loop {
             if let Ok(r) = ureq::get(&format!("http://{}/healthz", self.addr)).call() {
@@ -57,6 +77,9 @@ impl Proc {
                 }
             }
             if let Ok(Some(st)) = self.child.try_wait() {
+                if self.stderr().contains("Address already in use") {
+                    return false;
+                }
                 panic!("tuttid exited: {st}; stderr: {}", self.stderr());
             }
             assert!(
@@ -65,10 +88,11 @@ impl Proc {
             );
             std::thread::sleep(Duration::from_millis(30));
         }
-        self.token = std::fs::read_to_string(self.dir.path().join("token"))
-            .expect("token file")
-            .trim()
-            .to_string();
+        let Ok(token) = std::fs::read_to_string(self.dir.path().join("token")) else {
+            return false;
+        };
+        self.token = token.trim().to_string();
+        self.call("GET", "/v1/providers", None).0 != 401
     }
 
     fn stderr(&self) -> String {

@@ -88,13 +88,13 @@ impl TestDaemon {
             );
             self.kill9();
         }
-        panic!("tuttid found no port of its own");
+        panic!("tuttid did not come up on five ports (it exited, or another process answered)");
     }
 
     fn spawn_at(&mut self) {
         assert!(
             self.try_spawn_at(),
-            "tuttid: {} answered by another process",
+            "tuttid on {} exited, or another process answers there",
             self.addr
         );
     }

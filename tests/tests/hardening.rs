@@ -54,7 +54,7 @@ impl Proc {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
-        panic!("tuttid found no port of its own");
+        panic!("tuttid did not come up on five ports (another process answered each)");
     }
 
     fn wait_up(&mut self) {

@@ -548,6 +548,18 @@ impl StepResult {
     }
 }
 
+/// The most the knee could be against `store_ceiling` with the CPU per line the daemon spent at
+/// the knee besides its commits (the whole process, simulated agents and clients included,
+/// less the commit thread): if every commit cost what it costs per line in the ceiling's groups
+/// and the machine's cores did nothing else, the rate that CPU allows, with no margin for the
+/// p99. Returns that CPU per line (us) and the rate (lines/s). A ratio above this bound needs
+/// the work besides the commits cut, not the commits.
+fn ratio_bound(k: &StepResult, store_ceiling: f64) -> (f64, f64) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let rest = (k.cpu_us.0 - k.cpu_us.2).max(0.0);
+    (rest, cores * 1e6 / (rest + 1e6 / store_ceiling))
+}
+
 fn pct(v: &[u32], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -1328,6 +1340,12 @@ fn main() {
             println!(
                 "store in the knee's groups ({group} batches): SqliteStore {at:.0} events/s; knee / that: {:.2}",
                 eps / at
+            );
+            let (rest, bound) = ratio_bound(k, store_ceiling);
+            println!(
+                "ratio bound: the process besides its commit thread spends {rest:.1} us/line at the knee; \
+                 with commits as cheap as at the ceiling its CPU allows {bound:.0} events/s, {:.2} of the store ceiling",
+                bound / store_ceiling
             );
         }
         knees.push((f, eps));

@@ -530,7 +530,7 @@ impl StepResult {
     /// process on all the machine's cores, the engine thread on one core, the commit thread on
     /// one core. A knee can be no higher than the lowest of them.
     fn bounds(&self) -> (f64, f64, f64) {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cores = cores();
         let rate = |us: f64| if us > 0.0 { 1e6 / us } else { f64::INFINITY };
         (
             cores * rate(self.cpu_us.0),
@@ -555,9 +555,13 @@ impl StepResult {
 /// p99. Returns that CPU per line (us) and the rate (lines/s). A ratio above this bound needs
 /// the work besides the commits cut, not the commits.
 fn ratio_bound(k: &StepResult, store_ceiling: f64) -> (f64, f64) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let rest = (k.cpu_us.0 - k.cpu_us.2).max(0.0);
-    (rest, cores * 1e6 / (rest + 1e6 / store_ceiling))
+    (rest, cores() * 1e6 / (rest + 1e6 / store_ceiling))
+}
+
+/// The machine's cores (1 when unknown).
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
 }
 
 fn pct(v: &[u32], p: f64) -> f64 {

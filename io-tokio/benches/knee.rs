@@ -14,9 +14,9 @@
 //! title; each client takes the time when it reads the row) crosses 5 ms, or fewer lines were
 //! delivered than offered (a step's last row reached every client more than half a second after
 //! its last line was sent; a failed step runs once more, see [`step_twice_if_failed`]). The
-//! knee is the highest rate that passed; then `TUTTI_KNEE_REFINE` steps (default 2) bisect between it and
-//! the first rate that failed, so that a cost smaller than a whole step (the 100-follower goal
-//! is under 20 %, one step is 29 %) shows. Each step runs `TUTTI_KNEE_SECS` seconds (default 4:
+//! knee is the highest rate that passed; then `TUTTI_KNEE_REFINE` steps (default 2) bisect
+//! between it and the first rate that failed, so that a cost smaller than a whole step (the
+//! 100-follower goal is under 20 %, one step is 29 %) shows. Each step runs `TUTTI_KNEE_SECS` seconds (default 4:
 //! with 2 s steps the launch of 100 providers leaves a ~1.2 s tail on about one row in a
 //! hundred, which the warm-up does not cover) on a fresh database.
 //!

@@ -16,9 +16,9 @@
 //! its last line was sent; a failed step runs once more, see [`step_twice_if_failed`]). The
 //! knee is the highest rate that passed; then `TUTTI_KNEE_REFINE` steps (default 2) bisect
 //! between it and the first rate that failed, so that a cost smaller than a whole step (the
-//! 100-follower goal is under 20 %, one step is 29 %) shows. Each step runs `TUTTI_KNEE_SECS` seconds (default 4:
-//! with 2 s steps the launch of 100 providers leaves a ~1.2 s tail on about one row in a
-//! hundred, which the warm-up does not cover) on a fresh database.
+//! 100-follower goal is under 20 %, one step is 29 %) shows. Each step runs `TUTTI_KNEE_SECS`
+//! seconds (default 4: with 2 s steps the launch of 100 providers leaves a ~1.2 s tail on
+//! about one row in a hundred, which the warm-up does not cover) on a fresh database.
 //!
 //! Then, in the same run and on the same file system, the store's ceiling for the same rows:
 //! the same lines decided by a standalone `Driver` (same adapter, same engine), and the batches

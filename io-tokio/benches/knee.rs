@@ -857,11 +857,12 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
 
 /// One step of a ramp, run once more when it fails; it counts as failed only if it fails
 /// again. A cost that is there at every run fails it twice; a single burst of the machine (a
-/// core taken by another process for tens of milliseconds) does not set the knee. Before, only
-/// the first step ran twice, and one burst anywhere ended a ramp: in one full run the
-/// 1-follower ramp failed at 28,325 events/s on p99 21.2 ms at p50 1.0 ms and reported 26,025,
-/// against 39,675-46,925 in the runs around it, and the 10-follower ramp of another failed at
-/// 20,225 on p99 8.0 ms at p50 0.85 ms.
+/// core taken by another process for tens of milliseconds) does not set the knee, though a
+/// noisy phase that outlasts both runs still does. Before, only the first step ran twice (it
+/// had failed on single tails, p99 10.9 and 16.8 ms at p50 0.4-1.0 ms, that three reruns did
+/// not show), and one burst anywhere else ended a ramp: in one full run the 10-follower ramp
+/// failed at 20,225 events/s on p99 8.0 ms at p50 0.85 ms and reported 18,575, against
+/// 33,500-39,675 in the day's other runs.
 async fn step_twice_if_failed(
     db: Db<'_>,
     agents: usize,

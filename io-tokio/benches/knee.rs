@@ -862,7 +862,7 @@ async fn ramp(db: Db<'_>, label: &str, followers: usize) -> Option<StepResult> {
 /// had failed on single tails, p99 10.9 and 16.8 ms at p50 0.4-1.0 ms, that three reruns did
 /// not show), and one burst anywhere else ended a ramp: in one full run the 10-follower ramp
 /// failed at 20,225 events/s on p99 8.0 ms at p50 0.85 ms and reported 18,575, against
-/// 33,500-39,675 in the day's other runs.
+/// 30,800-39,675 in the day's other runs.
 async fn step_twice_if_failed(
     db: Db<'_>,
     agents: usize,

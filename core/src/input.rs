@@ -2,7 +2,7 @@
 //!
 //! Every input is one JSON object with a `type` tag (see `design.md`, "Scenario files").
 
-use crate::model::{Capabilities, Id, Outcome, ProviderAliases, Target, Text};
+use crate::model::{Capabilities, Id, Outcome, Payload, ProviderAliases, Target, Text};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -144,7 +144,7 @@ pub enum NormalizedEvent {
         kind: Option<Value>,
         /// Opaque payload.
         #[serde(default)]
-        payload: Option<Value>,
+        payload: Option<Payload>,
     },
     /// The provider asks the user something; owned by the exact session/turn/request.
     InteractionRequested {

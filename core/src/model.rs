@@ -23,6 +23,12 @@ pub type Id = Arc<str>;
 /// engine never copies its text. On the wire it is a plain JSON string.
 pub type Text = Arc<str>;
 
+/// A tool call's opaque JSON payload, shared like [`Text`]: the adapter's event, the engine's
+/// tool call and its row hold the same allocation, so an update passes through the engine
+/// without copying its JSON (a tool call's input and output can be large, and every update of
+/// the call is a new row). On the wire it is the plain JSON value.
+pub type Payload = Arc<serde_json::Value>;
+
 /// Milliseconds since the Unix epoch, as given to [`crate::Engine::handle`]. The core never reads a clock.
 pub type Millis = i64;
 
@@ -483,7 +489,7 @@ pub struct ToolCall {
     pub kind: Option<serde_json::Value>,
     /// Opaque payload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payload: Option<serde_json::Value>,
+    pub payload: Option<Payload>,
     /// Creation time.
     pub created_at: Millis,
     /// Last change.

@@ -11,6 +11,7 @@ use crate::model::{CancelOperation, Interaction, Message, Session, ToolCall, Tur
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
+use std::sync::Arc;
 
 /// Decodes one entity from its stored wire form.
 pub fn decode_stored<T: StoredEntity>(json: &str) -> Result<T, serde_json::Error> {
@@ -99,7 +100,7 @@ impl StoredEntity for ToolCall {
                 self.kind = p.kind;
             }
             if self.payload.is_none() {
-                self.payload = p.payload;
+                self.payload = p.payload.map(Arc::new);
             }
         }
         Ok(())

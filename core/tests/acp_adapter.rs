@@ -449,7 +449,9 @@ fn acp_tool_call_input_and_output_are_its_payload_merged_over_updates() {
         out.events
             .iter()
             .filter_map(|e| match e {
-                NormalizedEvent::ToolCallUpdated { payload, .. } => Some(payload.clone()),
+                NormalizedEvent::ToolCallUpdated { payload, .. } => {
+                    Some(payload.as_deref().cloned())
+                }
                 _ => None,
             })
             .collect()

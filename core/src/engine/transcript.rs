@@ -8,7 +8,7 @@ use super::child::turn_of;
 use super::tree::{Tree, Tx};
 use crate::error::Rejected;
 use crate::keyed::{same, Hint};
-use crate::model::{Id, Message, Text, ToolCall, Turn};
+use crate::model::{Id, Message, Payload, Text, ToolCall, Turn};
 use crate::step::{Ignored, PersistBatch, Row, Step};
 use serde_json::Value;
 use smallvec::SmallVec;
@@ -113,7 +113,7 @@ pub(crate) fn tool_call(
     name: Option<&Text>,
     status: &Text,
     kind: Option<&Value>,
-    payload: Option<&Value>,
+    payload: Option<&Payload>,
 ) -> Result<Step, Rejected> {
     let session = at.0;
     let (_, t) = turn_of(tree, at, turn)?;
@@ -151,6 +151,7 @@ pub(crate) fn tool_call(
             name.filter(|&n| c.name.as_ref() != Some(n)),
             Some(status).filter(|&s| c.status != *s),
             kind.filter(|&k| c.kind.as_ref() != Some(k)),
+            // (`Arc<Value>` equality: the same allocation is equal without a look inside.)
             payload.filter(|&p| c.payload.as_ref() != Some(p)),
         );
         if changes == (None, None, None, None) {
@@ -170,7 +171,7 @@ pub(crate) fn tool_call(
         m.kind = Some(k.clone());
     }
     if let Some(p) = payload {
-        m.payload = Some(p.clone());
+        m.payload = Some(Arc::clone(p));
     }
     // The row is built here, where the entry is at hand, instead of being looked up again.
     m.version += 1;
@@ -372,5 +373,72 @@ mod tests {
         let numbers: Vec<u64> = seqs.iter().map(|(n, _)| *n).collect();
         assert_eq!(numbers, [0, 1, 2, 3], "dense and distinct: {seqs:?}");
         assert_eq!(seqs[2].1, "user-T-2.1", "the user's message got a free id");
+    }
+}
+
+#[cfg(test)]
+mod payload_tests {
+    use crate::input::{Input, NormalizedEvent};
+    use crate::model::Payload;
+    use crate::step::Row;
+    use crate::Engine;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    /// The payload's JSON is shared, not copied: the tool call's row holds the very allocation
+    /// the event carried, at its first update and at a later one, while the row of the update
+    /// before is still held (as a batch in flight holds it), and a repeat of the same payload
+    /// changes nothing.
+    #[test]
+    fn a_tool_calls_payload_passes_through_the_engine_without_a_copy() {
+        let mut e = Engine::new();
+        for (now, v) in [
+            json!({"type": "createSession", "agentSessionId": "R", "workspaceId": "W", "provider": "acp"}),
+            json!({"type": "submit", "agentSessionId": "R", "turnId": "T", "text": "go"}),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let input: Input = serde_json::from_value(v).expect("input");
+            e.handle(now as i64 + 1, &input).expect("accepted");
+        }
+        let update = |status: &str, payload: &Payload| {
+            Input::Event(NormalizedEvent::ToolCallUpdated {
+                agent_session_id: "R".into(),
+                turn_id: "T".into(),
+                tool_call_id: "c1".into(),
+                name: Some("shell".into()),
+                status: status.into(),
+                kind: None,
+                payload: Some(Arc::clone(payload)),
+            })
+        };
+        let row_payload = |step: &crate::Step| match step.persist.rows.first() {
+            Some(Row::ToolCall(c)) => c.payload.clone().expect("a payload"),
+            other => panic!("expected a tool call row, got {other:?}"),
+        };
+        let first: Payload = Arc::new(json!({"rawInput": {"cmd": "ls"}}));
+        let held = e.handle(10, &update("started", &first)).expect("accepted");
+        assert!(Arc::ptr_eq(&row_payload(&held), &first));
+        let second: Payload = Arc::new(json!({"rawInput": {"cmd": "ls"}, "rawOutput": "a b"}));
+        let step = e
+            .handle(11, &update("completed", &second))
+            .expect("accepted");
+        assert!(Arc::ptr_eq(&row_payload(&step), &second));
+        assert!(
+            Arc::ptr_eq(&row_payload(&held), &first),
+            "the held row is unchanged"
+        );
+        let repeat = e
+            .handle(12, &update("completed", &second))
+            .expect("accepted");
+        assert!(
+            repeat.persist.is_empty(),
+            "an identical update writes nothing"
+        );
+        assert_eq!(
+            e.tool_call("R", "c1").and_then(|c| c.payload.clone()),
+            Some(second)
+        );
     }
 }

@@ -530,7 +530,9 @@ impl Driver {
                         1 => Some(serde_json::Value::Null),
                         _ => None,
                     },
-                    payload: Some(json!({ "cmd": "ls", "n": n, "ratio": 0.1 + n as f64 / 7.0 })),
+                    payload: Some(std::sync::Arc::new(
+                        json!({ "cmd": "ls", "n": n, "ratio": 0.1 + n as f64 / 7.0 }),
+                    )),
                 }
                 .into()
             }

@@ -55,11 +55,12 @@ pub mod subagents;
 use super::fields::Fields;
 use super::{Adapter, AdapterError, AdapterOutput, AdapterTimer};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
-use crate::model::{Id, Millis, Outcome, Target, Text};
+use crate::model::{Id, Millis, Outcome, Payload, Target, Text};
 use crate::step::{GuideMode, ProviderRequest};
 use by_session::BySession;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Settings of one ACP adapter.
 #[derive(Debug, Clone)]
@@ -593,7 +594,7 @@ impl AcpAdapter {
         call: &str,
         update: &Value,
         last: bool,
-    ) -> Option<Value> {
+    ) -> Option<Payload> {
         const KEYS: [&str; 4] = ["rawInput", "rawOutput", "content", "locations"];
         let merge = |entry: &mut serde_json::Map<String, Value>| {
             for k in KEYS {
@@ -611,14 +612,14 @@ impl AcpAdapter {
             }
             let mut entry = recorded.unwrap_or_default();
             merge(&mut entry);
-            return Some(Value::Object(entry));
+            return Some(Arc::new(Value::Object(entry)));
         }
         if !carries {
             return None;
         }
         let entry = self.tool_payloads.get_or_default(native, call);
         merge(entry);
-        Some(Value::Object(entry.clone()))
+        Some(Arc::new(Value::Object(entry.clone())))
     }
 
     fn on_permission(&mut self, out: &mut AdapterOutput, id: &Value, params: &Value) {

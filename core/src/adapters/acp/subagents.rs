@@ -61,6 +61,7 @@ use crate::adapters::{child_ids, AdapterOutput};
 use crate::input::NormalizedEvent;
 use crate::model::{Id, Outcome, ProviderAliases, Target};
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// A child session the adapter knows.
 #[derive(Debug, Clone)]
@@ -249,7 +250,7 @@ impl AcpAdapter {
                 name: Some(title.clone().unwrap_or_else(|| "Delegate".into()).into()),
                 status: "completed".into(),
                 kind: Some(json!("delegate")),
-                payload: Some(json!({"childSessionId": session})),
+                payload: Some(Arc::new(json!({"childSessionId": session}))),
             });
             aliases = Some(ProviderAliases {
                 parent_tool_use_id: Some(id.clone()),

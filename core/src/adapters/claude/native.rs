@@ -12,6 +12,7 @@ use crate::adapters::{AdapterError, AdapterOutput};
 use crate::input::{NormalizedEvent, RuntimeAnswer};
 use crate::model::{Id, Millis, Outcome};
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
 /// Where an SDK message belongs.
 enum Scope {
@@ -756,13 +757,15 @@ impl ClaudeAdapter {
             let mut event = tool_event(id, t);
             if let (
                 NormalizedEvent::ToolCallUpdated {
-                    payload: Some(Value::Object(p)),
-                    ..
+                    payload: Some(p), ..
                 },
                 Some(c),
             ) = (&mut event, b.get("content"))
             {
-                p.insert("result".into(), c.clone());
+                // The event's own payload, not shared yet: changed in place.
+                if let Value::Object(p) = Arc::make_mut(p) {
+                    p.insert("result".into(), c.clone());
+                }
             }
             out.events.push(event);
         }
@@ -1482,6 +1485,6 @@ fn tool_event(id: &str, t: &Tool) -> NormalizedEvent {
         name: Some(t.name.as_str().into()),
         status: t.status.as_str().into(),
         kind: t.delegation.then(|| json!("delegation")),
-        payload: (!t.payload.is_empty()).then(|| Value::Object(t.payload.clone())),
+        payload: (!t.payload.is_empty()).then(|| Arc::new(Value::Object(t.payload.clone()))),
     }
 }

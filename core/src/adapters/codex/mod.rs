@@ -108,6 +108,7 @@ use protocol::{Incoming, Item, Note, RpcError, ServerRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// Default bound of a provider cancel before the adapter answers with the subset acknowledged so
 /// far.
@@ -1102,7 +1103,7 @@ impl CodexAdapter {
             name: Some(name.into()),
             status: status.into(),
             kind: Some(Value::String(kind.to_string())),
-            payload: Some(raw),
+            payload: Some(Arc::new(raw)),
         });
     }
 

@@ -489,3 +489,54 @@ fn acp_tool_call_input_and_output_are_its_payload_merged_over_updates() {
             "content": [{"type": "diff", "path": "a.txt", "oldText": "x", "newText": "y"}]}))]
     );
 }
+
+/// The ACP transport forwards `session/update`s as the agent wrote them (no schema round trip):
+/// an update without its `sessionUpdate` tag is refused with a typed error and changes nothing.
+/// Here a message is being streamed: a malformed update neither ends it nor adds to it, and the
+/// next chunk continues it.
+#[test]
+fn acp_an_update_without_its_tag_is_refused_and_changes_nothing() {
+    let (mut a, prompt) = running();
+    let upd = |u: Value| {
+        json!({"jsonrpc": "2.0", "method": "session/update",
+            "params": {"sessionId": SESSION, "update": u}})
+    };
+    let chunk = |t: &str| {
+        upd(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": t}}))
+    };
+    let out = a.on_native(4, &chunk("one ")).expect("a chunk");
+    assert!(out.events.is_empty(), "the message is still streaming");
+    for bad in [
+        json!(5),
+        json!({"content": {"type": "text", "text": "x"}}),
+        json!({"sessionUpdate": 7}),
+    ] {
+        let err = a
+            .on_native(5, &upd(bad.clone()))
+            .expect_err("an update without its tag is refused");
+        assert!(
+            err.to_string().contains("sessionUpdate"),
+            "{bad}: a typed error naming the tag, got {err}"
+        );
+    }
+    a.on_native(6, &chunk("two")).expect("a chunk");
+    let out = a
+        .on_native(
+            7,
+            &json!({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "end_turn"}}),
+        )
+        .expect("the prompt's answer");
+    let texts: Vec<&str> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            NormalizedEvent::MessageAppended { text, .. } => Some(&**text),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["one two"],
+        "one message, the refused updates left out"
+    );
+}

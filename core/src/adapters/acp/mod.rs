@@ -502,10 +502,15 @@ impl AcpAdapter {
             method: "session/update".into(),
             field: "update",
         })?;
+        // Every update of the schema carries its tag: one without it is refused whole (the
+        // transport forwards updates as the agent wrote them, see tutti-tokio's `acp_transport`).
         let kind = update
             .field("sessionUpdate")
             .and_then(Value::as_str)
-            .unwrap_or_default();
+            .ok_or(AdapterError::MissingField {
+                method: "session/update".into(),
+                field: "sessionUpdate",
+            })?;
         if kind == "subagent_update" {
             self.on_subagent(out, &native, update);
             return Ok(());

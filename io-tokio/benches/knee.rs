@@ -257,12 +257,34 @@ impl NativeSink for ChannelSink {
 /// Parse time on the runtime side (nanoseconds), as the simulated runtimes measure it.
 static PARSE_NS: AtomicU64 = AtomicU64::new(0);
 
+/// How the simulated agents' lines reach the daemon (`TUTTI_KNEE_TRANSPORT`).
+#[derive(Clone, Copy, PartialEq)]
+enum Wire {
+    /// `acp` (the default): over OS pipes, through the ACP transport the daemon puts on every
+    /// ACP agent's stdio (`tutti_tokio::acp_transport`, the `agent-client-protocol` crate's
+    /// client: line framing, JSON-RPC dispatch, the schema's types).
+    Acp,
+    /// `lines`: handed to the runtime's channel as `spawn_line_process` hands a line provider's
+    /// stdout (`parse_line` on the runtime side, timed as the `parse` stage). The daemon runs
+    /// no ACP agent so; this is the adapter and the engine without the ACP transport's cost
+    /// (and how this bench measured until December 7).
+    Lines,
+}
+
+fn wire() -> Wire {
+    match std::env::var("TUTTI_KNEE_TRANSPORT").as_deref() {
+        Ok("lines") => Wire::Lines,
+        _ => Wire::Acp,
+    }
+}
+
 /// Simulated ACP agents: each answers the handshake, then writes its turn's lines at its share
-/// of the offered rate, as text lines parsed as a provider runtime parses stdout.
+/// of the offered rate (see [`Wire`] for how they reach the daemon).
 struct Sim {
     epoch: Instant,
     per_agent_rate: f64,
     per_agent_lines: usize,
+    wire: Wire,
 }
 
 impl ProviderFactory for Sim {
@@ -279,6 +301,19 @@ impl ProviderFactory for Sim {
         _: Option<&str>,
         _: Option<&str>,
     ) -> Result<(Box<dyn Adapter>, Transport), LaunchError> {
+        let adapter = AcpAdapter::new(root.clone(), AcpConfig::default());
+        if self.wire == Wire::Acp {
+            let spawn_error = |e: std::io::Error| LaunchError::Spawn {
+                provider: "sim".into(),
+                error: e.to_string(),
+            };
+            let (agent_out, from_agent) = tokio::net::unix::pipe::pipe().map_err(spawn_error)?;
+            let (to_agent, agent_in) = tokio::net::unix::pipe::pipe().map_err(spawn_error)?;
+            let (epoch, rate, n) = (self.epoch, self.per_agent_rate, self.per_agent_lines);
+            tokio::spawn(acp_agent(agent_in, agent_out, epoch, rate, n));
+            let transport = tutti_tokio::acp_transport::connect_acp(from_agent, to_agent);
+            return Ok((Box::new(adapter), transport));
+        }
         let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
         let (to_runtime, incoming) = mpsc::channel::<Native>(4096);
         let epoch = self.epoch;
@@ -306,7 +341,6 @@ impl ProviderFactory for Sim {
                 }
             }
         });
-        let adapter = AcpAdapter::new(root.clone(), AcpConfig::default());
         Ok((
             Box::new(adapter),
             Transport {
@@ -327,6 +361,78 @@ async fn send_line(tx: &mpsc::Sender<Native>, line: &str) -> Result<(), ()> {
     };
     PARSE_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
     tx.send(msg).await.map_err(|_| ())
+}
+
+/// A simulated agent on the ACP wire ([`Wire::Acp`]): reads the client's requests from its
+/// input pipe, answers the handshake, and for a prompt writes its turn's lines to its output
+/// pipe, one `write` per line as an agent that flushes each message does.
+async fn acp_agent(
+    input: tokio::net::unix::pipe::Receiver,
+    mut output: tokio::net::unix::pipe::Sender,
+    epoch: Instant,
+    rate: f64,
+    n: usize,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let (tx, mut lines) = mpsc::unbounded_channel::<String>();
+    // One writer: the handshake's answers and every turn's lines, each line whole.
+    tokio::spawn(async move {
+        while let Some(mut l) = lines.recv().await {
+            l.push('\n');
+            if output.write_all(l.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut requests = tokio::io::BufReader::new(input).lines();
+    while let Ok(Some(request)) = requests.next_line().await {
+        let Ok(msg) = serde_json::from_str::<Value>(&request) else {
+            continue;
+        };
+        let id = msg.get("id").cloned();
+        let reply =
+            |result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+        let line = match msg.get("method").and_then(Value::as_str) {
+            Some("initialize") => reply(json!({"protocolVersion": 1, "agentCapabilities": {}})),
+            Some("session/new") => reply(json!({"sessionId": SESSION})),
+            Some("session/prompt") => {
+                tokio::spawn(acp_turn(tx.clone(), epoch, rate, n, id));
+                continue;
+            }
+            _ => continue,
+        };
+        if tx.send(line).is_err() {
+            return;
+        }
+    }
+}
+
+/// [`turn`] on the ACP wire: the same lines at the same times, to the agent's writer.
+async fn acp_turn(
+    tx: mpsc::UnboundedSender<String>,
+    epoch: Instant,
+    rate: f64,
+    n: usize,
+    id: Option<Value>,
+) {
+    let start = Instant::now();
+    let gap = Duration::from_secs_f64((1.0 / rate).max(0.001));
+    let mut tick = tokio::time::interval(gap);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut i = 0;
+    while i < n {
+        tick.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(n);
+        while i < due {
+            let (l, _) = line(i, epoch.elapsed().as_micros() as u64);
+            if tx.send(l).is_err() {
+                return;
+            }
+            i += 1;
+        }
+    }
+    let end = json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "end_turn"}});
+    let _ = tx.send(end.to_string());
 }
 
 /// An agent's turn: `n` lines at `rate` lines/s, then the prompt's answer.
@@ -466,11 +572,12 @@ enum Db<'a> {
     Postgres(&'a tutti_pg_server::Server),
 }
 
-/// CPU time (seconds) so far of this process, of its engine thread (`tutti-engine`) and of its
+/// CPU time (seconds) so far of this process, of its engine thread (`tutti-engine`), of its
 /// commit thread (`tutti-commit`: SQLite only, PostgreSQL commits on the engine thread, so its
-/// bound prints as `inf`), from `/proc` (clock ticks: coarse, but a step runs seconds). Zeros
-/// where `/proc` is missing.
-fn cpu_seconds() -> (f64, f64, f64) {
+/// bound prints as `inf`) and of the runtime's workers (`tokio-rt-worker`: the provider
+/// transports, the HTTP API with its followers, and the simulated agents), from `/proc` (clock
+/// ticks: coarse, but a step runs seconds). Zeros where `/proc` is missing.
+fn cpu_seconds() -> (f64, f64, f64, f64) {
     let ticks = |stat: &str| -> Option<f64> {
         // Fields after the command name (which ends with the last ')'): utime is the 12th, stime
         // the 13th.
@@ -483,7 +590,7 @@ fn cpu_seconds() -> (f64, f64, f64) {
         .ok()
         .and_then(|s| ticks(&s))
         .unwrap_or(0.0);
-    let (mut engine, mut commit) = (0.0, 0.0);
+    let (mut engine, mut commit, mut workers) = (0.0, 0.0, 0.0);
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
@@ -493,10 +600,12 @@ fn cpu_seconds() -> (f64, f64, f64) {
                 engine += ticks(&stat).unwrap_or(0.0);
             } else if stat.contains("(tutti-commit)") {
                 commit += ticks(&stat).unwrap_or(0.0);
+            } else if stat.contains("(tokio-rt-worker)") {
+                workers += ticks(&stat).unwrap_or(0.0);
             }
         }
     }
-    (total / hz, engine / hz, commit / hz)
+    (total / hz, engine / hz, commit / hz, workers / hz)
 }
 
 /// One step's figures.
@@ -514,8 +623,8 @@ struct StepResult {
     /// (bucket bounds of the daemon's histograms).
     tails: [(f64, f64); 2],
     /// CPU microseconds per line: the whole process (simulated agents and clients included),
-    /// the engine thread alone and the commit thread alone.
-    cpu_us: (f64, f64, f64),
+    /// the engine thread alone, the commit thread alone, and the runtime's workers.
+    cpu_us: (f64, f64, f64, f64),
     /// SQLite only, with `TUTTI_KNEE_VERBOSE=1`: the pages group commits wrote, per b-tree
     /// (see [`wal_pages`]).
     wal: Option<String>,
@@ -583,6 +692,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
             epoch,
             per_agent_rate,
             per_agent_lines,
+            wire: wire(),
         }),
         engine: EngineConfig::default(),
         idle_timeout: None,
@@ -651,7 +761,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
     // Let every client's stream open before the load starts.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stages_before = daemon.metrics().stage_seconds();
-    let (cpu_before, _, _) = cpu_seconds();
+    let (cpu_before, _, _, workers_before) = cpu_seconds();
     let parse_before = PARSE_NS.load(Ordering::Relaxed);
     for a in 0..agents {
         daemon
@@ -688,7 +798,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
     let parse = (PARSE_NS.load(Ordering::Relaxed) - parse_before) as f64 / 1e9;
     // The engine and commit threads started with this step's daemon: all their time is this
     // step's.
-    let (cpu_after, engine_cpu, commit_cpu) = cpu_seconds();
+    let (cpu_after, engine_cpu, commit_cpu, workers_after) = cpu_seconds();
     let metric = |text: &str, name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -735,7 +845,13 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         0.0
     };
     complete &= took <= secs + 0.5;
-    let mut stages = vec![("parse", parse)];
+    // With the ACP transport the lines are parsed inside it, untimed (the runtime's workers'
+    // CPU shows its cost).
+    let mut stages = if wire() == Wire::Lines {
+        vec![("parse", parse)]
+    } else {
+        Vec::new()
+    };
     for ((name, b), (_, a)) in stages_before.iter().zip(after.iter()) {
         stages.push((*name, a - b));
     }
@@ -752,6 +868,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
             (cpu_after - cpu_before) * 1e6 / lines,
             engine_cpu * 1e6 / lines,
             commit_cpu * 1e6 / lines,
+            (workers_after - workers_before) * 1e6 / lines,
         ),
         wal,
     }
@@ -896,11 +1013,12 @@ fn report(label: &str, followers: usize, r: &StepResult) {
         return;
     }
     println!(
-        "    time: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}); {:.0} group commits of {:.1} batches",
+        "    time: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}, runtime workers {:.1}); {:.0} group commits of {:.1} batches",
         shares(r),
         r.cpu_us.0,
         r.cpu_us.1,
         r.cpu_us.2,
+        r.cpu_us.3,
         r.groups.0,
         r.groups.1
     );
@@ -933,13 +1051,14 @@ fn print_knee(label: &str, followers: usize, knee: &Option<StepResult>) -> f64 {
         return 0.0;
     };
     println!(
-        "knee ({label}, {followers} followers): {:.0} events/s (p99 {:.2} ms); time at the knee: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}); {}",
+        "knee ({label}, {followers} followers): {:.0} events/s (p99 {:.2} ms); time at the knee: {}; CPU {:.1} us/line (engine thread {:.1}, commit thread {:.1}, runtime workers {:.1}); {}",
         k.offered,
         k.p99_ms,
         shares(k),
         k.cpu_us.0,
         k.cpu_us.1,
         k.cpu_us.2,
+        k.cpu_us.3,
         k.bounds_text()
     );
     k.offered

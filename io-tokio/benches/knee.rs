@@ -2,8 +2,9 @@
 //!
 //! The whole daemon, end to end: 100 simulated ACP agents (in-process tasks writing ACP wire
 //! lines: `agent_message_chunk`s, `tool_call`s and `tool_call_update`s, and a subagent's
-//! `subagent_update` lifecycle every 40 lines) whose lines are parsed as a provider runtime
-//! parses them (`parse_line`) and decided by the real ACP adapter and engine on the daemon's
+//! `subagent_update` lifecycle every 40 lines) over OS pipes to the daemon's ACP transport (the
+//! one every ACP agent's stdio gets, `tutti_tokio::acp_transport`; see [`Wire`]), decided by the
+//! real ACP adapter and engine on the daemon's
 //! engine thread ([`Daemon`], the `Driver` path), group-committed to a real store, and streamed
 //! by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE clients over TCP
 //! (on a tokio runtime of their own, see [`clients`]).
@@ -40,15 +41,17 @@
 //! temporary directory, with its durable defaults (`fsync`, `synchronous_commit` on); set
 //! `TUTTI_KNEE_PG=0` to skip it.
 //!
-//! At the knee, the per-stage time share: `parse` (line → JSON on the runtime side, timed by the
-//! simulated runtime), `decide` (adapter + engine on the engine thread), `commit` (the group
+//! At the knee, the per-stage time share: `parse` (with `TUTTI_KNEE_TRANSPORT=lines` only: line
+//! → JSON on the runtime side, timed by the simulated runtime; inside the ACP transport it is
+//! not timed, the runtime's workers' CPU per line shows it), `decide` (adapter + engine on the
+//! engine thread), `commit` (the group
 //! commits), `publish` (announcing each commit to the live followers), `stream` (all followers
 //! turning rows into SSE events), from the daemon's own stage counters
 //! (`tutti_stage_seconds_total`).
 //!
 //! Each step also prints (with `TUTTI_KNEE_VERBOSE=1`) the CPU time per line of the whole
-//! process (simulated agents and SSE clients included), of the engine thread and of the commit
-//! thread; the rates that CPU time allows whatever the latency (`CPU bounds`: the whole process
+//! process (simulated agents and SSE clients included), of the engine thread, of the commit
+//! thread and of the runtime's workers (transports, HTTP, followers, simulated agents); the rates that CPU time allows whatever the latency (`CPU bounds`: the whole process
 //! on all cores, each of those threads on one core; the knee line prints them too); the group
 //! commits with their mean size; and where the tail is (`tails`: the share of group commits,
 //! and of lines from the engine taking them to their commit, over 1.6 and 6.4 ms, from the

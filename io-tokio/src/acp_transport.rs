@@ -4,18 +4,20 @@
 //! The ACP adapter (`tutti_core::adapters::acp`) stays pure: it consumes and produces raw
 //! JSON-RPC 2.0 objects as [`serde_json::Value`]. This module translates between those objects
 //! and the crate's typed client API, so the crate owns the wire: line framing, request ids, the
-//! response bookkeeping, the v1 protocol guard and `$/cancel_request`.
+//! response bookkeeping, the v1 protocol guard and `$/cancel_request`. One exception, for
+//! speed: the agent's `session/update` notifications are read here (see "Updates as written").
 //!
 //! # Agent → adapter ([`Native`] items, in wire order)
 //!
 //! Every crate callback runs in the connection's dispatch loop and awaits the hand-over to the
 //! runtime's channel before it returns, so the channel keeps the wire order (an update the agent
 //! sent before a prompt answer is always received before it), and a slow runtime slows the
-//! dispatch loop down instead of buffering without bound.
+//! dispatch loop down instead of buffering without bound. `session/update`s skip the crate and
+//! keep that order through markers (see "Updates as written" below).
 //!
-//! - `session/update` → `{"jsonrpc":"2.0","method":"session/update","params":…}` with the params
-//!   as the agent wrote them (the crate's [`UntypedMessage`], like any other notification; see
-//!   "Updates as written" below).
+//! - `session/update` (a notification with object params and no other members) → the line's
+//!   JSON object itself, `{"jsonrpc":"2.0","method":"session/update","params":…}`, as the agent
+//!   wrote it, sent by the line reader.
 //! - `session/request_permission` (typed [`RequestPermissionRequest`]) →
 //!   `{"jsonrpc":"2.0","id":"perm-N","method":"session/request_permission","params":…}`; the
 //!   crate's [`Responder`] is kept under `perm-N` until the adapter answers.
@@ -26,8 +28,7 @@
 //!   `…,"error":{"code","message"[,"data"]}` (the adapter's ids never reach the wire: the crate
 //!   allocates its own and the answer is tagged back).
 //! - A line that is not a JSON object → [`Native::Garbage`] (length and parse error only); it is
-//!   filtered out before the crate sees it, exactly as the line transport counted and dropped it
-//!   (checked without building the line's JSON, [`check_line`]: the crate parses it itself).
+//!   filtered out before the crate sees it, exactly as the line transport counted and dropped it.
 //!   (It is reported from the line reader, so it may overtake a message the crate is still
 //!   dispatching; garbage is only counted, so its position does not matter.)
 //! - End of the agent's output, or the connection failing → one [`Native::Exited`]. Requests the
@@ -57,16 +58,22 @@
 //!
 //! # Updates as written
 //!
-//! `session/update`s, by far most of what an agent writes, reach the adapter as the agent wrote
-//! them: fields outside the schema stay, and an update the schema would refuse is the adapter's
-//! to refuse (it refuses one without its `sessionUpdate` tag with a typed error and changes
-//! nothing; anything else it reads defensively, as it must for any provider output). Choice
-//! (issue 33): an update was parsed into the schema's typed `SessionNotification` and serialized back
-//! into JSON, and each message was wrapped with `json!`, which copies the params it is given;
-//! with the crate's own copies of the params (it builds them about four times per message), a
-//! line cost the runtime's workers about 40 us of CPU in the knee benchmark at 14,450 lines/s,
-//! against about 14 us for the same lines without the ACP transport. Forwarded as written and
-//! wrapped by moving (`rpc`): about 36 us.
+//! `session/update`s, by far most of what an agent writes, are parsed once by the line reader
+//! and reach the adapter as the agent wrote them, without the crate: fields outside the schema
+//! stay, and an update the schema would refuse is the adapter's to refuse (it refuses one
+//! without its `sessionUpdate` tag with a typed error and changes nothing; anything else it
+//! reads defensively, as it must for any provider output). Every other line goes to the crate,
+//! followed by a numbered marker notification (`MARKER`, dispatched in order by the crate to
+//! this module's handler, never forwarded or written); an update waits until the marker of
+//! the last line handed to the crate has been dispatched, so whatever that line became is in
+//! the runtime's channel ahead of it (`agent_lines`). Choice (issue 33), measured with the knee
+//! benchmark (1 follower): through the crate an update was parsed into the schema's typed
+//! `SessionNotification` and serialized back into JSON, and the crate builds a message's params
+//! about four times (a `Value`, again for its raw message, twice for its untyped message); at
+//! 14,450 lines/s the runtime's workers spent 40-43 us of CPU per line, 36 us once updates went
+//! untyped and messages were wrapped by moving (`rpc`; `json!` copies what it interpolates), and
+//! at 20,225 lines/s 32-34 us through the crate against 18-22 us with the reader's own path
+//! (about 14 us for the same lines without the ACP transport at all).
 //!
 //! # Fidelity of the typed round trip
 //!
@@ -99,9 +106,9 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
-use tutti_core::adapters::check_line;
+use tutti_core::adapters::parse_line;
 
 /// Method of the permission request, the one agent request the adapter answers.
 const PERMISSION: &str = "session/request_permission";
@@ -174,7 +181,12 @@ where
     let (cx_tx, cx_rx) = oneshot::channel::<ConnectionTo<Agent>>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
 
-    let transport = Lines::new(line_sink(to_agent), agent_lines(from_agent, tx.clone()));
+    // The markers the crate has dispatched (see `agent_lines`).
+    let (reached, reached_rx) = watch::channel(0u64);
+    let transport = Lines::new(
+        line_sink(to_agent),
+        agent_lines(from_agent, tx.clone(), reached_rx),
+    );
 
     let (permissions, permission_waiters) = (tx.clone(), shared.clone());
     let (requests, request_waiters) = (tx.clone(), shared.clone());
@@ -236,6 +248,17 @@ where
                     // The crate marks the request's responder; nothing for the adapter.
                     return Ok(());
                 }
+                if notification.method() == MARKER {
+                    // Everything the agent wrote before this marker has been dispatched.
+                    if let Some(n) = notification.params().get("n").and_then(Value::as_u64) {
+                        reached.send_if_modified(|r| {
+                            let later = n > *r;
+                            *r = (*r).max(n);
+                            later
+                        });
+                    }
+                    return Ok(());
+                }
                 let (method, params) = notification.into_parts();
                 let msg = rpc([("method", Value::String(method)), ("params", params)]);
                 let _ = notifications.send(Native::Message(msg)).await;
@@ -276,38 +299,112 @@ where
     (rx, sink)
 }
 
-/// The agent's output as lines for the crate, without blank lines and without lines that are
-/// not JSON objects (those are reported as [`Native::Garbage`]).
+/// The method of the transport's own marker notifications: written into the crate's input
+/// after each line the crate gets, answered by nobody, and never on the wire or passed to the
+/// adapter (the `_` prefix is ACP's for extensions).
+const MARKER: &str = "_tutti/transport_marker";
+
+/// What the reader does with one line of the agent's output.
+enum Line {
+    /// Not a JSON object: counted as garbage.
+    Garbage(String),
+    /// A well-formed `session/update` notification: to the adapter as it is.
+    Update(Value),
+    /// Anything else: to the crate.
+    Crate,
+}
+
+fn classify(line: &str) -> Line {
+    let value = match parse_line(line) {
+        Ok(v) => v,
+        Err(e) => return Line::Garbage(e.to_string()),
+    };
+    let update = value.as_object().is_some_and(|m| {
+        m.get("method").and_then(Value::as_str) == Some("session/update")
+            && m.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
+            && !m.contains_key("id")
+            && m.get("params").is_some_and(Value::is_object)
+            && m.len() == 3
+    });
+    if update {
+        Line::Update(value)
+    } else {
+        Line::Crate
+    }
+}
+
+/// The agent's output: `session/update` notifications straight to the runtime's channel, every
+/// other line to the crate, garbage counted ([`Native::Garbage`]), blank lines skipped.
+///
+/// The updates, by far most of what an agent writes, skip the crate's dispatch (see "Updates as
+/// written" in the module docs). The order stays the wire order: after each line it hands to
+/// the crate the reader writes a marker notification ([`MARKER`], numbered) into the crate's
+/// input, and before it sends an update it waits until the crate has dispatched the marker of
+/// the last line it handed over. The crate dispatches in wire order and each callback awaits
+/// its hand-over to the runtime's channel, so by then whatever that line became (a prompt's
+/// answer, a permission request) is in the channel ahead of the update. Only the lines handed
+/// to the crate cost a marker, and a reader waits only if an update follows one closely.
 fn agent_lines<R>(
     from_agent: R,
     tx: mpsc::Sender<Native>,
+    reached: watch::Receiver<u64>,
 ) -> std::pin::Pin<Box<dyn Stream<Item = std::io::Result<String>> + Send>>
 where
     R: AsyncRead + Send + Unpin + 'static,
 {
-    let lines = BufReader::new(from_agent).lines();
-    Box::pin(futures::stream::unfold(
-        (lines, tx),
-        |(mut lines, tx)| async move {
-            loop {
-                match lines.next_line().await {
-                    Ok(Some(line)) => {
-                        if line.trim().is_empty() {
-                            continue;
+    struct Reader<R> {
+        lines: tokio::io::Lines<BufReader<R>>,
+        tx: mpsc::Sender<Native>,
+        reached: watch::Receiver<u64>,
+        /// Markers handed to the crate.
+        sent: u64,
+        /// The marker that follows the line just handed over.
+        marker: Option<String>,
+    }
+    let reader = Reader {
+        lines: BufReader::new(from_agent).lines(),
+        tx,
+        reached,
+        sent: 0,
+        marker: None,
+    };
+    Box::pin(futures::stream::unfold(reader, |mut r| async move {
+        if let Some(marker) = r.marker.take() {
+            return Some((Ok(marker), r));
+        }
+        loop {
+            match r.lines.next_line().await {
+                Ok(Some(line)) => {
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    match classify(&line) {
+                        Line::Garbage(e) => {
+                            let _ = r.tx.send(Native::Garbage(e)).await;
                         }
-                        match check_line(&line) {
-                            Ok(()) => return Some((Ok(line), (lines, tx))),
-                            Err(e) => {
-                                let _ = tx.send(Native::Garbage(e.to_string())).await;
+                        Line::Update(msg) => {
+                            let sent = r.sent;
+                            if r.reached.wait_for(|&n| n >= sent).await.is_err() {
+                                // The connection is gone: its end is reported, nothing after.
+                                return None;
                             }
+                            let _ = r.tx.send(Native::Message(msg)).await;
+                        }
+                        Line::Crate => {
+                            r.sent += 1;
+                            r.marker = Some(format!(
+                                r#"{{"jsonrpc":"2.0","method":"{MARKER}","params":{{"n":{}}}}}"#,
+                                r.sent
+                            ));
+                            return Some((Ok(line), r));
                         }
                     }
-                    Ok(None) => return None,
-                    Err(e) => return Some((Err(e), (lines, tx))),
                 }
+                Ok(None) => return None,
+                Err(e) => return Some((Err(e), r)),
             }
-        },
-    ))
+        }
+    }))
 }
 
 /// The agent's input as a sink of lines (the crate adds no newline).
@@ -801,6 +898,91 @@ mod tests {
                 json!({"jsonrpc": "2.0", "method": "session/update", "params": params})
             );
         }
+    }
+
+    /// The reader hands updates to the runtime itself and every other line to the crate; the
+    /// runtime still gets everything in wire order, also when an update follows a crate-handled
+    /// line at once (the late update after a prompt's answer, an update after a permission
+    /// request), in one burst of the agent's output. Markers reach neither the adapter nor the
+    /// agent.
+    #[tokio::test]
+    async fn updates_keep_their_wire_order_with_what_the_crate_dispatches() {
+        let (mut rx, mut sink, mut agent) = start();
+        initialize(&mut rx, &mut sink, &mut agent).await;
+        let update = |n: u32| {
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+                "update": {"sessionUpdate": "agent_message_chunk",
+                           "content": {"type": "text", "text": format!("u{n}")}}}})
+        };
+        for round in 0..20u32 {
+            let prompt_id = 100 + round;
+            sink.send(
+                &json!({"jsonrpc": "2.0", "id": prompt_id, "method": "session/prompt",
+                              "params": {"sessionId": "s1", "prompt": []}}),
+            )
+            .await
+            .expect("sent");
+            let prompt = agent.recv().await;
+            let answer =
+                json!({"jsonrpc": "2.0", "id": prompt["id"], "result": {"stopReason": "end_turn"}});
+            let permission = json!({"jsonrpc": "2.0", "id": format!("p{round}"), "method": PERMISSION,
+                "params": {"sessionId": "s1", "toolCall": {"toolCallId": "t"},
+                           "options": [{"optionId": "a", "name": "A", "kind": "allow_once"}]}});
+            let other = json!({"jsonrpc": "2.0", "method": "_vendor/note", "params": {"n": round}});
+            let burst = [
+                update(1),
+                answer,
+                update(2),
+                permission,
+                update(3),
+                other,
+                update(4),
+            ];
+            let text: String = burst.iter().map(|m| format!("{m}\n")).collect();
+            agent.out.write_all(text.as_bytes()).await.expect("write");
+            agent.out.flush().await.expect("flush");
+            let mut got = Vec::new();
+            for _ in 0..burst.len() {
+                let m = next_message(&mut rx).await;
+                got.push(
+                    m.get("method")
+                        .and_then(Value::as_str)
+                        .map(|method| match method {
+                            "session/update" => m["params"]["update"]["content"]["text"]
+                                .as_str()
+                                .unwrap_or("?")
+                                .to_string(),
+                            other => other.to_string(),
+                        })
+                        .unwrap_or_else(|| format!("answer {}", m["id"])),
+                );
+            }
+            assert_eq!(
+                got,
+                [
+                    "u1".to_string(),
+                    format!("answer {prompt_id}"),
+                    "u2".into(),
+                    PERMISSION.into(),
+                    "u3".into(),
+                    "_vendor/note".into(),
+                    "u4".into()
+                ],
+                "round {round}"
+            );
+            let perm_id = format!("perm-{round}");
+            sink.send(&json!({"jsonrpc": "2.0", "id": perm_id,
+                              "result": {"outcome": {"outcome": "cancelled"}}}))
+                .await
+                .expect("answered");
+            let answered = agent.recv().await;
+            assert_eq!(
+                answered["id"],
+                format!("p{round}"),
+                "no marker reached the agent"
+            );
+        }
+        assert!(rx.try_recv().is_err(), "no marker reached the adapter");
     }
 
     #[tokio::test]

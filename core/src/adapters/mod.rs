@@ -125,20 +125,6 @@ pub fn take_due<T>(timers: &mut Vec<T>, now: Millis, at: impl Fn(&T) -> Millis) 
     Some(timers.remove(i))
 }
 
-/// Checks that one native line is a JSON object, as [`parse_line`] does, without building it
-/// (for a transport that hands the line on to a parser of its own); the same typed errors. One
-/// difference: numbers are checked for their syntax only, so a number beyond `f64` (`1e400`),
-/// which [`parse_line`] refuses, passes.
-pub fn check_line(line: &str) -> Result<(), AdapterError> {
-    let text = line.trim();
-    serde_json::from_str::<serde::de::IgnoredAny>(text)
-        .map_err(|e| AdapterError::Malformed(format!("not JSON ({} bytes): {e}", line.len())))?;
-    if !text.starts_with('{') {
-        return Err(AdapterError::Malformed("not a JSON object".into()));
-    }
-    Ok(())
-}
-
 /// Parses one native line; a typed error for garbage.
 pub fn parse_line(line: &str) -> Result<Value, AdapterError> {
     let v: Value = serde_json::from_str(line.trim())

@@ -17,7 +17,7 @@
 //!
 //! - `session/update` (a notification with object params and no other members) → the line's
 //!   JSON object itself, `{"jsonrpc":"2.0","method":"session/update","params":…}`, as the agent
-//!   wrote it, sent by the line reader.
+//!   wrote it, sent by the line reader (`agent_lines`).
 //! - `session/request_permission` (typed [`RequestPermissionRequest`]) →
 //!   `{"jsonrpc":"2.0","id":"perm-N","method":"session/request_permission","params":…}`; the
 //!   crate's [`Responder`] is kept under `perm-N` until the adapter answers.
@@ -58,8 +58,9 @@
 //!
 //! # Updates as written
 //!
-//! `session/update`s, by far most of what an agent writes, are parsed once by the line reader
-//! and reach the adapter as the agent wrote them, without the crate: fields outside the schema
+//! `session/update`s, by far most of what an agent writes, are parsed once by the transport's
+//! line reader (a task of its own) and reach the adapter as the agent wrote them, without the
+//! crate: fields outside the schema
 //! stay, and an update the schema would refuse is the adapter's to refuse (it refuses one
 //! without its `sessionUpdate` tag with a typed error and changes nothing; anything else it
 //! reads defensively, as it must for any provider output). Every other line goes to the crate,
@@ -72,8 +73,10 @@
 //! about four times (a `Value`, again for its raw message, twice for its untyped message); at
 //! 14,450 lines/s the runtime's workers spent 40-43 us of CPU per line, 36 us once updates went
 //! untyped and messages were wrapped by moving (`rpc`; `json!` copies what it interpolates), and
-//! at 20,225 lines/s 32-34 us through the crate against 18-22 us with the reader's own path
-//! (about 14 us for the same lines without the ACP transport at all).
+//! at 20,225 lines/s 32-34 us through the crate against 18-22 us with the reader's own path,
+//! and 15-16 us once the reader ran in a task of its own instead of inside the crate's input
+//! stream (there each line woke the crate's connection and actors); about 14 us for the same
+//! lines without the ACP transport at all.
 //!
 //! # Fidelity of the typed round trip
 //!
@@ -180,12 +183,13 @@ where
     let shared: Shared = Arc::default();
     let (cx_tx, cx_rx) = oneshot::channel::<ConnectionTo<Agent>>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (stop_reader, reader_stopped) = oneshot::channel::<()>();
 
     // The markers the crate has dispatched (see `agent_lines`).
     let (reached, reached_rx) = watch::channel(0u64);
     let transport = Lines::new(
         line_sink(to_agent),
-        agent_lines(from_agent, tx.clone(), reached_rx),
+        agent_lines(from_agent, tx.clone(), reached_rx, reader_stopped),
     );
 
     let (permissions, permission_waiters) = (tx.clone(), shared.clone());
@@ -295,6 +299,7 @@ where
         tx,
         shared,
         _stop: stop_tx,
+        _stop_reader: stop_reader,
     };
     (rx, sink)
 }
@@ -336,75 +341,75 @@ fn classify(line: &str) -> Line {
 /// The agent's output: `session/update` notifications straight to the runtime's channel, every
 /// other line to the crate, garbage counted ([`Native::Garbage`]), blank lines skipped.
 ///
-/// The updates, by far most of what an agent writes, skip the crate's dispatch (see "Updates as
-/// written" in the module docs). The order stays the wire order: after each line it hands to
-/// the crate the reader writes a marker notification ([`MARKER`], numbered) into the crate's
-/// input, and before it sends an update it waits until the crate has dispatched the marker of
-/// the last line it handed over. The crate dispatches in wire order and each callback awaits
-/// its hand-over to the runtime's channel, so by then whatever that line became (a prompt's
-/// answer, a permission request) is in the channel ahead of the update. Only the lines handed
-/// to the crate cost a marker, and a reader waits only if an update follows one closely.
+/// The updates, by far most of what an agent writes, skip the crate (see "Updates as written"
+/// in the module docs): the lines are read by a task of their own, and only the lines for the
+/// crate go into the stream it reads, so an update wakes neither the crate's connection nor its
+/// actors. The order stays the wire order: after each line it hands to the crate the reader
+/// writes a marker notification ([`MARKER`], numbered) into the crate's input, and before it
+/// sends an update it waits until the crate has dispatched the marker of the last line it
+/// handed over. The crate dispatches in wire order and each callback awaits its hand-over to the
+/// runtime's channel, so by then whatever that line became (a prompt's answer, a permission
+/// request) is in the channel ahead of the update. Only the lines handed to the crate cost a
+/// marker, and the reader waits only if an update follows one closely.
+///
+/// The reader ends at the end of the agent's output (then the crate's stream ends after the
+/// last line it handed over, and the connection's end is reported after every update), when
+/// `stopped` resolves (the sink was dropped: the connection ends, as it did when the crate
+/// itself read the lines), or when the runtime's channel, the crate's stream or the crate's
+/// handler is gone.
 fn agent_lines<R>(
     from_agent: R,
     tx: mpsc::Sender<Native>,
-    reached: watch::Receiver<u64>,
+    mut reached: watch::Receiver<u64>,
+    stopped: oneshot::Receiver<()>,
 ) -> std::pin::Pin<Box<dyn Stream<Item = std::io::Result<String>> + Send>>
 where
     R: AsyncRead + Send + Unpin + 'static,
 {
-    struct Reader<R> {
-        lines: tokio::io::Lines<BufReader<R>>,
-        tx: mpsc::Sender<Native>,
-        reached: watch::Receiver<u64>,
-        /// Markers handed to the crate.
-        sent: u64,
-        /// The marker that follows the line just handed over.
-        marker: Option<String>,
-    }
-    let reader = Reader {
-        lines: BufReader::new(from_agent).lines(),
-        tx,
-        reached,
-        sent: 0,
-        marker: None,
-    };
-    Box::pin(futures::stream::unfold(reader, |mut r| async move {
-        if let Some(marker) = r.marker.take() {
-            return Some((Ok(marker), r));
-        }
+    let (to_crate, for_crate) = mpsc::channel::<std::io::Result<String>>(64);
+    let read = async move {
+        let mut lines = BufReader::new(from_agent).lines();
+        // Markers handed to the crate.
+        let mut sent = 0u64;
         loop {
-            match r.lines.next_line().await {
-                Ok(Some(line)) => {
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    match classify(&line) {
-                        Line::Garbage(e) => {
-                            let _ = r.tx.send(Native::Garbage(e)).await;
-                        }
-                        Line::Update(msg) => {
-                            let sent = r.sent;
-                            if r.reached.wait_for(|&n| n >= sent).await.is_err() {
-                                // The connection is gone: its end is reported, nothing after.
-                                return None;
-                            }
-                            let _ = r.tx.send(Native::Message(msg)).await;
-                        }
-                        Line::Crate => {
-                            r.sent += 1;
-                            r.marker = Some(format!(
-                                r#"{{"jsonrpc":"2.0","method":"{MARKER}","params":{{"n":{}}}}}"#,
-                                r.sent
-                            ));
-                            return Some((Ok(line), r));
-                        }
-                    }
+            let line = match lines.next_line().await {
+                Ok(Some(line)) => line,
+                Ok(None) => return,
+                Err(e) => {
+                    let _ = to_crate.send(Err(e)).await;
+                    return;
                 }
-                Ok(None) => return None,
-                Err(e) => return Some((Err(e), r)),
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let delivered = match classify(&line) {
+                Line::Garbage(e) => tx.send(Native::Garbage(e)).await.is_ok(),
+                Line::Update(msg) => {
+                    // An error: the connection is gone, its end is reported, nothing after.
+                    reached.wait_for(|&n| n >= sent).await.is_ok()
+                        && tx.send(Native::Message(msg)).await.is_ok()
+                }
+                Line::Crate => {
+                    sent += 1;
+                    let marker = format!(
+                        r#"{{"jsonrpc":"2.0","method":"{MARKER}","params":{{"n":{sent}}}}}"#
+                    );
+                    to_crate.send(Ok(line)).await.is_ok() && to_crate.send(Ok(marker)).await.is_ok()
+                }
+            };
+            if !delivered {
+                return;
             }
         }
-    }))
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            () = read => {}
+            _ = stopped => {}
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(for_crate))
 }
 
 /// The agent's input as a sink of lines (the crate adds no newline).
@@ -440,6 +445,8 @@ struct AcpSink {
     shared: Shared,
     /// Dropped with the sink: ends the connection (the agent sees EOF on its input).
     _stop: oneshot::Sender<()>,
+    /// Dropped with the sink: ends the line reader (see `agent_lines`).
+    _stop_reader: oneshot::Sender<()>,
 }
 
 /// A JSON-RPC 2.0 message of the given members (after `"jsonrpc"`, in this order), each moved in:

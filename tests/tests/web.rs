@@ -417,6 +417,13 @@ fn web_cancel_settles_every_lane() {
     );
     // A settled session can be deleted (with its children) from the page.
     b.click("#delete");
+    // The confirmation replaces the button at the page's next render, not within the click.
+    b.wait(
+        "the delete confirmation",
+        20,
+        "return document.getElementById('delete-confirm') !== null",
+        vec![],
+    );
     b.click("#delete-confirm");
     b.wait(
         "the sessions page without the deleted root",

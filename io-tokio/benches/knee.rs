@@ -1,13 +1,12 @@
 //! `cargo bench -p tutti-tokio --bench knee`: how far one daemon goes (issue 33).
 //!
-//! The whole daemon, end to end: 100 simulated ACP agents (in-process tasks writing ACP wire
-//! lines: `agent_message_chunk`s, `tool_call`s and `tool_call_update`s, and a subagent's
-//! `subagent_update` lifecycle every 40 lines) over OS pipes to the daemon's ACP transport (the
-//! one every ACP agent's stdio gets, `tutti_tokio::acp_transport`; see [`Wire`]), decided by the
-//! real ACP adapter and engine on the daemon's
-//! engine thread ([`Daemon`], the `Driver` path), group-committed to a real store, and streamed
-//! by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE clients over TCP
-//! (on a tokio runtime of their own, see [`clients`]).
+//! The whole daemon, end to end: 100 simulated ACP agents (in-process tasks writing ACP wire lines:
+//! `agent_message_chunk`s, `tool_call`s and `tool_call_update`s, and a subagent's `subagent_update`
+//! lifecycle every 40 lines) over OS pipes to the daemon's ACP transport (the one every ACP agent's
+//! stdio gets, `tutti_tokio::acp_transport`; see [`Wire`]), decided by the real ACP adapter and
+//! engine on the daemon's engine thread ([`Daemon`], the `Driver` path), group-committed to a real
+//! store, and streamed by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE
+//! clients over TCP (on a tokio runtime of their own, see [`clients`]).
 //!
 //! The offered rate (provider lines per second, all agents together) ramps up by a factor of
 //! `TUTTI_KNEE_STEP` (default 1.4) from `TUTTI_KNEE_START` (default 500) until the p99 of
@@ -41,29 +40,27 @@
 //! temporary directory, with its durable defaults (`fsync`, `synchronous_commit` on); set
 //! `TUTTI_KNEE_PG=0` to skip it.
 //!
-//! At the knee, the per-stage time share: `parse` (with `TUTTI_KNEE_TRANSPORT=lines` only: line
-//! → JSON on the runtime side, timed by the simulated runtime; inside the ACP transport it is
-//! not timed, the runtime's workers' CPU per line shows it), `decide` (adapter + engine on the
-//! engine thread), `commit` (the group
-//! commits), `publish` (announcing each commit to the live followers), `stream` (all followers
-//! turning rows into SSE events), from the daemon's own stage counters
+//! At the knee, the per-stage time share: `parse` (with `TUTTI_KNEE_TRANSPORT=lines` only: line →
+//! JSON on the runtime side, timed by the simulated runtime; inside the ACP transport it is not
+//! timed, the runtime's workers' CPU per line shows it), `decide` (adapter + engine on the engine
+//! thread), `commit` (the group commits), `publish` (announcing each commit to the live followers),
+//! `stream` (all followers turning rows into SSE events), from the daemon's own stage counters
 //! (`tutti_stage_seconds_total`).
 //!
-//! Each step also prints (with `TUTTI_KNEE_VERBOSE=1`) the CPU time per line of the whole
-//! process (simulated agents and SSE clients included), of the engine thread, of the commit
-//! thread and of the runtime's workers (transports, HTTP, followers, simulated agents); the rates that CPU time allows whatever the latency (`CPU bounds`: the whole process
-//! on all cores, each of those threads on one core; the knee line prints them too); the group
-//! commits with their mean size; and where the tail is (`tails`: the share of group commits,
-//! and of lines from the engine taking them to their commit, over 1.6 and 6.4 ms, from the
-//! daemon's histograms); and, on SQLite, the pages the group commits wrote per b-tree (`pages
-//! per group commit`, read from the `-wal` file, see [`wal_pages`]). `TUTTI_KNEE_STEPS` bounds
-//! the steps, `TUTTI_KNEE_ALL=1` runs the later steps after the knee too,
-//! `TUTTI_KNEE_ONLY=daemon` skips the ceilings, `TUTTI_KNEE_ONLY=groups` prints only
-//! `SqliteStore`'s rate for the captured batches by group size (1 to `MAX_GROUP` batches: how
+//! Each step also prints (with `TUTTI_KNEE_VERBOSE=1`) the CPU time per line of the whole process
+//! (simulated agents and SSE clients included), of the engine thread, of the commit thread and of
+//! the runtime's workers (transports, HTTP, followers, simulated agents); the rates that CPU time
+//! allows whatever the latency (`CPU bounds`: the whole process on all cores, each of those threads
+//! on one core; the knee line prints them too); the group commits with their mean size; and where
+//! the tail is (`tails`: the share of group commits, and of lines from the engine taking them to
+//! their commit, over 1.6 and 6.4 ms, from the daemon's histograms); and, on SQLite, the pages the
+//! group commits wrote per b-tree (`pages per group commit`, read from the `-wal` file, see
+//! [`wal_pages`]). `TUTTI_KNEE_STEPS` bounds the steps, `TUTTI_KNEE_ALL=1` runs the later steps
+//! after the knee too, `TUTTI_KNEE_ONLY=daemon` skips the ceilings, `TUTTI_KNEE_ONLY=groups` prints
+//! only `SqliteStore`'s rate for the captured batches by group size (1 to `MAX_GROUP` batches: how
 //! the store's cost per line falls as a session's lines share their index leaves), and
-//! `TUTTI_KNEE_ONLY=engine` runs only the
-//! engine thread's work without threads (see [`engine_only`]: decide, commit and acknowledge
-//! per line; for profilers).
+//! `TUTTI_KNEE_ONLY=engine` runs only the engine thread's work without threads (see
+//! [`engine_only`]: decide, commit and acknowledge per line; for profilers).
 //!
 //! Nothing is asserted: the bench prints figures. The machine is shared and has 2 cores: compare
 //! figures within one run.
@@ -268,9 +265,9 @@ enum Wire {
     /// client: line framing, JSON-RPC dispatch, the schema's types).
     Acp,
     /// `lines`: handed to the runtime's channel as `spawn_line_process` hands a line provider's
-    /// stdout (`parse_line` on the runtime side, timed as the `parse` stage). The daemon runs
-    /// no ACP agent so; this is the adapter and the engine without the ACP transport's cost
-    /// (and how this bench measured until December 7).
+    /// stdout (`parse_line` on the runtime side, timed as the `parse` stage). No ACP agent
+    /// reaches the daemon that way: this is the adapter and the engine without the ACP
+    /// transport's cost (and how this bench measured until December 7).
     Lines,
 }
 

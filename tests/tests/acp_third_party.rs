@@ -446,6 +446,16 @@ struct Claude {
 
 impl Claude {
     fn start(script: mm::Script) -> Claude {
+        Claude::start_with(script, None)
+    }
+
+    /// [`Claude::start`] with everything the agent writes to the daemon also appended to
+    /// `wire` (through `tee`, line by line in the order the agent wrote it).
+    fn start_recording(script: mm::Script, wire: &std::path::Path) -> Claude {
+        Claude::start_with(script, Some(wire))
+    }
+
+    fn start_with(script: mm::Script, wire: Option<&std::path::Path>) -> Claude {
         let entry = ensure_claude_agent_acp()
             .unwrap_or_else(|e| panic!("these tests need the real claude-agent-acp: {e}"));
         let mock = MockMessages::start(script.answering_side_requests())
@@ -453,7 +463,17 @@ impl Claude {
         let home = tempfile::tempdir().expect("temp HOME");
         let work = tempfile::tempdir().expect("temp work dir");
         let env = claude_agent_acp_env(&mock.base_url(), &home.path().to_string_lossy());
-        let command = vec!["node".to_string(), entry.to_string_lossy().to_string()];
+        let entry = entry.to_string_lossy().to_string();
+        let command = match wire {
+            None => vec!["node".to_string(), entry],
+            Some(wire) => vec![
+                "sh".to_string(),
+                "-c".to_string(),
+                r#"node "$0" | tee -a "$1""#.to_string(),
+                entry,
+                wire.to_string_lossy().to_string(),
+            ],
+        };
         let rig = Rig::start(&provider_toml(&command, &env), home, work);
         Claude { rig, mock }
     }
@@ -805,11 +825,20 @@ fn claude_agent_acp_parallel_subagents_keep_the_root_open_until_both_finish() {
 }
 
 /// A background subagent (`run_in_background`): the root turn waits while it works, the child
-/// settles, and then the root does, with the agent's own follow-up recorded on the root turn.
+/// settles, and then the root does. The agent's own follow-up (its reply to the background
+/// task's notification) is recorded on the root turn when the agent writes it before its answer
+/// to the prompt, which it usually does (it holds the prompt for the subagents it spawned and
+/// answers at the follow-up's end); when its hold ends first (at an `idle` of the CLI between
+/// the subagent's end and the follow-up, the agent's own timing), the follow-up is a late
+/// notification and is attached to no turn ("A late notification after the prompt result must
+/// not be attached to a recently settled root turn"). The agent's stdout is recorded, so the
+/// test knows which of the two orders it got.
 #[test]
 fn claude_agent_acp_background_subagent_keeps_the_root_waiting_until_it_settles() {
     let gate = Gate::new();
-    let c = Claude::start(
+    let wire_dir = tempfile::tempdir().expect("temp dir for the wire");
+    let wire = wire_dir.path().join("agent-stdout.jsonl");
+    let c = Claude::start_recording(
         mm::Script::new()
             .on(
                 "bg child",
@@ -831,6 +860,7 @@ fn claude_agent_acp_background_subagent_keeps_the_root_waiting_until_it_settles(
                 mm::Reply::text("The background child reported."),
             )
             .fallback(mm::Reply::text("Started it in the background.")),
+        &wire,
     );
     let id = c.rig.create();
     let (_, turn) = c.rig.submit(&id, "delegate in the background");
@@ -849,13 +879,81 @@ fn claude_agent_acp_background_subagent_keeps_the_root_waiting_until_it_settles(
     gate.open();
     assert_eq!(c.rig.settle(&id, &turn), "completed");
     assert_eq!(c.outcome(&id, &cid), "completed");
-    assert!(
-        c.rig
-            .assistant_texts(&id, &turn)
+    const FOLLOW_UP: &str = "The background child reported.";
+    let order = wire_order(&wire, FOLLOW_UP);
+    eprintln!("the agent's order: {order:?}");
+    match order {
+        WireOrder::FollowUpFirst => assert!(
+            c.rig
+                .assistant_texts(&id, &turn)
+                .iter()
+                .any(|t| t.contains(FOLLOW_UP)),
+            "the agent's follow-up, written before its answer to the prompt, belongs to the root \
+             turn"
+        ),
+        WireOrder::AnswerFirst => {
+            let on_turns: Vec<Value> = [&id, &cid]
+                .into_iter()
+                .flat_map(|s| c.rig.messages(s))
+                .filter(|m| m["text"].as_str().is_some_and(|t| t.contains(FOLLOW_UP)))
+                .collect();
+            assert!(
+                on_turns.is_empty(),
+                "a follow-up written after the prompt's answer is attached to no turn: \
+                 {on_turns:#?}"
+            );
+            let d = c.rig.d.detail(WS, &id);
+            assert_eq!(
+                turn_of(&d, &id).expect("the root's turn")["id"],
+                turn.as_str(),
+                "no turn is made up for the late follow-up"
+            );
+        }
+    }
+}
+
+/// Which the agent wrote first: the chunk with the follow-up's text, or its answer to the prompt
+/// (the response carrying a `stopReason`; the test sends one prompt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WireOrder {
+    FollowUpFirst,
+    AnswerFirst,
+}
+
+/// Reads the agent's recorded stdout (see [`Claude::start_recording`]), waiting until both the
+/// follow-up chunk and the prompt's answer are in it.
+fn wire_order(wire: &std::path::Path, follow_up: &str) -> WireOrder {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(wire).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let chunk = lines.iter().position(|m| {
+            m["method"] == "session/update"
+                && m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+                && m["params"]["update"]["content"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(follow_up))
+        });
+        let answer = lines
             .iter()
-            .any(|t| t.contains("The background child reported.")),
-        "the agent's follow-up belongs to the root turn"
-    );
+            .position(|m| m["result"]["stopReason"].is_string());
+        match (chunk, answer) {
+            (Some(c), Some(a)) => {
+                return if c < a {
+                    WireOrder::FollowUpFirst
+                } else {
+                    WireOrder::AnswerFirst
+                }
+            }
+            _ if Instant::now() > deadline => {
+                panic!("the agent's wire lacks the follow-up ({chunk:?}) or the prompt's answer ({answer:?}):\n{text}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
 
 /// A permission inside a subagent is an interaction of the child's turn; answering it on that

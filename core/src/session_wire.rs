@@ -184,7 +184,7 @@ impl<'de> Deserialize<'de> for Session {
     }
 }
 
-/// The schema of the written form ([`Out`]): what the API, the outbox and the stores hold.
+/// The schema of the written form (`Out`): what the API, the outbox and the stores hold.
 #[cfg(feature = "schema")]
 impl schemars::JsonSchema for Session {
     fn schema_name() -> std::borrow::Cow<'static, str> {

@@ -254,7 +254,7 @@ impl<'de> Deserialize<'de> for Turn {
     }
 }
 
-/// The schema of the written form ([`Out`]): what the API, the outbox and the stores hold.
+/// The schema of the written form (`Out`): what the API, the outbox and the stores hold.
 #[cfg(feature = "schema")]
 impl schemars::JsonSchema for Turn {
     fn schema_name() -> std::borrow::Cow<'static, str> {
@@ -266,7 +266,7 @@ impl schemars::JsonSchema for Turn {
     }
 }
 
-/// The schema of the written form ([`ProviderOut`]).
+/// The schema of the written form (`ProviderOut`).
 #[cfg(feature = "schema")]
 impl schemars::JsonSchema for RootProviderTurn {
     fn schema_name() -> std::borrow::Cow<'static, str> {

@@ -16,7 +16,7 @@
 //! - is replaced when it is found closed: the next use reconnects. A failed reconnect is not
 //!   retried before a backoff that starts at [`BACKOFF_MIN`] and doubles up to [`BACKOFF_MAX`]
 //!   (reset by a success); calls meanwhile fail at once with
-//!   [`PgError::Unavailable`](crate::PgError::Unavailable), so a caller (the daemon's engine
+//!   [`PgError::Unavailable`], so a caller (the daemon's engine
 //!   thread) never blocks for long on a database that is down.
 //!
 //! [`Health`] is shared by the connections of one daemon: it says whether the database was

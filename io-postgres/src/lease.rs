@@ -16,7 +16,7 @@
 //!   (a choice: the engine and the other stores stay as they are): a successful claim registers
 //!   the tree's epoch on this store handle, and every batch this handle applies for that tree
 //!   reads the lease row `FOR SHARE` inside its transaction and is refused
-//!   ([`PgError::Fenced`](crate::PgError::Fenced), nothing written) unless the stored epoch is
+//!   ([`PgError::Fenced`], nothing written) unless the stored epoch is
 //!   still the registered one. A concurrent claim updates that row, so it waits for the commit
 //!   and the commit waits for it: a commit is either before the takeover or refused.
 //! - A lease that expired but that nobody else claimed is not lost: its owner may still commit

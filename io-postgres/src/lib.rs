@@ -5,12 +5,12 @@
 //! or nothing, idempotent replay of a committed batch, a gap-free outbox sequence that every
 //! daemon shares, group commit, schema migrations with a version table").
 //!
-//! [`PostgresStore`] implements [`Store`] and [`HostStore`] with the semantics of the reference
+//! [`PostgresStore`] implements [`Store`] and [`HostStore`](tutti_core::store::HostStore) with the semantics of the reference
 //! [`MemoryStore`](tutti_core::store::MemoryStore) and of `tutti_sqlite::SqliteStore` (its
 //! `ReplayRule::SameRowAtNext`), and passes the store conformance suite
 //! (`tutti_tests::conformance`) unchanged:
 //!
-//! - [`Store::apply`] commits one [`PersistBatch`] as one transaction; [`HostStore::apply_group`]
+//! - [`Store::apply`] commits one [`PersistBatch`] as one transaction; [`HostStore::apply_group`](tutti_core::store::HostStore::apply_group)
 //!   commits several in one transaction (group commit: one commit, one WAL flush). Every guard is
 //!   checked inside the transaction; a failing guard rolls everything back
 //!   ([`PgError::GuardFailed`], [`tutti_core::store::GroupError::Batch`] naming the batch).
@@ -212,13 +212,13 @@ impl PostgresStore {
         self.group_decided(batches, &[], capture)
     }
 
-    /// [`PostgresStore::group`] with the lease epoch each batch was decided under (issue 34,
+    /// `PostgresStore::group` with the lease epoch each batch was decided under (issue 34,
     /// per-batch fencing): batch `i` of a fenced tree commits only while the stored lease epoch
     /// is `decided[i]`, not the epoch this handle holds at commit time, so a batch decided under
     /// a lease that was lost since is refused ([`PgError::Fenced`]) even when this handle has
     /// re-claimed the tree (a new epoch) meanwhile. A batch without an entry (`decided` shorter
     /// than `batches`, or `None`) is fenced by the handle's current epoch of its tree, as
-    /// [`PostgresStore::group`] does. Choice: an epoch given for a tree this handle does not
+    /// `PostgresStore::group` does. Choice: an epoch given for a tree this handle does not
     /// fence is still checked (the caller says it decided under a lease).
     pub fn group_decided(
         &mut self,

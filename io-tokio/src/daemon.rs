@@ -10,8 +10,8 @@
 //! reloads its tree (crash-only), and the inputs whose steps did not land get an error.
 //!
 //! On SQLite ([`Daemon::start`]) the group commits run on a commit thread with a writer handle
-//! of its own (issue 33, see [`Pipeline`]): the engine thread hands a group over, goes on
-//! deciding, and acknowledges the group when the commit thread wakes it ([`Msg::Written`]); the
+//! of its own (issue 33, see `Pipeline`): the engine thread hands a group over, goes on
+//! deciding, and acknowledges the group when the commit thread wakes it (`Msg::Written`); the
 //! next group is everything decided meanwhile. The commit thread announces the group's rows to
 //! the live followers itself, as soon as they are durable. On PostgreSQL (leases, fences)
 //! commits stay on the engine thread.
@@ -181,7 +181,7 @@ pub trait Housekeeping<S>: Send {
         None
     }
     /// Issue 34, per-batch fencing: the epoch a batch of `root` decided now is fenced by (see
-    /// [`Core::tag_decided`]). The default: [`Housekeeping::epoch`].
+    /// `Core::tag_decided`). The default: [`Housekeeping::epoch`].
     fn decided_epoch(&self, _store: &S, root: &Id) -> Option<u64> {
         self.epoch(root)
     }

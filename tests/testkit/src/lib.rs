@@ -8,14 +8,14 @@
 //! `tests/tests/fuzz_corpus.rs` over the checked-in seed corpus (`fuzz/seeds/<target>/*`), and the
 //! seeded simulation (`tutti_tests::sim`) reuses [`History`] and [`check_all`].
 //!
-//! - [`engine_orderings`](orderings::engine_orderings): a tree decoded from the bytes
+//! - [`engine_orderings`]: a tree decoded from the bytes
 //!   ([`Bytes`], a tiny byte-driven decoder; an exhausted input reads as zeros, which always means
 //!   "the simplest choice"), its provider facts in two causal interleavings that must reach the
 //!   same final state, then the facts interleaved with commands ([`orderings`]).
-//! - [`acp_native`](native::acp_native), [`codex_native`](native::codex_native),
-//!   [`claude_native`](native::claude_native): native lines through the real adapter and the
+//! - [`acp_native`], [`codex_native`],
+//!   [`claude_native`]: native lines through the real adapter and the
 //!   engine ([`LineDriver`]).
-//! - [`store_roundtrip`](roundtrip::store_roundtrip): an engine workload committed to the
+//! - [`store_roundtrip`]: an engine workload committed to the
 //!   reference store and to a real SQLite file, which must agree ([`roundtrip`]).
 //! - [`workload`] and [`compare`]: the SQLite equivalence/crash/benchmark workload generator and
 //!   the store comparisons; the crash loop binary `tutti-sqlite-crashloop` and its test

@@ -170,12 +170,14 @@ macro_rules! row_owner {
 }
 
 /// After a batch purged sessions of tree `?1`: every kept outbox row of those sessions (`?2`, a
-/// JSON array of ids) becomes a redacted row. It reads the tree's kept rows through
-/// `outbox_by_root` (schema version 4), not the whole outbox.
+/// JSON array of ids) becomes a redacted row. It finds the tree's kept rows through
+/// `outbox_roots` (schema version 5; brought up to date first, see `outbox_roots.rs`), not by
+/// a scan of the whole outbox.
 pub(crate) const REDACT_TREE_OUTBOX: &str = concat!(
     "UPDATE outbox SET kind = 'redacted', payload = json_object('agentSessionId', ",
     row_owner!(),
-    ", 'kind', kind) WHERE root_agent_session_id = ?1 AND ",
+    ", 'kind', kind) WHERE seq IN (SELECT j.value FROM outbox_roots AS e, \
+     json_each('[' || e.seqs || ']') AS j WHERE e.root_agent_session_id = ?1) AND ",
     row_owner!(),
     " IN (SELECT value FROM json_each(?2))"
 );
@@ -568,6 +570,19 @@ impl<'c> Writer<'c> {
         }
     }
 
+    /// After the transaction's last batch: adds the `outbox_roots` entries in arrears once
+    /// [`crate::outbox_roots::LAG`] rows wait for them (nothing if no row was published).
+    pub(crate) fn finish(&mut self) -> Result<(), SqliteError> {
+        if let Some(next) = self.next_seq {
+            crate::outbox_roots::catch_up(
+                self.conn,
+                next.saturating_sub(1),
+                crate::outbox_roots::LAG,
+            )?;
+        }
+        Ok(())
+    }
+
     fn next_seq(&mut self) -> Result<u64, SqliteError> {
         if let Some(n) = self.next_seq {
             return Ok(n);
@@ -616,6 +631,7 @@ impl<'c> Writer<'c> {
             return Ok(());
         }
         let ids = serde_json::to_string(&purged).map_err(SqliteError::Encode)?;
+        crate::outbox_roots::catch_up_all(self.conn)?;
         self.stmt(Sql::RedactTreeOutbox)?
             .execute(params![root, ids])?;
         Ok(())

@@ -74,6 +74,7 @@ mod error;
 mod host;
 mod open;
 mod outbox;
+pub mod outbox_roots;
 mod read;
 mod retention;
 pub mod schema;
@@ -223,6 +224,7 @@ impl SqliteStore {
                     }
                 }
             }
+            w.finish()?;
         }
         tx.commit()?;
         Ok(out)
@@ -237,7 +239,9 @@ impl SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let seqs = {
             let mut w = apply::Writer::new(&tx, self.replay_rule, &mut self.arena);
-            w.apply(batch)?
+            let seqs = w.apply(batch)?;
+            w.finish()?;
+            seqs
         };
         tx.commit()?;
         Ok(seqs.into_iter().map(|p| p.seq).collect())

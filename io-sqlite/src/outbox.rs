@@ -104,6 +104,7 @@ impl SqliteStore {
         let Some(low) = low else {
             return Ok(0);
         };
+        crate::outbox_roots::forget(&tx, low)?;
         let n = tx.execute("DELETE FROM outbox WHERE seq <= ?1", [low])?;
         tx.execute(
             "UPDATE meta SET value = max(value, ?1) WHERE key = 'outbox_pruned_through'",

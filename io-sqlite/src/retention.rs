@@ -121,6 +121,7 @@ impl SqliteStore {
             params![upto, cutoff],
             |r| r.get(0),
         )?;
+        crate::outbox_roots::forget(&tx, upto)?;
         let deleted = tx.execute(
             "DELETE FROM outbox WHERE seq > ?1 AND seq <= ?2",
             params![pruned, upto],
@@ -147,12 +148,14 @@ impl SqliteStore {
 /// The most deleted trees one retention pass removes.
 pub const TOMBSTONES_PER_PASS: usize = 1000;
 
-/// Removes deleted trees of which no outbox row is left (one scan of the kept outbox).
+/// Removes deleted trees of which no outbox row is left (one pass over the trees listed in
+/// `outbox_roots`, once its entries are up to date).
 fn remove_tombstones(tx: &rusqlite::Transaction<'_>) -> Result<usize, SqliteError> {
+    crate::outbox_roots::catch_up_all(tx)?;
     let roots: Vec<String> = {
         let mut stmt = tx.prepare_cached(
             "SELECT id FROM sessions WHERE kind = 'root' AND deleted_at IS NOT NULL \
-             AND id NOT IN (SELECT root_agent_session_id FROM outbox) LIMIT ?1",
+             AND id NOT IN (SELECT root_agent_session_id FROM outbox_roots) LIMIT ?1",
         )?;
         let rows = stmt.query_map([TOMBSTONES_PER_PASS as i64], |r| r.get(0))?;
         rows.collect::<Result<_, _>>()?

@@ -30,12 +30,17 @@
 //! (the store bench lost its floor to it). Choice: the index costs one more b-tree insert per
 //! outbox row on the hot path, paid by the raw baseline of the store bench too (it writes into
 //! these tables); measured in the README's Benchmarks section.
+//!
+//! Version 5: that index replaced by the table `outbox_roots`, which lists each root's outbox
+//! rows in arrears, many rows at a time, so that a group commit no longer rewrites a leaf of the
+//! index for every tree it touches (see `outbox_roots.rs` in this crate, issue 33). The
+//! migration lists the rows already there and drops the index.
 
 /// `PRAGMA application_id` of a tutti database: ASCII "tuti".
 pub const APPLICATION_ID: i32 = 0x7475_7469;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The DDL of the current schema version (all migrations in order), for tools and benchmarks
 /// that need equivalent tables.
@@ -51,7 +56,7 @@ pub fn migration(from: usize) -> Option<&'static str> {
 
 /// `MIGRATIONS[n]` takes a database from `user_version` n to n + 1. Each runs inside the
 /// migration transaction, which also sets `user_version`.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The page size of a new file (`PRAGMA page_size`, set before its first table exists).
 pub const PAGE_SIZE: i64 = 8192;
@@ -177,4 +182,27 @@ CREATE TABLE outbox_marks (
 /// Version 4: the outbox by root, for the redaction of a deleted session's kept rows.
 const V4: &str = r#"
 CREATE INDEX outbox_by_root ON outbox (root_agent_session_id);
+"#;
+
+/// Version 5: the outbox by root as a table kept in arrears instead of an index.
+const V5: &str = r#"
+-- Which outbox rows each root has, for the rows with seq <= meta.outbox_roots_through, listed
+-- in arrears (outbox_roots.rs): each catch-up appends one entry per root among the rows it
+-- lists, with their seqs (comma-separated), the first and the last. Keyed by the
+-- first seq, so entries are appended in seq order and pruning takes a prefix; found by root
+-- through their own index (one entry per tree and catch-up, not per row).
+CREATE TABLE outbox_roots (
+    first_seq             INTEGER PRIMARY KEY,
+    last_seq              INTEGER NOT NULL,
+    root_agent_session_id TEXT NOT NULL,
+    seqs                  TEXT NOT NULL
+);
+CREATE INDEX outbox_roots_by_root ON outbox_roots (root_agent_session_id);
+INSERT INTO outbox_roots (first_seq, last_seq, root_agent_session_id, seqs)
+    SELECT min(seq), max(seq), root_agent_session_id, group_concat(seq) FROM
+    (SELECT seq, root_agent_session_id FROM outbox ORDER BY seq)
+    GROUP BY root_agent_session_id ORDER BY min(seq);
+INSERT INTO meta (key, value) VALUES ('outbox_roots_through', (SELECT coalesce(max(seq), 0) FROM outbox))
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+DROP INDEX outbox_by_root;
 "#;

@@ -167,16 +167,17 @@ fn a_version_2_file_is_migrated_to_the_current_version_in_place() {
     let v: i64 = raw
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
-    assert_eq!((v, SCHEMA_VERSION), (4, 4));
-    // Version 4: the outbox by root (the redaction of a deleted session's rows reads it).
-    let index: i64 = raw
+    assert_eq!((v, SCHEMA_VERSION), (5, 5));
+    // Version 5: the outbox by root (the redaction of a deleted session's rows reads it).
+    let entries: i64 = raw
         .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'outbox_by_root'",
+            "SELECT count(*) FROM outbox_roots WHERE root_agent_session_id = 'R0' \
+             AND first_seq = 1 AND last_seq = 1 AND seqs = '1'",
             [],
             |r| r.get(0),
         )
-        .expect("index");
-    assert_eq!(index, 1, "outbox_by_root made by the migration");
+        .expect("outbox_roots");
+    assert_eq!(entries, 1, "outbox_roots filled by the migration");
     let rows = db.outbox_after(0, 10).expect("read");
     let payloads: Vec<&Value> = rows.iter().map(|r| &r.payload).collect();
     assert_eq!(payloads, vec![&json!({"id": "R0"})], "old rows kept");

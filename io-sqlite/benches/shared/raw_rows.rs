@@ -342,11 +342,30 @@ pub fn raw_run(
         }
         Checkpoints::OnCommit => None,
     };
+    // The outbox by root in arrears, as the store keeps it (`tutti_sqlite::outbox_roots`).
+    let mut through = 0i64;
     Ok(timed(|| {
         for g in groups {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let mut last = through;
             for op in g {
                 raw_apply(&tx, op)?;
+                if let RawOp::Outbox { seq, .. } = op {
+                    last = last.max(*seq);
+                }
+            }
+            if last - through >= tutti_sqlite::outbox_roots::LAG as i64 {
+                tx.prepare_cached(
+                    "INSERT INTO outbox_roots (first_seq, last_seq, root_agent_session_id, seqs) \
+                     SELECT min(seq), max(seq), root_agent_session_id, group_concat(seq) FROM \
+                     (SELECT seq, root_agent_session_id FROM outbox \
+                     WHERE seq > ?1 AND seq <= ?2 ORDER BY seq) \
+                     GROUP BY root_agent_session_id ORDER BY min(seq)",
+                )?
+                .execute(params![through, last])?;
+                tx.prepare_cached("UPDATE meta SET value = ?1 WHERE key = 'outbox_roots_through'")?
+                    .execute([last])?;
+                through = last;
             }
             tx.commit()?;
             if let Some(t) = &thread {

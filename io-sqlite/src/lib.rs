@@ -34,7 +34,8 @@
 //!
 //! One table per entity (`sessions`, `turns`, `interactions`, `messages`, `tool_calls`,
 //! `cancel_operations`) with the columns that queries filter or sort on and a `json` column with
-//! the entity's wire form, which is what reads decode; plus `outbox`, `outbox_consumers` and
+//! the entity's wire form, which is what reads decode; plus `outbox`, `outbox_roots` (which
+//! outbox rows each tree has, listed in arrears, see [`outbox_roots`]), `outbox_consumers` and
 //! `meta`. A message's outbox row refers to the message instead of copying its JSON (messages
 //! never change); readers of the outbox never see the difference. See [`schema`] for the DDL,
 //! its indexes and its versions.
@@ -170,7 +171,8 @@ impl SqliteStore {
     /// tree and reload it), and each later batch either passes or fails on its own (a later batch
     /// of the same tree, decided on top of the failed one, normally fails its version guard; drop
     /// and reload that tree as for any failed batch). Errors outside any batch (beginning or
-    /// committing the transaction) are returned as they are; nothing was written then either.
+    /// committing the transaction, or listing the outbox by root, see [`outbox_roots`]) are
+    /// returned as they are; nothing was written then either.
     pub fn apply_many<'a>(
         &mut self,
         batches: impl IntoIterator<Item = &'a PersistBatch>,

@@ -85,8 +85,11 @@ pub(crate) fn catch_up(conn: &Connection, last: u64, lag: u64) -> Result<usize, 
     for (root, e) in entries {
         insert.execute(params![e.first, e.last, root, e.seqs])?;
     }
-    conn.prepare_cached("UPDATE meta SET value = ?1 WHERE key = 'outbox_roots_through'")?
-        .execute([last])?;
+    conn.prepare_cached(
+        "INSERT INTO meta (key, value) VALUES ('outbox_roots_through', ?1) \
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )?
+    .execute([last])?;
     Ok(by_root.len())
 }
 

@@ -149,7 +149,8 @@ impl SqliteStore {
 pub const TOMBSTONES_PER_PASS: usize = 1000;
 
 /// Removes deleted trees of which no outbox row is left (one pass over the trees listed in
-/// `outbox_roots`, once its entries are up to date).
+/// `outbox_roots`, once its entries are up to date: a root's deletion already listed every row
+/// of its tree, and a deleted tree gets no new rows, but the pass does not rely on either).
 fn remove_tombstones(tx: &rusqlite::Transaction<'_>) -> Result<usize, SqliteError> {
     crate::outbox_roots::catch_up_all(tx)?;
     let roots: Vec<String> = {

@@ -16,25 +16,67 @@ use tutti_sqlite::outbox_roots::LAG;
 use tutti_sqlite::schema::{self, APPLICATION_ID, SCHEMA_VERSION};
 use tutti_sqlite::SqliteStore;
 
-fn feed(db: &mut SqliteStore, engine: &mut Engine, now: i64, input: serde_json::Value) {
-    let input: Input = serde_json::from_value(input).expect("input");
-    let step = engine.handle(now, &input).expect("accepted");
-    db.apply(&step.persist).expect("commit");
+/// A store on a temp file and the engine that decides its batches.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    db: SqliteStore,
+    engine: Engine,
+    /// The next `R{n}` root to create, and the engine's clock.
+    next: usize,
 }
 
-/// Creates roots `R{from}`.. until the outbox's last seq is at least `upto`, in groups.
-fn create_roots_until(db: &mut SqliteStore, engine: &mut Engine, from: &mut usize, upto: u64) {
-    while db.last_outbox_seq().expect("last seq") < upto {
-        let mut steps = Vec::new();
-        for _ in 0..64 {
-            let input: Input = serde_json::from_value(json!({"type":"createSession",
-                "agentSessionId": format!("R{from}"), "workspaceId":"W","provider":"test"}))
-            .expect("input");
-            steps.push(engine.handle(*from as i64, &input).expect("accepted"));
-            *from += 1;
+impl Fixture {
+    fn new() -> Fixture {
+        let (dir, path) = support::temp_db();
+        let db = SqliteStore::open(&path).expect("open");
+        Fixture {
+            _dir: dir,
+            path,
+            db,
+            engine: Engine::new(),
+            next: 0,
         }
-        db.apply_many(steps.iter().map(|s| &s.persist))
-            .expect("group");
+    }
+
+    fn feed(&mut self, input: serde_json::Value) {
+        let input: Input = serde_json::from_value(input).expect("input");
+        self.next += 1;
+        let step = self
+            .engine
+            .handle(self.next as i64, &input)
+            .expect("accepted");
+        self.db.apply(&step.persist).expect("commit");
+    }
+
+    /// Creates roots `R{next}`.. until the outbox's last seq is at least `upto`, in groups.
+    fn create_roots_until(&mut self, upto: u64) {
+        while self.last() < upto {
+            let mut steps = Vec::new();
+            for _ in 0..64 {
+                self.next += 1;
+                let input: Input = serde_json::from_value(json!({"type":"createSession",
+                    "agentSessionId": format!("R{}", self.next), "workspaceId":"W",
+                    "provider":"test"}))
+                .expect("input");
+                steps.push(
+                    self.engine
+                        .handle(self.next as i64, &input)
+                        .expect("accepted"),
+                );
+            }
+            self.db
+                .apply_many(steps.iter().map(|s| &s.persist))
+                .expect("group");
+        }
+    }
+
+    fn last(&self) -> u64 {
+        self.db.last_outbox_seq().expect("last seq")
+    }
+
+    fn checked(&self) -> (i64, i64) {
+        checked(&self.path)
     }
 }
 
@@ -112,69 +154,48 @@ fn checked(path: &Path) -> (i64, i64) {
 
 #[test]
 fn entries_are_added_in_arrears_and_complete_below_the_mark() {
-    let (_dir, path) = support::temp_db();
-    let mut db = SqliteStore::open(&path).expect("open");
-    let mut engine = Engine::new();
-    let mut next = 0;
-    create_roots_until(&mut db, &mut engine, &mut next, LAG / 2);
+    let mut f = Fixture::new();
+    f.create_roots_until(LAG / 2);
     assert_eq!(
-        checked(&path),
+        f.checked(),
         (0, 0),
         "fewer than LAG rows wait: no entry yet"
     );
-    create_roots_until(&mut db, &mut engine, &mut next, LAG);
-    let last = db.last_outbox_seq().expect("last") as i64;
-    let (mark, entries) = checked(&path);
+    f.create_roots_until(LAG);
+    let last = f.last() as i64;
+    let (mark, entries) = f.checked();
     assert!(
         mark >= LAG as i64 && mark <= last,
         "mark {mark}, last {last}"
     );
     assert_eq!(entries, mark, "one entry per row up to the mark");
     // Another LAG rows move the mark again.
-    create_roots_until(&mut db, &mut engine, &mut next, mark as u64 + LAG);
-    let (later, _) = checked(&path);
+    f.create_roots_until(mark as u64 + LAG);
+    let (later, _) = f.checked();
     assert!(later >= mark + LAG as i64, "mark {mark} then {later}");
 }
 
 #[test]
 fn a_deletion_redacts_the_trees_rows_on_both_sides_of_the_mark() {
-    let (_dir, path) = support::temp_db();
-    let mut db = SqliteStore::open(&path).expect("open");
-    let mut engine = Engine::new();
-    let mut next = 0;
-    feed(
-        &mut db,
-        &mut engine,
-        0,
-        json!({"type":"createSession",
-        "agentSessionId": "D", "workspaceId":"W","provider":"test"}),
+    let mut f = Fixture::new();
+    f.feed(
+        json!({"type":"createSession", "agentSessionId": "D", "workspaceId":"W",
+        "provider":"test"}),
     );
-    feed(
-        &mut db,
-        &mut engine,
-        1,
-        json!({"type": "sessionMetadataUpdated",
-        "agentSessionId": "D", "title": "secret-before-the-mark"}),
+    f.feed(
+        json!({"type": "sessionMetadataUpdated", "agentSessionId": "D",
+        "title": "secret-before-the-mark"}),
     );
-    create_roots_until(&mut db, &mut engine, &mut next, LAG + 10);
-    let (mark, _) = checked(&path);
+    f.create_roots_until(LAG + 10);
+    let (mark, _) = f.checked();
     assert!(mark > 2, "D's first rows are below the mark ({mark})");
-    feed(
-        &mut db,
-        &mut engine,
-        2,
-        json!({"type": "sessionMetadataUpdated",
-        "agentSessionId": "D", "title": "secret-after-the-mark"}),
+    f.feed(
+        json!({"type": "sessionMetadataUpdated", "agentSessionId": "D",
+        "title": "secret-after-the-mark"}),
     );
-    let last = db.last_outbox_seq().expect("last") as i64;
-    assert!(last > mark, "D's last row is above the mark");
-    feed(
-        &mut db,
-        &mut engine,
-        3,
-        json!({"type": "deleteSession", "agentSessionId": "D"}),
-    );
-    let rows = db.outbox_after(0, usize::MAX).expect("read");
+    assert!(f.last() as i64 > mark, "D's last row is above the mark");
+    f.feed(json!({"type": "deleteSession", "agentSessionId": "D"}));
+    let rows = f.db.outbox_after(0, usize::MAX).expect("read");
     for secret in ["secret-before-the-mark", "secret-after-the-mark"] {
         assert!(
             !rows.iter().any(|r| r.payload.to_string().contains(secret)),
@@ -186,67 +207,55 @@ fn a_deletion_redacts_the_trees_rows_on_both_sides_of_the_mark() {
             .any(|r| r.kind == "redacted" && r.payload["agentSessionId"] == "D"),
         "D's rows are kept as redacted rows"
     );
-    checked(&path);
+    f.checked();
 }
 
 #[test]
 fn pruning_takes_the_entries_of_the_rows_it_deletes_and_retention_removes_the_tombstone() {
-    let (_dir, path) = support::temp_db();
-    let mut db = SqliteStore::open(&path).expect("open");
-    let mut engine = Engine::new();
-    let mut next = 0;
-    feed(
-        &mut db,
-        &mut engine,
-        0,
-        json!({"type":"createSession",
-        "agentSessionId": "D", "workspaceId":"W","provider":"test"}),
+    let mut f = Fixture::new();
+    f.feed(
+        json!({"type":"createSession", "agentSessionId": "D", "workspaceId":"W",
+        "provider":"test"}),
     );
-    create_roots_until(&mut db, &mut engine, &mut next, 2 * LAG);
-    feed(
-        &mut db,
-        &mut engine,
-        1,
-        json!({"type": "deleteSession", "agentSessionId": "D"}),
-    );
-    let (_, before) = checked(&path);
+    f.create_roots_until(2 * LAG);
+    f.feed(json!({"type": "deleteSession", "agentSessionId": "D"}));
+    let (_, before) = f.checked();
     // Keep the newest 100 rows: D's rows (its creation, and the deletion's at the end) are
     // split; the tombstone stays while its deletion's row is kept.
-    let keep = RetentionPolicy {
-        keep_rows: Some(100),
-        max_age_ms: None,
+    let prune = |f: &mut Fixture, keep_rows| {
+        let policy = RetentionPolicy {
+            keep_rows: Some(keep_rows),
+            max_age_ms: None,
+        };
+        while f
+            .db
+            .prune_outbox(&policy, 0, None, 1000)
+            .expect("prune")
+            .more
+        {}
     };
-    while db.prune_outbox(&keep, 0, None, 1000).expect("prune").more {}
-    let (_, after) = checked(&path);
+    prune(&mut f, 100);
+    let (_, after) = f.checked();
     assert!(after < before, "entries {before} -> {after}");
     assert!(
-        db.root_of("D").expect("read").is_some(),
+        f.db.root_of("D").expect("read").is_some(),
         "the tombstone stays while D has rows"
     );
-    // Keep nothing: D's last rows go, and with them its tombstone.
-    let none = RetentionPolicy {
-        keep_rows: Some(0),
-        max_age_ms: None,
-    };
-    while db
-        .prune_outbox(&none, 0, None, 100_000)
-        .expect("prune")
-        .more
-    {}
-    db.prune_outbox(&none, 0, None, 100_000).expect("prune");
-    assert_eq!(checked(&path).1, 0, "no entry outlives its row");
+    // Keep nothing: D's last rows go, and with them (at the next pass) its tombstone.
+    prune(&mut f, 0);
+    prune(&mut f, 0);
+    assert_eq!(f.checked().1, 0, "no entry outlives its row");
     assert_eq!(
-        db.root_of("D").expect("read"),
+        f.db.root_of("D").expect("read"),
         None,
         "the deleted tree is gone"
     );
     // The acknowledged rows' way of pruning takes entries too.
-    let upto = db.last_outbox_seq().expect("last") + LAG;
-    create_roots_until(&mut db, &mut engine, &mut next, upto);
-    let last = db.last_outbox_seq().expect("last");
-    db.ack("c", last).expect("ack");
-    db.prune_acked().expect("prune acked");
-    assert_eq!(checked(&path).1, 0, "no entry outlives its row");
+    f.create_roots_until(f.last() + LAG);
+    let last = f.last();
+    f.db.ack("c", last).expect("ack");
+    f.db.prune_acked().expect("prune acked");
+    assert_eq!(f.checked().1, 0, "no entry outlives its row");
 }
 
 #[test]

@@ -287,7 +287,8 @@ impl Store for SimStore {
 /// A simulated provider process. It reads what the runtime writes to it and writes lines back;
 /// its internal work (a root turn, concurrent children) advances one task per [`Provider::step`].
 pub trait Provider {
-    /// A line the runtime wrote (native JSON; for the direct provider a [`ProviderRequest`](tutti_core::step::ProviderRequest)).
+    /// A line the runtime wrote (native JSON; for the direct provider a
+    /// [`ProviderRequest`](tutti_core::step::ProviderRequest)).
     fn receive(&mut self, now: Millis, msg: &Value, rng: &mut Rng) -> Vec<Value>;
     /// One step of one ready task; the lines it writes, in order.
     fn step(&mut self, now: Millis, rng: &mut Rng, faults: bool) -> Vec<Value>;

@@ -39,6 +39,13 @@ impl Fixture {
         }
     }
 
+    fn create_root(&mut self, id: &str) {
+        self.feed(
+            json!({"type":"createSession", "agentSessionId": id, "workspaceId":"W",
+            "provider":"test"}),
+        );
+    }
+
     fn feed(&mut self, input: serde_json::Value) {
         let input: Input = serde_json::from_value(input).expect("input");
         self.next += 1;
@@ -178,10 +185,7 @@ fn entries_are_added_in_arrears_and_complete_below_the_mark() {
 #[test]
 fn a_deletion_redacts_the_trees_rows_on_both_sides_of_the_mark() {
     let mut f = Fixture::new();
-    f.feed(
-        json!({"type":"createSession", "agentSessionId": "D", "workspaceId":"W",
-        "provider":"test"}),
-    );
+    f.create_root("D");
     f.feed(
         json!({"type": "sessionMetadataUpdated", "agentSessionId": "D",
         "title": "secret-before-the-mark"}),
@@ -213,10 +217,7 @@ fn a_deletion_redacts_the_trees_rows_on_both_sides_of_the_mark() {
 #[test]
 fn pruning_takes_the_entries_of_the_rows_it_deletes_and_retention_removes_the_tombstone() {
     let mut f = Fixture::new();
-    f.feed(
-        json!({"type":"createSession", "agentSessionId": "D", "workspaceId":"W",
-        "provider":"test"}),
-    );
+    f.create_root("D");
     f.create_roots_until(2 * LAG);
     f.feed(json!({"type": "deleteSession", "agentSessionId": "D"}));
     let (_, before) = f.checked();

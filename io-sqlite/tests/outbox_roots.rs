@@ -13,7 +13,7 @@ use tutti_core::store::{RetentionPolicy, Store};
 
 use tutti_core::{Engine, Input};
 use tutti_sqlite::outbox_roots::LAG;
-use tutti_sqlite::schema::{self, APPLICATION_ID, SCHEMA_VERSION};
+use tutti_sqlite::schema::SCHEMA_VERSION;
 use tutti_sqlite::SqliteStore;
 
 /// A store on a temp file and the engine that decides its batches.
@@ -262,12 +262,7 @@ fn pruning_takes_the_entries_of_the_rows_it_deletes_and_retention_removes_the_to
 #[test]
 fn a_version_4_file_gets_its_entries_from_the_old_index() {
     let (_dir, path) = support::temp_db();
-    {
-        let c = Connection::open(&path).expect("raw create");
-        for v in 0..4 {
-            c.execute_batch(schema::migration(v).expect("old ddl"))
-                .expect("old schema");
-        }
+    support::old_version_file(&path, 4, |c| {
         for (seq, root) in [(1, "R0"), (2, "R1"), (3, "R0")] {
             c.execute(
                 "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload) \
@@ -276,10 +271,7 @@ fn a_version_4_file_gets_its_entries_from_the_old_index() {
             )
             .expect("v4 outbox row");
         }
-        c.pragma_update(None, "application_id", APPLICATION_ID)
-            .expect("app id");
-        c.pragma_update(None, "user_version", 4).expect("version");
-    }
+    });
     let db = SqliteStore::open(&path).expect("open migrates");
     drop(db);
     let raw = Connection::open(&path).expect("raw");

@@ -9,7 +9,7 @@ use rusqlite::Connection;
 use serde_json::{json, Value};
 use tutti_core::store::Store;
 use tutti_core::{Engine, Input};
-use tutti_sqlite::schema::{self, APPLICATION_ID, SCHEMA_VERSION};
+use tutti_sqlite::schema::SCHEMA_VERSION;
 use tutti_sqlite::{RetentionPolicy, SqliteStore};
 
 /// Commits `n` root session creations (one outbox row each); returns the last seq.
@@ -146,22 +146,14 @@ fn the_session_cwd_is_durable() {
 #[test]
 fn a_version_2_file_is_migrated_to_the_current_version_in_place() {
     let (_dir, path) = support::temp_db();
-    {
-        let c = Connection::open(&path).expect("raw create");
-        for v in 0..2 {
-            c.execute_batch(schema::migration(v).expect("old ddl"))
-                .expect("old schema");
-        }
+    support::old_version_file(&path, 2, |c| {
         c.execute(
             "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload) \
              VALUES (1, 'session', 'R0', 'W', '{\"id\":\"R0\"}')",
             [],
         )
         .expect("v2 outbox row");
-        c.pragma_update(None, "application_id", APPLICATION_ID)
-            .expect("app id");
-        c.pragma_update(None, "user_version", 2).expect("version");
-    }
+    });
     let mut db = SqliteStore::open(&path).expect("open migrates");
     let raw = Connection::open(&path).expect("raw");
     let v: i64 = raw

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tutti_core::step::{PersistBatch, Row};
 use tutti_core::store::Store;
 use tutti_core::{Engine, Input};
-use tutti_sqlite::schema::{self, APPLICATION_ID, SCHEMA_VERSION};
+use tutti_sqlite::schema::{self, SCHEMA_VERSION};
 use tutti_sqlite::SqliteStore;
 
 fn input(v: Value) -> Input {
@@ -169,20 +169,14 @@ fn an_outbox_out_of_row_order_copies_payloads_in_its_own_order() {
 #[test]
 fn a_version_1_file_is_migrated_in_place() {
     let (_dir, path) = support::temp_db();
-    {
-        let c = Connection::open(&path).expect("raw create");
-        c.execute_batch(schema::migration(0).expect("v1 ddl"))
-            .expect("v1 schema");
+    support::old_version_file(&path, 1, |c| {
         c.execute(
             "INSERT INTO outbox (seq, kind, root_agent_session_id, workspace_id, payload) \
              VALUES (1, 'message', 'R0', 'W', ?1)",
             [r#"{"agentSessionId":"R0","turnId":"T0","messageId":"old","seq":0,"role":"user","text":"v1","createdAt":1}"#],
         )
         .expect("v1 outbox row");
-        c.pragma_update(None, "application_id", APPLICATION_ID)
-            .expect("app id");
-        c.pragma_update(None, "user_version", 1).expect("version");
-    }
+    });
     let mut db = SqliteStore::open(&path).expect("open migrates");
     let c = Connection::open(&path).expect("raw open");
     let v: i64 = c

@@ -219,6 +219,10 @@ impl<V> IdMap<V> {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
     /// The ids.
     pub fn keys(&self) -> impl Iterator<Item = &Id> + '_ {
         self.0.keys().map(|k| &k.key)

@@ -507,6 +507,10 @@ pub struct Driver {
     /// Decided inputs, in order; `front` is the number of the first.
     entries: VecDeque<Entry>,
     front: u64,
+    /// How many of `entries` are of each root ([`Driver::is_waiting`] without a scan of every
+    /// input in flight, which hosts ask for each provider line); kept by the two places that
+    /// change `entries`, and checked against them in debug builds.
+    waiting: FxMap<Id, usize>,
     unsent: VecDeque<u64>,
     outputs: VecDeque<Output>,
     /// Trees loaded on demand since [`Driver::take_loaded`].
@@ -555,6 +559,7 @@ impl Driver {
             timers: TimerQueue::default(),
             entries: VecDeque::new(),
             front: 0,
+            waiting: FxMap::default(),
             unsent: VecDeque::new(),
             outputs: VecDeque::new(),
             loaded: Vec::new(),
@@ -875,7 +880,13 @@ impl Driver {
     /// commits decided before it). A host that commits while the driver decides (a commit
     /// thread) leaves such a tree's provider running until then.
     pub fn is_waiting(&self, root: &str) -> bool {
-        self.entries.iter().any(|e| e.root.as_deref() == Some(root))
+        let waiting = self.waiting.contains_key(root);
+        debug_assert_eq!(
+            waiting,
+            self.entries.iter().any(|e| e.root.as_deref() == Some(root)),
+            "the count of waiting inputs by root disagrees with the inputs"
+        );
+        waiting
     }
 
     /// Drops a quiescent tree from memory (loaded again on demand). Refused (`false`) while the
@@ -1007,6 +1018,9 @@ impl Driver {
             self.unsent
                 .push_back(self.front + self.entries.len() as u64);
         }
+        if let Some(root) = &root {
+            *self.waiting.entry(root.clone()).or_default() += 1;
+        }
         self.entries.push_back(Entry {
             state,
             root,
@@ -1109,6 +1123,14 @@ impl Driver {
                 break;
             };
             self.front += 1;
+            if let Some(root) = &e.root {
+                if let Some(n) = self.waiting.get_mut(root) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.waiting.remove(root);
+                    }
+                }
+            }
             self.release(e, trees);
         }
     }

@@ -420,6 +420,55 @@ fn a_failed_commit_reloads_the_tree_and_supersedes_its_later_batches() {
     assert!(h.store.session("c1").unwrap().is_some());
 }
 
+/// A tree waits while any input decided on it is not released (committed, failed or superseded)
+/// and stops waiting once the last one is; other trees never wait for it.
+#[test]
+fn a_tree_waits_until_every_input_decided_on_it_is_released() {
+    let (adapter, _) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    assert!(!h.d.is_waiting("root"), "a settled tree waits");
+    h.input(create("other"), None);
+    h.settle();
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    h.input(submit("root", "t2"), Some(2));
+    assert!(h.d.is_waiting("root"));
+    assert!(
+        !h.d.is_waiting("other"),
+        "a tree waits for another's inputs"
+    );
+    let first = h.d.poll_batch().unwrap();
+    let b = h.d.batch(first).unwrap();
+    let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
+    let _ = h.d.handle(
+        DriverInput::Committed {
+            batch: first,
+            published: p,
+        },
+        &h.store,
+    );
+    assert!(
+        h.d.is_waiting("root"),
+        "its second input is still in flight"
+    );
+    let second = h.d.poll_batch().unwrap();
+    let _ = h.d.handle(
+        DriverInput::NotCommitted {
+            batch: second,
+            why: CommitFailure::Failed("disk full".into()),
+        },
+        &h.store,
+    );
+    h.drain();
+    assert!(
+        !h.d.is_waiting("root"),
+        "a failed input keeps its tree waiting"
+    );
+    h.input(submit("root", "t3"), Some(3));
+    assert!(h.d.is_waiting("root"));
+    h.settle();
+    assert!(!h.d.is_waiting("root"));
+}
+
 #[test]
 fn adapter_events_reach_the_engine_before_its_answers() {
     let (adapter, _) = Probe::boxed();

@@ -6,10 +6,11 @@
 //! The sessions are few (a root and its children) and kept in order, so that
 //! [`BySession::sessions`] is deterministic. The keys of one session are hashed
 //! ([`IdMap`]): the tool calls of a running prompt all stay in the table until the prompt
-//! answers, thousands in a long one, and a look-up in an ordered map of them compared a dozen
-//! ids of a common prefix byte by byte on every line (a seventh of the engine thread's time
-//! at the knee bench's rates). Nothing iterates the keys of a session, so their order does
-//! not matter.
+//! answers, hundreds or thousands in a long one, and a look-up in an ordered map of them
+//! compared about a dozen ids byte by byte on every tool line (a seventh of the engine
+//! thread's time at the knee bench's rates). Nothing iterates the keys of a session, so their
+//! order does not matter. The hash is the core's deterministic one ([`crate::hash`]), which
+//! the engine's own tables already apply to the same provider ids.
 //!
 //! Invariant (checked in debug builds after every change): no session is kept without entries,
 //! so [`BySession::sessions`] names exactly the sessions that have some.

@@ -420,7 +420,7 @@ fn a_failed_commit_reloads_the_tree_and_supersedes_its_later_batches() {
     assert!(h.store.session("c1").unwrap().is_some());
 }
 
-/// A tree waits while any input decided on it is not released (committed, failed or superseded)
+/// A tree waits while any input decided on it is not released (its batch committed or failed)
 /// and stops waiting once the last one is; other trees never wait for it.
 #[test]
 fn a_tree_waits_until_every_input_decided_on_it_is_released() {

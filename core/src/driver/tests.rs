@@ -172,6 +172,22 @@ impl Host {
         }
     }
 
+    /// Commits one batch to the store and tells the driver.
+    fn commit_one(&mut self, batch: super::BatchId) {
+        let b = self.d.batch(batch).expect("a batch to commit");
+        let published = self.store.apply_group(&[b], true).unwrap().pop().unwrap();
+        let _ = self
+            .d
+            .handle(DriverInput::Committed { batch, published }, &self.store);
+    }
+
+    /// Tells the driver a batch was not committed.
+    fn fail(&mut self, batch: super::BatchId, why: CommitFailure) {
+        let _ = self
+            .d
+            .handle(DriverInput::NotCommitted { batch, why }, &self.store);
+    }
+
     /// Collects every released output.
     fn drain(&mut self) {
         while let Some(o) = self.d.poll_output() {
@@ -274,15 +290,7 @@ fn a_provider_write_a_timer_and_a_reply_wait_for_their_batch_ack() {
         "reply released before its batch was acked"
     );
     assert!(!log.lock().unwrap().iter().any(|l| l == "request start"));
-    let b = h.d.batch(id).unwrap();
-    let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
-    let _ = h.d.handle(
-        DriverInput::Committed {
-            batch: id,
-            published: p,
-        },
-        &h.store,
-    );
+    h.commit_one(id);
     h.drain();
     assert_eq!(h.sent()[1], json!({"request": "start"}));
     assert_eq!(h.replies.len(), 1);
@@ -318,15 +326,7 @@ fn a_step_without_rows_waits_behind_an_unacked_batch() {
         h.replies.iter().all(|(to, _)| *to == 1),
         "a later reply overtook an unacked batch"
     );
-    let b = h.d.batch(id).unwrap();
-    let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
-    let _ = h.d.handle(
-        DriverInput::Committed {
-            batch: id,
-            published: p,
-        },
-        &h.store,
-    );
+    h.commit_one(id);
     h.drain();
     let order: Vec<ReplyTo> = h.replies.iter().map(|(to, _)| *to).collect();
     assert_eq!(order, [1, 2, 3]);
@@ -367,13 +367,7 @@ fn an_interaction_whose_batch_failed_goes_back_to_its_adapter() {
         json!({"events":[{"type":"interactionRequested","agentSessionId":"root","turnId":"t1","requestId":"r1"}]}),
     );
     let id = h.d.poll_batch().unwrap();
-    let _ = h.d.handle(
-        DriverInput::NotCommitted {
-            batch: id,
-            why: CommitFailure::Failed("disk full".into()),
-        },
-        &h.store,
-    );
+    h.fail(id, CommitFailure::Failed("disk full".into()));
     h.drain();
     assert!(log.lock().unwrap().contains(&"dropped r1".to_string()));
     assert!(
@@ -390,13 +384,7 @@ fn a_failed_commit_reloads_the_tree_and_supersedes_its_later_batches() {
     h.input(submit("root", "t9"), Some(9)); // appended: decided on the state with c1
     let first = h.d.poll_batch().unwrap();
     let second = h.d.poll_batch().unwrap();
-    let _ = h.d.handle(
-        DriverInput::NotCommitted {
-            batch: first,
-            why: CommitFailure::Failed("disk full".into()),
-        },
-        &h.store,
-    );
+    h.fail(first, CommitFailure::Failed("disk full".into()));
     assert!(
         h.d.batch(second).is_none(),
         "a superseded batch is still offered"
@@ -437,27 +425,13 @@ fn a_tree_waits_until_every_input_decided_on_it_is_released() {
         "a tree waits for another's inputs"
     );
     let first = h.d.poll_batch().unwrap();
-    let b = h.d.batch(first).unwrap();
-    let p = h.store.apply_group(&[b], true).unwrap().pop().unwrap();
-    let _ = h.d.handle(
-        DriverInput::Committed {
-            batch: first,
-            published: p,
-        },
-        &h.store,
-    );
+    h.commit_one(first);
     assert!(
         h.d.is_waiting("root"),
         "its second input is still in flight"
     );
     let second = h.d.poll_batch().unwrap();
-    let _ = h.d.handle(
-        DriverInput::NotCommitted {
-            batch: second,
-            why: CommitFailure::Failed("disk full".into()),
-        },
-        &h.store,
-    );
+    h.fail(second, CommitFailure::Failed("disk full".into()));
     h.drain();
     assert!(
         !h.d.is_waiting("root"),
@@ -787,23 +761,11 @@ fn a_refused_commit_answers_its_caller_refused_and_reloads_the_tree() {
     let mut h = Host::started(adapter);
     h.native("root", json!({"events":[child_created("c1", "c1t")]}));
     let first = h.d.poll_batch().unwrap();
-    let _ = h.d.handle(
-        DriverInput::NotCommitted {
-            batch: first,
-            why: CommitFailure::Refused,
-        },
-        &h.store,
-    );
+    h.fail(first, CommitFailure::Refused);
     assert!(h.d.engine().session("c1").is_none(), "tree not reloaded");
     h.input(submit("root", "t9"), Some(9));
     let id = h.d.poll_batch().unwrap();
-    let _ = h.d.handle(
-        DriverInput::NotCommitted {
-            batch: id,
-            why: CommitFailure::Refused,
-        },
-        &h.store,
-    );
+    h.fail(id, CommitFailure::Refused);
     h.drain();
     assert!(
         h.replies

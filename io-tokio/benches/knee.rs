@@ -8,6 +8,9 @@
 //! store, and streamed by the real HTTP API (`GET /v1/events`, the outbox follower) to N real SSE
 //! clients over TCP (on a tokio runtime of their own, see [`clients`]).
 //!
+//! Each agent writes its share of the offered rate on a grid of its period, agent `a` of `n` at
+//! `a / n` of each period ([`Pace`]), so the agents' lines interleave evenly at every moment.
+//!
 //! The offered rate (provider lines per second, all agents together) ramps up by a factor of
 //! `TUTTI_KNEE_STEP` (default 1.4) from `TUTTI_KNEE_START` (default 500) until the p99 of
 //! provider line → committed → streamed (every `tool_call` line carries its send time in its

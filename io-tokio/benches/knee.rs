@@ -338,6 +338,37 @@ impl Pace {
         let k = ((now / period) - self.slot).ceil().max(0.0);
         self.epoch + Duration::from_secs_f64((k + self.slot) * period)
     }
+
+    /// This agent's ticks from its first line on.
+    fn schedule(&self) -> Schedule {
+        let start = self.first();
+        // One wake-up per line, or every millisecond at the most (then the lines due by then).
+        let gap = Duration::from_secs_f64((1.0 / self.rate).max(0.001));
+        let mut tick = tokio::time::interval_at(start.into(), gap);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        Schedule {
+            tick,
+            start,
+            pace: *self,
+        }
+    }
+}
+
+/// A [`Pace`] being followed: its ticks.
+struct Schedule {
+    tick: tokio::time::Interval,
+    start: Instant,
+    pace: Pace,
+}
+
+impl Schedule {
+    /// Waits for the next tick; how many lines are due by then, counted from the first (at
+    /// most the turn's `lines`).
+    async fn due(&mut self) -> usize {
+        self.tick.tick().await;
+        let due = (self.start.elapsed().as_secs_f64() * self.pace.rate) as usize + 1;
+        due.min(self.pace.lines)
+    }
 }
 
 impl ProviderFactory for Sim {
@@ -457,22 +488,12 @@ async fn acp_agent(
 
 /// [`turn`] on the ACP wire: the same lines at the same times, to the agent's writer.
 async fn acp_turn(tx: mpsc::UnboundedSender<String>, pace: Pace, id: Option<Value>) {
-    let Pace {
-        epoch,
-        rate,
-        lines: n,
-        ..
-    } = pace;
-    let start = pace.first();
-    let gap = Duration::from_secs_f64((1.0 / rate).max(0.001));
-    let mut tick = tokio::time::interval_at(start.into(), gap);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut schedule = pace.schedule();
     let mut i = 0;
-    while i < n {
-        tick.tick().await;
-        let due = ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(n);
+    while i < pace.lines {
+        let due = schedule.due().await;
         while i < due {
-            let (l, _) = line(i, epoch.elapsed().as_micros() as u64);
+            let (l, _) = line(i, pace.epoch.elapsed().as_micros() as u64);
             if tx.send(l).is_err() {
                 return;
             }
@@ -485,23 +506,12 @@ async fn acp_turn(tx: mpsc::UnboundedSender<String>, pace: Pace, id: Option<Valu
 
 /// An agent's turn: its lines at its [`Pace`], then the prompt's answer.
 async fn turn(tx: mpsc::Sender<Native>, pace: Pace, id: Option<Value>) {
-    let Pace {
-        epoch,
-        rate,
-        lines: n,
-        ..
-    } = pace;
-    let start = pace.first();
-    // One wake-up per line, or every millisecond at the most (then the lines due by then).
-    let gap = Duration::from_secs_f64((1.0 / rate).max(0.001));
-    let mut tick = tokio::time::interval_at(start.into(), gap);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut schedule = pace.schedule();
     let mut i = 0;
-    while i < n {
-        tick.tick().await;
-        let due = ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(n);
+    while i < pace.lines {
+        let due = schedule.due().await;
         while i < due {
-            let (l, _) = line(i, epoch.elapsed().as_micros() as u64);
+            let (l, _) = line(i, pace.epoch.elapsed().as_micros() as u64);
             if send_line(&tx, &l).await.is_err() {
                 return;
             }

@@ -316,8 +316,8 @@ impl Sim {
 /// Choice (December 8): before, each agent counted its lines from its own turn's start, and
 /// the turns of a step start within tens of milliseconds of each other (one submit after the
 /// other). With periods longer than that the agents wrote in bursts: at 500 events/s (a line
-/// every 200 ms per agent) 60 of the 100 agents wrote theirs within the same 10 ms of each
-/// period, about 6,000 lines/s for 10 ms and nothing for the rest; the low rates offered bursts,
+/// every 200 ms per agent) half of the 100 agents wrote theirs within the same 10 ms of each
+/// period, about 5,000 lines/s for 10 ms and far less for the rest; the low rates offered bursts,
 /// not their rate. At high rates (periods of a few milliseconds) the starts' spread already
 /// mixed the agents, so the grid changes little there.
 #[derive(Clone, Copy)]

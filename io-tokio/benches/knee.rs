@@ -43,12 +43,12 @@
 //! temporary directory, with its durable defaults (`fsync`, `synchronous_commit` on); set
 //! `TUTTI_KNEE_PG=0` to skip it.
 //!
-//! At the knee, the per-stage time share: `parse` (with `TUTTI_KNEE_TRANSPORT=lines` only: line →
-//! JSON on the runtime side, timed by the simulated runtime; inside the ACP transport it is not
-//! timed, the runtime's workers' CPU per line shows it), `decide` (adapter + engine on the engine
-//! thread), `commit` (the group commits), `publish` (announcing each commit to the live followers),
-//! `stream` (all followers turning rows into SSE events), from the daemon's own stage counters
-//! (`tutti_stage_seconds_total`).
+//! At the knee, the per-stage time share: `parse` (the transport's line reader turning lines into
+//! native messages on the runtime's workers: the ACP transport's, or with
+//! `TUTTI_KNEE_TRANSPORT=lines` the simulated runtime's, timed as `spawn_line_process` times
+//! its own), `decide` (adapter + engine on the engine thread), `commit` (the group commits),
+//! `publish` (announcing each commit to the live followers), `stream` (all followers turning rows
+//! into SSE events), from the daemon's own stage counters (`tutti_stage_seconds_total`).
 //!
 //! Each step also prints (with `TUTTI_KNEE_VERBOSE=1`) the CPU time per line of the whole process
 //! (simulated agents and SSE clients included), of the engine thread, of the commit thread and of
@@ -91,7 +91,7 @@ use tutti_core::store::HostStore;
 use tutti_core::{Command, EngineConfig, Input, PersistBatch};
 use tutti_sqlite::{CheckpointMode, CheckpointPolicy, Checkpointer, OpenOptions, SqliteStore};
 use tutti_tokio::daemon::{Daemon, DaemonOptions, LaunchError, ProviderFactory};
-use tutti_tokio::runtime::{Native, NativeSink, Transport, WriteError};
+use tutti_tokio::runtime::{Native, NativeSink, ParseClock, Transport, WriteError};
 
 const SESSION: &str = "sim";
 const TOKEN: &str = "knee-bench-token-0123456789abcdef0123456789";
@@ -257,9 +257,6 @@ impl NativeSink for ChannelSink {
     }
 }
 
-/// Parse time on the runtime side (nanoseconds), as the simulated runtimes measure it.
-static PARSE_NS: AtomicU64 = AtomicU64::new(0);
-
 /// How the simulated agents' lines reach the daemon (`TUTTI_KNEE_TRANSPORT`).
 #[derive(Clone, Copy, PartialEq)]
 enum Wire {
@@ -400,6 +397,9 @@ impl ProviderFactory for Sim {
         let (to_agent, mut agent_rx) = mpsc::unbounded_channel::<Value>();
         let (to_runtime, incoming) = mpsc::channel::<Native>(4096);
         let pace = self.pace(root);
+        // Timed as `spawn_line_process` times its parsing: the daemon attaches its counter.
+        let parse = ParseClock::default();
+        let clock = parse.clone();
         tokio::spawn(async move {
             while let Some(msg) = agent_rx.recv().await {
                 let id = msg.get("id").cloned();
@@ -412,12 +412,12 @@ impl ProviderFactory for Sim {
                     }
                     Some("session/new") => reply(json!({"sessionId": SESSION})),
                     Some("session/prompt") => {
-                        tokio::spawn(turn(to_runtime.clone(), pace, id));
+                        tokio::spawn(turn(to_runtime.clone(), clock.clone(), pace, id));
                         continue;
                     }
                     _ => continue,
                 };
-                if send_line(&to_runtime, &line).await.is_err() {
+                if send_line(&to_runtime, &clock, &line).await.is_err() {
                     return;
                 }
             }
@@ -428,19 +428,18 @@ impl ProviderFactory for Sim {
                 incoming,
                 sink: Box::new(ChannelSink(to_agent)),
                 child: None,
+                parse,
             },
         ))
     }
 }
 
 /// One line through the runtime side: parsed as `spawn_line_process` parses a provider's stdout.
-async fn send_line(tx: &mpsc::Sender<Native>, line: &str) -> Result<(), ()> {
-    let t = Instant::now();
-    let msg = match parse_line(line) {
+async fn send_line(tx: &mpsc::Sender<Native>, clock: &ParseClock, line: &str) -> Result<(), ()> {
+    let msg = clock.time(|| match parse_line(line) {
         Ok(v) => Native::Message(v),
         Err(e) => Native::Garbage(e.to_string()),
-    };
-    PARSE_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    });
     tx.send(msg).await.map_err(|_| ())
 }
 
@@ -505,21 +504,21 @@ async fn acp_turn(tx: mpsc::UnboundedSender<String>, pace: Pace, id: Option<Valu
 }
 
 /// An agent's turn: its lines at its [`Pace`], then the prompt's answer.
-async fn turn(tx: mpsc::Sender<Native>, pace: Pace, id: Option<Value>) {
+async fn turn(tx: mpsc::Sender<Native>, clock: ParseClock, pace: Pace, id: Option<Value>) {
     let mut schedule = pace.schedule();
     let mut i = 0;
     while i < pace.lines {
         let due = schedule.due().await;
         while i < due {
             let (l, _) = line(i, pace.epoch.elapsed().as_micros() as u64);
-            if send_line(&tx, &l).await.is_err() {
+            if send_line(&tx, &clock, &l).await.is_err() {
                 return;
             }
             i += 1;
         }
     }
     let end = json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "end_turn"}});
-    let _ = send_line(&tx, &end.to_string()).await;
+    let _ = send_line(&tx, &clock, &end.to_string()).await;
 }
 
 /// The runtime the SSE clients run on: threads of their own, as the processes they stand for
@@ -827,7 +826,6 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stages_before = daemon.metrics().stage_seconds();
     let (cpu_before, _, _, workers_before) = cpu_seconds();
-    let parse_before = PARSE_NS.load(Ordering::Relaxed);
     for a in 0..agents {
         daemon
             .call(Input::Command(Command::Submit {
@@ -860,7 +858,6 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         last = last.max(t);
         lat.extend(l);
     }
-    let parse = (PARSE_NS.load(Ordering::Relaxed) - parse_before) as f64 / 1e9;
     // The engine and commit threads started with this step's daemon: all their time is this
     // step's.
     let (cpu_after, engine_cpu, commit_cpu, workers_after) = cpu_seconds();
@@ -910,13 +907,7 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         0.0
     };
     complete &= took <= secs + 0.5;
-    // With the ACP transport the lines are parsed inside it, untimed (the runtime's workers'
-    // CPU shows its cost).
-    let mut stages = if wire() == Wire::Lines {
-        vec![("parse", parse)]
-    } else {
-        Vec::new()
-    };
+    let mut stages = Vec::new();
     for ((name, b), (_, a)) in stages_before.iter().zip(after.iter()) {
         stages.push((*name, a - b));
     }

@@ -102,6 +102,7 @@ impl ProviderFactory for Sim {
                 incoming,
                 sink: Box::new(ChannelSink(to_agent)),
                 child: None,
+                parse: Default::default(),
             },
         ))
     }

@@ -59,7 +59,8 @@
 //! # Updates as written
 //!
 //! `session/update`s, by far most of what an agent writes, are parsed once by the transport's
-//! line reader (a task of its own) and reach the adapter as the agent wrote them, without the
+//! line reader (a task of its own; the time it spends reading lines into JSON is the daemon's
+//! `parse` stage, [`ParseClock`]) and reach the adapter as the agent wrote them, without the
 //! crate: fields outside the schema
 //! stay, and an update the schema would refuse is the adapter's to refuse (it refuses one
 //! without its `sessionUpdate` tag with a typed error and changes nothing; anything else it
@@ -93,7 +94,7 @@
 //!
 //! Logs carry ids, methods and lengths only.
 
-use crate::runtime::{Native, NativeSink, ProcessSpec, Transport, WriteError};
+use crate::runtime::{Native, NativeSink, ParseClock, ProcessSpec, Transport, WriteError};
 use agent_client_protocol::v1::schema::{
     CancelNotification, InitializeRequest, LoadSessionRequest, NewSessionRequest, PromptRequest,
     RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
@@ -120,11 +121,13 @@ const PERMISSION: &str = "session/request_permission";
 /// `agent-client-protocol` crate.
 pub fn spawn_acp_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
     let (child, stdin, stdout) = crate::runtime::spawn_piped(spec)?;
-    let (incoming, sink) = connect(stdout, stdin);
+    let parse = ParseClock::default();
+    let (incoming, sink) = connect(stdout, stdin, parse.clone());
     Ok(Transport {
         incoming,
         sink: Box::new(sink),
         child: Some(child),
+        parse,
     })
 }
 
@@ -137,11 +140,13 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let (incoming, sink) = connect(from_agent, to_agent);
+    let parse = ParseClock::default();
+    let (incoming, sink) = connect(from_agent, to_agent, parse.clone());
     Transport {
         incoming,
         sink: Box::new(sink),
         child: None,
+        parse,
     }
 }
 
@@ -174,7 +179,7 @@ impl Waiters {
 }
 
 /// Connects the client side of the crate to an agent's output and input.
-fn connect<R, W>(from_agent: R, to_agent: W) -> (mpsc::Receiver<Native>, AcpSink)
+fn connect<R, W>(from_agent: R, to_agent: W, parse: ParseClock) -> (mpsc::Receiver<Native>, AcpSink)
 where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
@@ -189,7 +194,7 @@ where
     let (reached, reached_rx) = watch::channel(0u64);
     let transport = Lines::new(
         line_sink(to_agent),
-        agent_lines(from_agent, tx.clone(), reached_rx, reader_stopped),
+        agent_lines(from_agent, tx.clone(), reached_rx, reader_stopped, parse),
     );
 
     let (permissions, permission_waiters) = (tx.clone(), shared.clone());
@@ -362,6 +367,7 @@ fn agent_lines<R>(
     tx: mpsc::Sender<Native>,
     mut reached: watch::Receiver<u64>,
     stopped: oneshot::Receiver<()>,
+    parse: ParseClock,
 ) -> std::pin::Pin<Box<dyn Stream<Item = std::io::Result<String>> + Send>>
 where
     R: AsyncRead + Send + Unpin + 'static,
@@ -383,7 +389,7 @@ where
             if line.trim().is_empty() {
                 continue;
             }
-            let delivered = match classify(&line) {
+            let delivered = match parse.time(|| classify(&line)) {
                 Line::Garbage(e) => tx.send(Native::Garbage(e)).await.is_ok(),
                 Line::Update(msg) => {
                     // An error: the connection is gone, its end is reported, nothing after.
@@ -691,7 +697,7 @@ mod tests {
         let (client, agent) = tokio::io::duplex(1 << 16);
         let (client_read, client_write) = tokio::io::split(client);
         let (agent_read, agent_write) = tokio::io::split(agent);
-        let (rx, sink) = connect(client_read, client_write);
+        let (rx, sink) = connect(client_read, client_write, ParseClock::default());
         let agent = FakeAgent {
             lines: BufReader::new(agent_read).lines(),
             out: agent_write,

@@ -2318,6 +2318,9 @@ impl<S: HostStore + Send + 'static> Core<S> {
                 info!(root = %root, provider = %spec.provider, "provider runtime started");
                 let restart = !self.ever_launched.insert(root.clone());
                 self.metrics.process_started(&spec.provider, restart);
+                transport
+                    .parse
+                    .attach(self.metrics.stage_counter(Stage::Parse));
                 let handle = start_runtime(root.clone(), generation, transport, to_daemon);
                 let good_until = self.housekeeping.good_until(&root);
                 self.lease_watch.track(&root, handle.clone(), good_until);

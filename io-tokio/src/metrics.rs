@@ -74,15 +74,19 @@ pub struct ProviderLabel {
 /// One label: `stage` (see [`Stage`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabel {
-    /// `decide`, `commit`, `publish` or `stream`.
+    /// `parse`, `decide`, `commit`, `publish` or `stream`.
     pub stage: String,
 }
 
 /// Where the daemon spends its time on the path provider line → committed → streamed (issue 33:
-/// the per-stage share). Parsing a provider's line into JSON happens on its runtime task before
-/// the daemon sees it and is not one of these.
+/// the per-stage share).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
+    /// The transports' readers parsing provider lines into native messages, on the runtime's
+    /// workers ([`crate::runtime::ParseClock`]). The ACP transport's reader parses every line;
+    /// the few it hands to the `agent-client-protocol` crate (answers, the agent's requests,
+    /// not the `session/update`s) the crate parses once more inside, untimed.
+    Parse,
     /// The engine thread deciding inputs: the adapters reading native messages and the engine
     /// deciding the steps (the `Driver`'s `handle_*` calls).
     Decide,
@@ -96,16 +100,34 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in path order.
-    pub const ALL: [Stage; 4] = [Stage::Decide, Stage::Commit, Stage::Publish, Stage::Stream];
+    pub const ALL: [Stage; 5] = [
+        Stage::Parse,
+        Stage::Decide,
+        Stage::Commit,
+        Stage::Publish,
+        Stage::Stream,
+    ];
 
     /// The label value.
     pub fn name(self) -> &'static str {
         match self {
+            Stage::Parse => "parse",
             Stage::Decide => "decide",
             Stage::Commit => "commit",
             Stage::Publish => "publish",
             Stage::Stream => "stream",
         }
+    }
+}
+
+/// One stage's counter, shared with the registry (see [`Metrics::stage_counter`]).
+#[derive(Clone, Debug)]
+pub struct StageCounter(Counter<f64, std::sync::atomic::AtomicU64>);
+
+impl StageCounter {
+    /// Counts `took` against the stage.
+    pub fn add(&self, took: Duration) {
+        self.0.inc_by(took.as_secs_f64());
     }
 }
 
@@ -206,7 +228,7 @@ pub struct Metrics {
     waiting_on_children: Histogram,
     cancel_settle: Histogram,
     /// Per [`Stage`], in [`Stage::ALL`] order (the family's series, looked up once).
-    stages: [Counter<f64, std::sync::atomic::AtomicU64>; 4],
+    stages: [Counter<f64, std::sync::atomic::AtomicU64>; 5],
     // Gauges (set at scrape time).
     uptime: Gauge<f64, std::sync::atomic::AtomicU64>,
     resident_trees: Gauge,
@@ -436,7 +458,7 @@ impl Metrics {
         }
         r.register_with_unit(
             "tutti_stage",
-            "Time spent per stage of provider line to committed to streamed (decide, commit, publish, stream)",
+            "Time spent per stage of provider line to committed to streamed (parse, decide, commit, publish, stream)",
             Unit::Seconds,
             stages,
         );
@@ -448,6 +470,13 @@ impl Metrics {
     pub fn stage(&self, stage: Stage, took: Duration) {
         let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
         self.stages[i].inc_by(took.as_secs_f64());
+    }
+
+    /// The counter of one stage, for a part of the daemon that counts it from another thread
+    /// (a transport's [`crate::runtime::ParseClock`]).
+    pub fn stage_counter(&self, stage: Stage) -> StageCounter {
+        let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
+        StageCounter(self.stages[i].clone())
     }
 
     /// Seconds spent so far per stage, in [`Stage::ALL`] order.

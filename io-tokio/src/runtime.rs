@@ -56,6 +56,46 @@ pub struct Transport {
     pub sink: Box<dyn NativeSink>,
     /// The process, if the transport owns one (killed when the runtime ends).
     pub child: Option<Child>,
+    /// Where the transport's reader counts the time it spends parsing the provider's lines.
+    pub parse: ParseClock,
+}
+
+/// The time a transport's reader spends parsing provider lines into native messages: the
+/// `parse` stage of `tutti_stage_seconds_total` (see [`crate::metrics::Stage::Parse`]).
+///
+/// A transport's reader is started with the transport, before the daemon that will own it is
+/// known, so the clock starts detached and the daemon attaches its counter when it starts the
+/// transport's runtime; lines read before that (none, for a provider that speaks only when
+/// spoken to) are not counted. Clones share the clock.
+#[derive(Clone, Default)]
+pub struct ParseClock(std::sync::Arc<std::sync::OnceLock<crate::metrics::StageCounter>>);
+
+impl ParseClock {
+    /// Runs `parse`, counting its time once a counter is attached.
+    pub fn time<T>(&self, parse: impl FnOnce() -> T) -> T {
+        match self.0.get() {
+            Some(counter) => {
+                let started = std::time::Instant::now();
+                let out = parse();
+                counter.add(started.elapsed());
+                out
+            }
+            None => parse(),
+        }
+    }
+
+    /// Counts into `counter` from now on (the first counter attached stays).
+    pub fn attach(&self, counter: crate::metrics::StageCounter) {
+        let _ = self.0.set(counter);
+    }
+}
+
+impl std::fmt::Debug for ParseClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParseClock")
+            .field("attached", &self.0.get().is_some())
+            .finish()
+    }
 }
 
 struct StdinSink(ChildStdin);
@@ -146,6 +186,8 @@ pub fn spawn_piped(spec: &ProcessSpec) -> std::io::Result<(Child, ChildStdin, Ch
 pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
     let (child, stdin, stdout) = spawn_piped(spec)?;
     let (tx, rx) = mpsc::channel(1024);
+    let parse = ParseClock::default();
+    let clock = parse.clone();
     tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();
         loop {
@@ -154,10 +196,10 @@ pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
                     if line.trim().is_empty() {
                         continue;
                     }
-                    let msg = match parse_line(&line) {
+                    let msg = clock.time(|| match parse_line(&line) {
                         Ok(v) => Native::Message(v),
                         Err(e) => Native::Garbage(e.to_string()),
-                    };
+                    });
                     if tx.send(msg).await.is_err() {
                         return;
                     }
@@ -177,6 +219,7 @@ pub fn spawn_line_process(spec: &ProcessSpec) -> std::io::Result<Transport> {
         incoming: rx,
         sink: Box::new(StdinSink(stdin)),
         child: Some(child),
+        parse,
     })
 }
 
@@ -381,5 +424,52 @@ pub fn start_runtime(
     RuntimeHandle {
         requests: tx,
         generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ParseClock;
+    use crate::metrics::{Metrics, Stage};
+
+    fn parse_seconds(m: &Metrics) -> f64 {
+        m.stage_seconds()
+            .into_iter()
+            .find(|(name, _)| *name == "parse")
+            .map(|(_, s)| s)
+            .expect("a parse stage")
+    }
+
+    fn busy() -> u64 {
+        // Something that takes measurable time and cannot be folded away.
+        (0..20_000u64).fold(0, |a, i| std::hint::black_box(a ^ i.wrapping_mul(31)))
+    }
+
+    /// Issue 33, "where the time goes": a transport's parsing counts into the daemon's `parse`
+    /// stage once the daemon attached its counter, and every clone of the clock counts into it
+    /// (the reader holds one, the transport another); before that, it runs uncounted.
+    #[test]
+    fn a_parse_clock_counts_into_the_stage_it_was_attached_to() {
+        let m = Metrics::new("test.db");
+        let clock = ParseClock::default();
+        let reader = clock.clone();
+        assert_eq!(reader.time(|| 7), 7);
+        assert_eq!(parse_seconds(&m), 0.0);
+        clock.attach(m.stage_counter(Stage::Parse));
+        reader.time(busy);
+        let once = parse_seconds(&m);
+        assert!(once > 0.0);
+        // A second attach keeps the first counter.
+        let other = Metrics::new("other.db");
+        clock.attach(other.stage_counter(Stage::Parse));
+        reader.time(busy);
+        assert!(parse_seconds(&m) > once);
+        assert_eq!(parse_seconds(&other), 0.0);
+        // The other stages are not touched.
+        for (name, s) in m.stage_seconds() {
+            if name != "parse" {
+                assert_eq!(s, 0.0, "{name}");
+            }
+        }
     }
 }

@@ -191,6 +191,21 @@ fn metrics_move_with_a_running_tree_and_count_its_cancel_by_result() {
     );
     assert!(v(&m, "tutti_group_commit_seconds_count", &[]) > 0.0);
     assert!(v(&m, "tutti_provider_line_to_commit_seconds_count", &[]) > 0.0);
+    // Issue 33, "where the time goes": every stage of the provider line's path has a series,
+    // and the demo agent's lines (ACP `session/update`s, read by the transport's line reader)
+    // were timed as parsed, decided and committed.
+    for stage in ["parse", "decide", "commit"] {
+        assert!(
+            v(&m, "tutti_stage_seconds_total", &[("stage", stage)]) > 0.0,
+            "stage {stage}: {text}"
+        );
+    }
+    for stage in ["publish", "stream"] {
+        assert!(
+            text.contains(&format!("tutti_stage_seconds_total{{stage=\"{stage}\"}}")),
+            "stage {stage}: {text}"
+        );
+    }
     let mut forbidden: Vec<String> = vec![id.clone(), turn.clone(), "hang=".into()];
     for c in running["childSessions"].as_array().unwrap() {
         forbidden.push(c["id"].as_str().unwrap().to_string());

@@ -907,10 +907,11 @@ async fn step(db: Db<'_>, agents: usize, followers: usize, rate: f64, secs: f64)
         0.0
     };
     complete &= took <= secs + 0.5;
-    let mut stages = Vec::new();
-    for ((name, b), (_, a)) in stages_before.iter().zip(after.iter()) {
-        stages.push((*name, a - b));
-    }
+    let stages = stages_before
+        .iter()
+        .zip(after.iter())
+        .map(|((name, b), (_, a))| (*name, a - b))
+        .collect();
     StepResult {
         offered: lines / secs,
         delivered,

@@ -468,15 +468,18 @@ impl Metrics {
 
     /// Counts `took` against `stage` (see [`Stage`]).
     pub fn stage(&self, stage: Stage, took: Duration) {
-        let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
-        self.stages[i].inc_by(took.as_secs_f64());
+        self.stage_series(stage).inc_by(took.as_secs_f64());
     }
 
     /// The counter of one stage, for a part of the daemon that counts it from another thread
     /// (a transport's [`crate::runtime::ParseClock`]).
     pub fn stage_counter(&self, stage: Stage) -> StageCounter {
+        StageCounter(self.stage_series(stage).clone())
+    }
+
+    fn stage_series(&self, stage: Stage) -> &Counter<f64, std::sync::atomic::AtomicU64> {
         let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
-        StageCounter(self.stages[i].clone())
+        &self.stages[i]
     }
 
     /// Seconds spent so far per stage, in [`Stage::ALL`] order.

@@ -830,8 +830,11 @@ impl Driver {
             return;
         }
         e.state = State::Failed;
+        // The tree's later batches were decided on the state this batch left: their callers
+        // get the same kind of answer (an unreachable store, a conflict to retry, or a failure).
         let later_error = match &error {
             DriverError::Unavailable(m) => DriverError::Unavailable(m.clone()),
+            DriverError::Refused => DriverError::Refused,
             _ => DriverError::Storage("an earlier batch of this tree was not committed".into()),
         };
         e.outcome = Err(error);
@@ -844,12 +847,7 @@ impl Driver {
                     && matches!(e.state, State::Ready | State::Decided | State::Sent)
                 {
                     e.state = State::Failed;
-                    e.outcome = Err(match &later_error {
-                        DriverError::Unavailable(m) => DriverError::Unavailable(m.clone()),
-                        _ => DriverError::Storage(
-                            "an earlier batch of this tree was not committed".into(),
-                        ),
-                    });
+                    e.outcome = Err(later_error.clone());
                 }
             }
             self.engine.evict(&root);

@@ -776,6 +776,34 @@ fn a_refused_commit_answers_its_caller_refused_and_reloads_the_tree() {
     );
 }
 
+/// A host that commits while the driver decides (a commit thread) may hold a command's batch
+/// behind an earlier batch of the same tree: when the store refuses that earlier batch by a
+/// guard or the fence, the command's batch, decided on the refused state, is never committed,
+/// and its caller is answered `Refused` as well (409 `commit_conflict`, to retry), not a
+/// storage failure.
+#[test]
+fn the_later_batches_of_a_refused_batch_answer_their_callers_refused() {
+    let (adapter, _log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    let first = h.d.poll_batch().unwrap();
+    h.input(submit("root", "t9"), Some(9));
+    let later =
+        h.d.poll_batch()
+            .expect("the submit's batch, decided behind the first");
+    assert_ne!(first, later);
+    h.fail(first, CommitFailure::Refused);
+    h.drain();
+    assert!(
+        h.replies
+            .iter()
+            .any(|r| matches!(r, (9, Err(DriverError::Refused)))),
+        "{:?}",
+        h.replies
+    );
+    assert!(h.d.batch(later).is_none(), "the later batch is dropped");
+}
+
 /// Issue 34, per-batch fencing: a host tags each batch with what held when it was decided
 /// (the daemon: the tree's lease epoch), so it must learn of every decided batch once, in
 /// decision order, before it is handed out.

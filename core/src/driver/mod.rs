@@ -256,8 +256,8 @@ pub enum CommitFailure {
     /// Any other store error: the caller gets [`DriverError::Storage`].
     Failed(String),
     /// The store refused the batch by a guard or the fence (see
-    /// [`HostStore::is_guard_failure`] and [`HostStore::is_fenced`]): the caller gets
-    /// [`DriverError::Refused`].
+    /// [`HostStore::is_guard_failure`] and [`HostStore::is_fenced`]): the caller, and the
+    /// callers of the tree's later batches, get [`DriverError::Refused`].
     Refused,
     /// The store could not be reached ([`HostStore::is_unavailable`]): the caller, and the
     /// callers of the tree's later batches, get [`DriverError::Unavailable`].

@@ -757,20 +757,30 @@ fn an_internal_inconsistency_without_a_caller_is_a_diagnostic() {
 /// commit.
 #[test]
 fn a_refused_commit_answers_its_caller_refused_and_reloads_the_tree() {
-    let (adapter, _log) = Probe::boxed();
-    let mut h = Host::started(adapter);
-    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
-    let first = h.d.poll_batch().unwrap();
+    let (mut h, first) = with_a_child_batch_decided();
     h.fail(first, CommitFailure::Refused);
     assert!(h.d.engine().session("c1").is_none(), "tree not reloaded");
     h.input(submit("root", "t9"), Some(9));
     let id = h.d.poll_batch().unwrap();
     h.fail(id, CommitFailure::Refused);
     h.drain();
+    assert_answered_refused(&h, 9);
+}
+
+/// A started host whose root's provider created a child: the batch, decided, not committed.
+fn with_a_child_batch_decided() -> (Host, BatchId) {
+    let (adapter, _log) = Probe::boxed();
+    let mut h = Host::started(adapter);
+    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
+    let first = h.d.poll_batch().unwrap();
+    (h, first)
+}
+
+fn assert_answered_refused(h: &Host, token: u64) {
     assert!(
         h.replies
             .iter()
-            .any(|r| matches!(r, (9, Err(DriverError::Refused)))),
+            .any(|r| matches!(r, (t, Err(DriverError::Refused)) if *t == token)),
         "{:?}",
         h.replies
     );
@@ -783,10 +793,7 @@ fn a_refused_commit_answers_its_caller_refused_and_reloads_the_tree() {
 /// storage failure.
 #[test]
 fn the_later_batches_of_a_refused_batch_answer_their_callers_refused() {
-    let (adapter, _log) = Probe::boxed();
-    let mut h = Host::started(adapter);
-    h.native("root", json!({"events":[child_created("c1", "c1t")]}));
-    let first = h.d.poll_batch().unwrap();
+    let (mut h, first) = with_a_child_batch_decided();
     h.input(submit("root", "t9"), Some(9));
     let later =
         h.d.poll_batch()
@@ -794,13 +801,7 @@ fn the_later_batches_of_a_refused_batch_answer_their_callers_refused() {
     assert_ne!(first, later);
     h.fail(first, CommitFailure::Refused);
     h.drain();
-    assert!(
-        h.replies
-            .iter()
-            .any(|r| matches!(r, (9, Err(DriverError::Refused)))),
-        "{:?}",
-        h.replies
-    );
+    assert_answered_refused(&h, 9);
     assert!(h.d.batch(later).is_none(), "the later batch is dropped");
 }
 
